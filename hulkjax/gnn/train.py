@@ -136,26 +136,10 @@ def load(directory: str | None = None, name: str = "planner"):
     with open(os.path.join(directory, f"{name}.json")) as f:
         meta = json.load(f)
     net = PlannerNet(hidden=meta["hidden"], layers=meta["layers"])
-    template = _template(net)
     with open(path, "rb") as f:
-        params = serialization.from_bytes(template, f.read())
+        params = serialization.msgpack_restore(f.read())
     _loaded[key] = (net, params)
     return _loaded[key]
-
-
-def _template(net):
-    """Parameters of the right structure (shapes do not depend on the graph)."""
-    from hulkjax.gnn import features as F
-
-    jg = F.JoinedGraph(
-        group_x=np.zeros((1, F.GROUP_FEATURES), np.float32),
-        axis_x=np.zeros((1, F.AXIS_FEATURES), np.float32),
-        senders=np.zeros(1, np.int32), receivers=np.ones(1, np.int32),
-        edge_x=np.zeros((1, F.EDGE_FEATURES), np.float32),
-        cand_roles=np.zeros((1, 1, F.MAX_AXES, F.ROLE_FEATURES), np.float32),
-        cand_extra=np.zeros((1, 1, F.CAND_EXTRA), np.float32),
-        cand_mask=np.ones((1, 1), bool), axis_mask=np.array([True, False, False]))
-    return net.init(jax.random.key(0), *to_graphs_tuple(jg, k_pad=1))
 
 
 __all__ = ["train", "save", "load", "MAX_CANDIDATES"]

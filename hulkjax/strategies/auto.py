@@ -2,14 +2,13 @@
 
 TAG-style: the network (:mod:`hulkjax.gnn`) scores every candidate of every group of the joined
 operator + device graph and shortlists each group's ``top_k`` most likely candidates (plus the
-replicated one and the baselines' choices). The search judges only with the cost model: coordinate
-descent from the network's most likely plan and from each baseline's, and the exact optimum of the
-integer program restricted to the shortlist (small, so fast). ``auto`` returns the best plan found
-that fits in memory, so it is never worse than any baseline.
+replicated one and the baselines' choices). The search judges only with the cost model: the exact
+optimum of the integer program restricted to the shortlist (repeated layers tied, so it is small),
+then coordinate descent from it over the shortlist with layers untied. ``auto`` returns the best
+of that and the baselines' plans that fits in memory, so it is never worse than any baseline.
 
-Without shipped weights (or with ``prior="uniform"``, the ablation), the search starts from the
-replicated plan over ``top_k`` candidates per group drawn uniformly: the same search budget with
-no learned prior.
+Without shipped weights (or with ``prior_kind="uniform"``, the ablation), the shortlist is
+``top_k`` candidates per group drawn uniformly: the same search budget with no learned prior.
 """
 
 from __future__ import annotations
@@ -30,40 +29,31 @@ from hulkjax.trace.graph import OpGraph
 log = logging.getLogger("hulkjax.auto")
 
 BASELINES = ("dp", "fsdp", "megatron", "dp_tp", "replicate")
+# Candidates per group the network shortlists. With 16 the shortlist held the ILP's choice for
+# 92-100% of groups on held-out graphs (4: 42-100%, 8: 83-100%); see benchmarks/gnn_eval.py.
+TOP_K = 16
 
 
 def prior(cm, *, weights: str | None = None) -> np.ndarray | None:
     """Log-probabilities ``[groups, K]`` of every candidate under the shipped network (or None)."""
     from hulkjax.gnn import features as F
+    from hulkjax.gnn.infer import log_probs
     from hulkjax.gnn.train import load
 
     loaded = load(weights)
     if loaded is None or len(cm.mesh.axis_names) > F.MAX_AXES:
         return None
     net, params = loaded
-    jg = F.build(cm)
-    arrs = F.to_graphs_tuple(jg)  # padded to buckets: one compilation per bucket and process
-    logp = np.asarray(_jitted_apply(net)(params, *arrs))
-    return logp[:jg.num_groups, :jg.cand_mask.shape[1]]
+    # The same network in NumPy: one call per plan is not worth a compilation.
+    return log_probs(params, F.build(cm), layers=net.layers)
 
 
-_APPLY: dict = {}
+def shortlist(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, seed: int = 0,
+              seeds: dict[str, list[int]] | None = None) -> tuple[list[int], dict[int, list[int]]]:
+    """Each group's ``top_k`` most likely candidates under ``logp`` (uniformly drawn without it),
+    plus the replicated one and whatever the ``seeds`` assignments use.
 
-
-def _jitted_apply(net):
-    import jax
-
-    if net not in _APPLY:
-        _APPLY[net] = jax.jit(net.apply)
-    return _APPLY[net]
-
-
-def search(cm, logp: np.ndarray | None, *, top_k: int = 4, sweeps: int = 4, seed: int = 0,
-           seeds: dict[str, list[int]] | None = None) -> tuple[list[int], dict[int, list[int]]]:
-    """Coordinate descent over each group's ``top_k`` most likely candidates (plus the replicated
-    one and whatever the ``seeds`` assignments use), from the prior's choice and from each seed.
-
-    Returns the best assignment found and the candidates searched per group.
+    Returns the most likely assignment (the replicated one without a prior) and the shortlist.
     """
     rng = np.random.default_rng(seed)
     start, options = [], {}
@@ -80,6 +70,16 @@ def search(cm, logp: np.ndarray | None, *, top_k: int = 4, sweeps: int = 4, seed
         for a in (seeds or {}).values():
             chosen.add(a[grp.id])
         options[grp.id] = sorted(chosen)
+    return start, options
+
+
+def search(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, sweeps: int = 4, seed: int = 0,
+           seeds: dict[str, list[int]] | None = None) -> tuple[list[int], dict[int, list[int]]]:
+    """Coordinate descent over the :func:`shortlist`, from the prior's choice and from each seed.
+
+    Returns the best assignment found and the candidates searched per group.
+    """
+    start, options = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=seeds)
     free = [grp.id for grp in cm.groups if len(options[grp.id]) > 1]
     best = None
     for init in [start, *(seeds or {}).values()]:
@@ -90,18 +90,21 @@ def search(cm, logp: np.ndarray | None, *, top_k: int = 4, sweeps: int = 4, seed
 
 
 @register_strategy("auto")
-def auto(graph: OpGraph, topology, *, top_k: int = 4, sweeps: int = 4, prior_kind: str = "gnn",
+def auto(graph: OpGraph, topology, *, top_k: int = TOP_K, sweeps: int = 2, prior_kind: str = "gnn",
          weights: str | None = None, seed: int = 0, exact: bool = True,
          time_limit: float = 10.0, **_) -> Plan:
     """Plan with the network's prior and cost-model search; never worse than a baseline.
 
     Args:
-      top_k: candidates per group the search may use (plus the replicated one).
-      sweeps: coordinate-descent passes.
+      top_k: candidates per group the network shortlists (plus the replicated one and the
+        baselines' choices).
+      sweeps: coordinate-descent passes after the exact solve (or from each start without it).
       prior_kind: ``"gnn"`` (the shipped network) or ``"uniform"`` (ablation: no learned prior).
       weights: a directory with other trained weights (``hulkjax train-gnn --out``).
-      exact: also solve the integer program over the shortlist (small: ``top_k`` candidates per
-        group), within ``time_limit`` seconds.
+      exact: solve the integer program over the shortlist (repeated layers tied, so it is
+        small), within ``time_limit`` seconds, then let coordinate descent untie layers where
+        that helps. Without it (or if the solver finds nothing in time): coordinate descent from
+        the network's choice and from each baseline.
     """
     from hulkjax.strategies.base import strategies
 
@@ -117,18 +120,23 @@ def auto(graph: OpGraph, topology, *, top_k: int = 4, sweeps: int = 4, prior_kin
             log.debug("auto: baseline %s skipped: %s", name, e)
             continue
         baselines[name] = p.assignment
-    found, options = search(cm, logp, top_k=top_k, sweeps=sweeps, seed=seed, seeds=baselines)
-    candidates = {"search": found, **baselines}
+    start, options = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=baselines)
+    free = [g.id for g in cm.groups if len(options[g.id]) > 1]
+    candidates = dict(baselines)
+    solved = False
     if exact:
-        # The exact optimum over the network's shortlist (and the baselines' choices).
         try:
-            res = solve(cm, seeds=list(baselines.values()), restrict=options,
-                        time_limit=time_limit)
-            candidates["shortlist optimum"] = coordinate_descent(
-                cm, res.assignment, [g.id for g in cm.groups if len(options[g.id]) > 1],
-                sweeps=2, candidates=options)
+            res = solve(cm, seeds=[start, *baselines.values()], restrict=options,
+                        time_limit=time_limit, polish=False)
+            candidates["shortlist optimum"] = res.assignment  # within the memory limit
+            candidates["shortlist optimum + descent"] = coordinate_descent(
+                cm, res.assignment, free, sweeps=sweeps, candidates=options)
+            solved = True
         except InfeasiblePlanError:
             pass
+    if not solved:
+        found, _ = search(cm, logp, top_k=top_k, sweeps=max(sweeps, 4), seed=seed, seeds=baselines)
+        candidates["search"] = found
     fitting = {k: a for k, a in candidates.items() if cm.memory(a) <= cm.capacity}
     if not fitting:
         need = min(cm.memory(a) for a in candidates.values())
@@ -141,8 +149,7 @@ def auto(graph: OpGraph, topology, *, top_k: int = 4, sweeps: int = 4, prior_kin
     chosen = polish_memory(cm, chosen, candidates={g: sorted({*o, chosen[g]}) for g, o in options.items()})
     source = "network prior + search" if logp is not None else "uniform prior + search"
     notes = [f"auto: {source}; best of search and baselines: {best!r} "
-             f"({cm.objective(chosen) * 1e3:.4g} ms; search alone "
-             f"{cm.objective(found) * 1e3:.4g} ms); prior {t_prior:.2f} s"]
+             f"({cm.objective(chosen) * 1e3:.4g} ms); prior {t_prior:.2f} s"]
     plan = plan_from_assignment(cm, chosen, "auto", notes)
     plan.source = best
     return plan

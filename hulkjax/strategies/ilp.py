@@ -141,11 +141,12 @@ def _baseline_assignments(graph, topology, cm) -> list[list[int]]:
 def solve(cm: CostModel, *, seeds=(), time_limit: float = 60.0, mip_rel_gap: float = 1e-4,
           max_candidates: int = 256, tie_layers: bool = True,
           memory_limit: float | None = None,
-          restrict: dict[int, list[int]] | None = None) -> ILPResult:
+          restrict: dict[int, list[int]] | None = None, polish: bool = True) -> ILPResult:
     """Minimize :meth:`CostModel.objective` subject to the memory limit.
 
     ``restrict`` limits each group to the given candidates (``auto`` passes the network's most
-    likely ones): the optimum over that smaller space.
+    likely ones): the optimum over that smaller space. ``polish`` moves each group to its
+    smallest-footprint candidate of equal cost afterwards (``auto`` polishes its final choice).
     """
     t0 = time.perf_counter()
     groups = cm.groups
@@ -268,7 +269,8 @@ def solve(cm: CostModel, *, seeds=(), time_limit: float = 60.0, mip_rel_gap: flo
         k = int(np.argmax(x[offsets[c]:offsets[c] + len(keep[c])]))
         for gid in members[c]:
             assignment[gid] = keep[c][k]
-    assignment = polish_memory(cm, assignment)
+    if polish:
+        assignment = polish_memory(cm, assignment)
     objective = cm.objective(assignment)
     bound = getattr(res, "mip_dual_bound", None)
     bound = objective if bound is None or not np.isfinite(bound) else min(float(bound), objective)

@@ -1,0 +1,121 @@
+"""The planner network's forward pass in NumPy, for planning.
+
+Training uses the flax module (:class:`hulkjax.gnn.model.PlannerNet`, jitted, on padded buckets).
+Planning calls the network once per graph, and a first jitted call costs a compilation (about a
+second on 2 CPU cores for GPT-2-sized graphs), more than planning itself should take. This is the
+same computation on the unpadded arrays with the same parameters, in NumPy: no tracing, no
+compilation. ``tests/gnn/test_infer.py`` holds it equal to ``PlannerNet.apply``.
+
+>>> import numpy as np
+>>> np.round(_gelu(np.array([0.0, 1.0])), 4).tolist()
+[0.0, 0.8412]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+_C = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def _gelu(x):
+    # flax.linen.gelu (approximate=True): the tanh form, in place on one temporary.
+    y = x * x
+    y *= np.float32(0.044715)
+    y += 1
+    y *= x
+    y *= _C
+    np.tanh(y, out=y)
+    y += 1
+    y *= x
+    y *= np.float32(0.5)
+    return y
+
+
+def _dense(p, x):
+    return x @ p["kernel"] + p["bias"]
+
+
+def _mlp(p, x, n: int):
+    for i in range(n):
+        x = _dense(p[f"Dense_{i}"], x)
+        if i < n - 1:
+            x = _gelu(x)
+    return x
+
+
+def _layer_norm(p, x, eps: float = 1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _attention(p, h, e, senders, receivers):
+    n = h.shape[0]
+    hs, hr = h[senders], h[receivers]
+    logits = _dense(p["Dense_0"], np.tanh(_dense(p["Dense_1"], np.concatenate([hr, hs, e], -1))))[:, 0]
+    # Softmax over each receiver's incoming edges.
+    top = np.full(n, -np.inf, logits.dtype)
+    np.maximum.at(top, receivers, logits)
+    w = np.exp(logits - top[receivers])
+    total = np.zeros(n, w.dtype)
+    np.add.at(total, receivers, w)
+    alpha = w / total[receivers]
+    msg = _dense(p["Dense_2"], np.concatenate([hs, e], -1)) * alpha[:, None]
+    agg = np.zeros((n, msg.shape[1]), msg.dtype)
+    np.add.at(agg, receivers, msg)
+    return _layer_norm(p["LayerNorm_0"], h + _mlp(p["_MLP_0"], agg, 2))
+
+
+def log_probs(params, jg, *, layers: int) -> np.ndarray:
+    """Log-probabilities ``[groups, K]`` of every candidate of a
+    :class:`hulkjax.gnn.features.JoinedGraph` (``-inf``-like where the mask is False)."""
+    try:
+        return _log_probs(_to_numpy(params)["params"], jg, layers)
+    except (KeyError, ValueError, TypeError) as e:
+        from hulkjax.errors import HulkjaxError
+
+        raise HulkjaxError(
+            f"the planner weights do not fit the network ({type(e).__name__}: {e}): their "
+            f"parameter tree or shapes differ from a PlannerNet with {layers} layers and the "
+            f"features of this version. Retrain them with `hulkjax train-gnn --out DIR`.") from e
+
+
+def _log_probs(p, jg, layers: int) -> np.ndarray:
+    from hulkjax.gnn.features import AXIS_FEATURES, GROUP_FEATURES
+
+    n_g, n_a = jg.num_groups, jg.axis_x.shape[0]
+    x = np.zeros((n_g + n_a, GROUP_FEATURES + AXIS_FEATURES + 1), np.float32)
+    x[:n_g, :GROUP_FEATURES] = jg.group_x
+    x[n_g:, GROUP_FEATURES:GROUP_FEATURES + AXIS_FEATURES] = jg.axis_x
+    x[n_g:, -1] = 1.0  # is-axis flag (as features.to_graphs_tuple sets it)
+    senders, receivers = np.asarray(jg.senders), np.asarray(jg.receivers)
+    h = _mlp(p["_MLP_0"], x, 2)
+    e = _mlp(p["_MLP_1"], np.asarray(jg.edge_x, np.float32), 1)
+    for i in range(layers):
+        h = _attention(p[f"_AttentionLayer_{i}"], h, e, senders, receivers)
+    # Only the real mesh axes: the network zeroes the padded ones' terms.
+    real = np.flatnonzero(np.asarray(jg.axis_mask))
+    axes = h[n_g:][:len(real)]
+    hg = h[:n_g]
+    role_h = _dense(p["Dense_0"], jg.cand_roles[:, :, real])  # [G, K, A, H]
+    role_h += _dense(p["Dense_1"], axes)[None, None]
+    cand = _gelu(role_h).sum(axis=2) + _dense(p["Dense_2"], jg.cand_extra)
+    score = _mlp(p["_MLP_2"], _gelu(cand + _dense(p["Dense_3"], hg)[:, None, :]), 2)[..., 0]
+    score = np.where(jg.cand_mask, score, -1e9)
+    top = score.max(-1, keepdims=True)
+    return score - top - np.log(np.exp(score - top).sum(-1, keepdims=True))
+
+
+_NUMPY: dict = {}
+
+
+def _to_numpy(params):
+    key = id(params)
+    if key not in _NUMPY:
+        import jax
+
+        _NUMPY.clear()
+        _NUMPY[key] = (params, jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params))
+    return _NUMPY[key][1]

@@ -1,0 +1,44 @@
+"""The NumPy forward pass planning uses is the flax network's forward pass."""
+
+import jax
+import numpy as np
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.gnn import features as F
+from hulkjax.gnn.infer import log_probs
+from hulkjax.gnn.model import PlannerNet
+from hulkjax.gnn.train import load
+from hulkjax.strategies.realize import cost_model
+from tests.helpers import TWO_D_TOPOLOGY
+
+
+def _joined(model, topology):
+    m = zoo.get(model, size="tiny")
+    return F.build(cost_model(hj.trace(m.step, *m.abstract()), topology))
+
+
+@pytest.mark.parametrize("model,topology", [
+    ("transformer-block", TWO_D_TOPOLOGY),  # 2 of 3 axes real: the padded axis must not count
+    ("cnn", hj.Topology.grid((8,), ("d",))),
+])
+def test_numpy_forward_matches_the_flax_network(model, topology):
+    jg = _joined(model, topology)
+    arrs = F.to_graphs_tuple(jg)
+    cases = [(PlannerNet(hidden=16, layers=2), None), load()]
+    cases[0] = (cases[0][0], cases[0][0].init(jax.random.key(3), *arrs))
+    for net, params in cases:
+        want = np.asarray(jax.jit(net.apply)(params, *arrs))[:jg.num_groups, :jg.cand_mask.shape[1]]
+        got = log_probs(params, jg, layers=net.layers)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got[jg.cand_mask], want[jg.cand_mask], atol=2e-4, rtol=2e-4)
+        assert np.all(got[~jg.cand_mask] < -1e8)
+
+
+def test_weights_of_another_network_fail_clearly():
+    jg = _joined("mlp", TWO_D_TOPOLOGY)
+    net = PlannerNet(hidden=8, layers=1)
+    params = net.init(jax.random.key(0), *F.to_graphs_tuple(jg))
+    with pytest.raises(hj.HulkjaxError, match="train-gnn"):
+        log_probs(params, jg, layers=2)  # a layer the weights do not have
