@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 
 import numpy as np
 
+from hulkjax.cost.model import LEADER
 from hulkjax.errors import InfeasiblePlanError
 from hulkjax.strategies.base import register_strategy
 from hulkjax.strategies.ilp import solve
@@ -51,7 +53,8 @@ def prior(cm, *, weights: str | None = None) -> np.ndarray | None:
 def shortlist(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, seed: int = 0,
               seeds: dict[str, list[int]] | None = None) -> tuple[list[int], dict[int, list[int]]]:
     """Each group's ``top_k`` most likely candidates under ``logp`` (uniformly drawn without it),
-    plus the replicated one and whatever the ``seeds`` assignments use.
+    the replicated candidate, whatever the ``seeds`` assignments use, and for a split operator
+    every way of finishing the split (all-reduce, or reduce-scatter onto any dimension).
 
     Returns the most likely assignment (the replicated one without a prior) and the shortlist.
     """
@@ -69,6 +72,15 @@ def shortlist(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, seed: int = 0,
         chosen = {0, *[int(c) for c in order[:top_k]]}
         for a in (seeds or {}).values():
             chosen.add(a[grp.id])
+        if grp.kind == LEADER:
+            # With a split, every way of finishing it: all-reduce, or reduce-scatter along any
+            # result dimension (candidates with the same operand layouts). Which is best depends
+            # on where the result goes, which the search sees and a per-group score does not.
+            siblings = defaultdict(list)
+            for c, r in enumerate(grp.candidates):
+                siblings[r.in_specs].append(c)
+            for c in list(chosen):
+                chosen.update(siblings[grp.candidates[c].in_specs])
         options[grp.id] = sorted(chosen)
     return start, options
 

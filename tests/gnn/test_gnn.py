@@ -116,3 +116,26 @@ def test_train_gnn_command_writes_weights_auto_can_use(tmp_path, monkeypatch):
     m = zoo.get("mlp", size="tiny")
     p = hj.plan(m.step, *m.abstract(), topology=TWO_D, strategy="auto", weights=str(out))
     assert p.notes[0].startswith("auto: network prior + search")
+
+
+def test_shortlist_holds_the_likeliest_candidates_and_every_way_to_finish_a_split():
+    from hulkjax.strategies.auto import TOP_K, prior, shortlist
+
+    cm = _cm("transformer-block")
+    logp = prior(cm)
+    seed = cm.replicated_assignment()
+    start, options = shortlist(cm, logp, seeds={"replicated": seed})
+    for grp in cm.groups:
+        n = len(grp.candidates)
+        opts = set(options[grp.id])
+        likeliest = np.argsort(-logp[grp.id, :n], kind="stable")[:TOP_K]
+        assert set(likeliest.tolist()) <= opts and 0 in opts and seed[grp.id] in opts
+        assert start[grp.id] == likeliest[0]
+        if grp.kind == "leader":
+            for c in opts:
+                same_operands = {k for k, r in enumerate(grp.candidates)
+                                 if r.in_specs == grp.candidates[c].in_specs}
+                assert same_operands <= opts, (grp.id, c)
+    # Somewhere a split is finished in more than one way, and all of them are kept.
+    assert any(sum(x.kind == "reduce-scatter" for r in [grp.candidates[c] for c in options[grp.id]]
+                   for x in r.comms) > 1 for grp in cm.groups if grp.kind == "leader")
