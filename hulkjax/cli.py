@@ -1,4 +1,4 @@
-"""``hulkjax`` command line: ``demo``, ``plan``, ``compare``, ``explain``.
+"""``hulkjax`` command line: ``demo``, ``plan``, ``compare``, ``explain``, ``launch``.
 
 Examples::
 
@@ -7,6 +7,7 @@ Examples::
     hulkjax plan --model mlp --size tiny --topology geo --strategy fsdp --out plan.json
     hulkjax explain --model gpt2 --size small --topology geo --strategy ilp
     hulkjax explain --model mymodels.py:make_step --topology cluster.json --strategy fsdp
+    hulkjax launch --model mlp --size tiny --topology hetero --strategy dp megatron --out run/
 
 ``--model`` is a zoo name (``python -c "from hulkjax import zoo; print(zoo.names())"``) or your own
 ``module:function`` / ``path/to/file.py:function``: a function taking no arguments that returns
@@ -337,6 +338,152 @@ a path ending in .py is loaded from that file.""",
 }
 
 
+_EXAMPLES["launch"] = """examples:
+  # on this machine: plan once, then 2 processes x 4 fake CPU devices (one per node of 'hetero')
+  hulkjax launch --model mlp --size tiny --topology hetero --strategy dp megatron --out run/
+      writes run/plan-<strategy>.json, run/job.json, run/report.json, run/worker-<i>.err
+  hulkjax launch --model mymodels.py:make_step --topology cluster.json --plan plan.json
+
+  # a real cluster: the same command on every host, process ids 0..N-1, coordinator on host 0
+  hulkjax launch --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0 \\
+      --model gpt2 --size small --topology cluster.json --plan plan.json --out run/
+  (without --plan, process 0 plans --strategy and sends the plan to the others; on CPU-only
+   hosts add --local-devices N)
+
+The topology's devices are split into --processes blocks in device order (region > node >
+device): process p holds block p, one process per node or region; its devices must number
+processes x local devices. The report holds the predicted step time (plan.cost), the measured
+one (median over the steps after the first, slowest process), the losses, the collectives of
+the compiled multi-process program, and a check against the unsharded step (process 0, one
+device)."""
+
+
+def cmd_launch(args) -> int:
+    import logging
+
+    from hulkjax.errors import ProcessLayoutError
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("hulkjax.launch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    overrides = {} if args.batch is None else {"batch": args.batch}
+    try:
+        if args.coordinator:
+            return _launch_this_host(args, overrides)
+        from hulkjax.emit.launch import launch
+        from hulkjax.strategies.plan import Plan
+
+        if args.num_processes is not None or args.process_id is not None:
+            raise ProcessLayoutError("--num-processes / --process-id run one host of a real "
+                                     "cluster and need --coordinator HOST:PORT; on this machine "
+                                     "use --processes N.")
+        plans = [Plan.load(p) for p in args.plan or ()]
+        if plans and args.topology is None:
+            topo = plans[0].topology
+        else:
+            args.topology = args.topology or "hetero"
+            topo = _topology(args)
+        print(topo.describe())
+        processes = args.processes
+        if processes is None:  # one per node; per-axis topologies: one per row of the first axis
+            processes = topo.shape[0] if topo.axis_links is not None else len(topo.nodes)
+        strategies = plans or args.strategy
+        report = launch(args.model, topo, strategies=strategies, processes=processes,
+                        steps=args.steps, size=args.size, overrides=overrides, seed=args.seed,
+                        out=args.out, check=not args.no_check, timeout=args.timeout)
+    finally:
+        logger.removeHandler(handler)
+    _print_launch_report(report)
+    return 0 if all(r["check"] is None or r["check"]["match"] for r in report["runs"]) else 1
+
+
+def _launch_this_host(args, overrides) -> int:
+    """Real-cluster mode: run this host's process of the job, then leave without waiting."""
+    from hulkjax.emit.launch import Job, run_worker
+    from hulkjax.errors import HulkjaxError, ProcessLayoutError
+
+    if args.num_processes is None or args.process_id is None:
+        raise ProcessLayoutError(
+            f"--coordinator {args.coordinator} runs one host of a real cluster: give "
+            f"--num-processes N and --process-id I (0..N-1, 0 on the coordinator's host) too.")
+    if not args.plan:
+        args.topology = args.topology or "hetero"
+    topo = None if args.plan else _topology(args).to_dict()
+    job = Job(model=args.model, size=args.size, overrides=overrides, plans=tuple(args.plan or ()),
+              strategies=tuple(args.strategy), topology=topo, steps=args.steps, seed=args.seed,
+              check=not args.no_check, local_devices=args.local_devices, out=args.out or ".",
+              init_timeout=int(args.timeout))
+    try:
+        report = run_worker(job, coordinator=args.coordinator, num_processes=args.num_processes,
+                            process_id=args.process_id)
+    except BaseException as e:  # noqa: BLE001 -- JAX's exit-time shutdown barrier would wait for
+        # peers that may be gone: report and leave now.
+        if isinstance(e, HulkjaxError):
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        else:
+            import traceback
+
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(e, HulkjaxError) else 1)
+    import jax
+
+    if report is not None:
+        _print_launch_report(report)
+        ok = all(r["check"] is None or r["check"]["match"] for r in report["runs"])
+    else:
+        print(f"process {args.process_id} of {args.num_processes}: done")
+        ok = True
+    jax.distributed.shutdown()
+    return 0 if ok else 1
+
+
+def _print_launch_report(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hulkjax.strategies.explain import format_bytes
+
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    lay = report["layout"]
+    table = Table(title=f"{report['model']} on {report['topology']['name']}: "
+                        f"{lay['processes']} processes x {lay['local_devices']} "
+                        f"{report['platform']} devices (one per {lay['level']}; axes crossing "
+                        f"processes: {', '.join(lay['process_axes']) or 'none'})")
+    for col in ("strategy", "predicted step", "measured step", "losses",
+                "collectives (x = crosses processes)", "vs unsharded"):
+        table.add_column(col, overflow="fold")
+    for r in report["runs"]:
+        pred = r["predicted"]
+        colls = "\n".join(f"{_SHORT.get(c['kind'], c['kind'])} {'+'.join(c['axes']) or '-'}: "
+                          f"{c['count']} x, {format_bytes(c['bytes'])}"
+                          f"{' x' if c['crosses_processes'] else ''}"
+                          for c in r["collectives"]) or "none"
+        if r["check"] is None:
+            check = "not checked"
+        elif r["check"]["match"]:
+            err = max(r["check"]["metrics"]["max_abs_err"], r["check"]["final_state"]["max_abs_err"])
+            check = f"[green]match[/green] (max err {err:.2g})"
+        else:
+            bad = (r["check"]["metrics"]["mismatched_leaves"]
+                   + r["check"]["final_state"]["mismatched_leaves"])
+            check = f"[red]MISMATCH[/red]: {', '.join(bad[:3])}"
+        losses = " ".join(f"{x:.4g}" for x in r["losses"] if x is not None)
+        table.add_row(r["strategy"],
+                      "-" if pred is None else f"{pred['step_time'] * 1e3:.3g} ms",
+                      f"{r['step_time'] * 1e3:.3g} ms", losses, colls, check)
+    console.print(table)
+    console.print("predicted: the cost model on the topology's devices and links; measured: wall "
+                  "time of one step on these processes (median after the first step, slowest "
+                  "process). Fake CPU devices share this machine's cores, so measured times say "
+                  "nothing about the topology's speed.")
+    if "launcher" in report:
+        console.print(f"report, plans and logs written to {report['launcher']['run_dir']}/")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hulkjax", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -399,6 +546,44 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", default=None, help="also write the plan JSON here")
     ex.add_argument("--plot", default=None, help="also write the operator-graph plot (PNG) here")
     ex.set_defaults(func=cmd_explain)
+
+    la = parser("launch", "run planned steps as a real multi-process JAX job (one process per "
+                          "node or region) and check them against the unsharded step")
+    # As common(), with defaults that run in seconds on fake CPU devices.
+    la.add_argument("--model", default="mlp",
+                    help="zoo model name, or module:function returning (step, state, batch) with "
+                         "concrete arrays (default mlp)")
+    la.add_argument("--size", default="tiny", help="zoo size preset (default tiny)")
+    la.add_argument("--topology", default=None,
+                    help="preset name (dgx-h100, tpu-v5e, geo, hetero) or topology JSON path "
+                         "(default: the --plan's topology, else hetero: 2 nodes of 4 GPUs)")
+    la.add_argument("--nodes", type=int, default=None, help="nodes for node-based presets")
+    la.add_argument("--batch", type=int, default=None, help="override the model's batch size")
+    la.add_argument("--strategy", nargs="+", default=["dp"],
+                    help="one or more strategy names, run one after another in the same job "
+                         "(default dp)")
+    la.add_argument("--plan", nargs="+", default=None,
+                    help="plan JSON file(s) to run instead of planning --strategy")
+    la.add_argument("--processes", type=int, default=None,
+                    help="processes on this machine (default: one per node of the topology; for "
+                         "per-axis topologies one per index of the first mesh axis)")
+    la.add_argument("--steps", type=int, default=3, help="timed steps per plan (default 3)")
+    la.add_argument("--seed", type=int, default=0, help="zoo init seed (default 0)")
+    la.add_argument("--out", default=None,
+                    help="directory for report.json, the plan JSONs and worker logs "
+                         "(default: a new temporary directory)")
+    la.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds before the job is stopped (default 600)")
+    la.add_argument("--no-check", action="store_true",
+                    help="skip the comparison with the unsharded step")
+    cl = la.add_argument_group("real cluster: run this host's process only")
+    cl.add_argument("--coordinator", default=None, help="HOST:PORT of process 0 (the same on every host)")
+    cl.add_argument("--num-processes", type=int, default=None, help="processes in the job")
+    cl.add_argument("--process-id", type=int, default=None, help="this host's process, 0..N-1")
+    cl.add_argument("--local-devices", type=int, default=None,
+                    help="fake CPU devices for this process (CPU-only hosts; default: the "
+                         "platform's devices)")
+    la.set_defaults(func=cmd_launch)
 
     tg = parser("train-gnn", "train the planner network on ILP-labelled graphs")
     tg.add_argument("--samples", type=int, default=360, help="training graphs (default 360)")

@@ -75,6 +75,26 @@ class DonatedArgumentError(HulkjaxError, RuntimeError):
     state the step returned, or emit with ``donate=False``."""
 
 
+class ProcessLayoutError(HulkjaxError, ValueError):
+    """A multi-process job's processes x local devices do not match the topology, or would split
+    one of its nodes across processes (``hulkjax launch``)."""
+
+
+class WorkerFailedError(HulkjaxError, RuntimeError):
+    """A process of a multi-process job failed or timed out; the message carries its stderr.
+
+    Attributes:
+      process_id: the failed process (``None`` when the whole job timed out).
+      returncode: its exit status (``None`` on a timeout).
+      stderr: the tail of its stderr (``[Gloo]`` connection chatter removed).
+    """
+
+    def __init__(self, message: str, *, process_id: int | None = None,
+                 returncode: int | None = None, stderr: str = ""):
+        super().__init__(message)
+        self.process_id, self.returncode, self.stderr = process_id, returncode, stderr
+
+
 class HulkjaxWarning(UserWarning):
     """Base class of hulkjax's warnings (tests turn these into errors)."""
 

@@ -28,3 +28,38 @@ def test_compare_compiles_each_strategy_and_reports_collectives(tmp_path, capsys
 def test_errors_are_reported_without_a_traceback(capsys):
     assert main(["plan", "--model", "nope", "--size", "tiny"]) == 2
     assert "UnknownModelError" in capsys.readouterr().err
+
+
+def test_launch_help_lists_local_and_cluster_examples(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["launch", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--processes" in out and "--coordinator" in out and "--process-id" in out
+    assert "hulkjax launch --model mlp" in out
+
+
+def test_launch_runs_two_processes_and_checks_them(tmp_path, capsys):
+    import hulkjax as hj
+
+    topo = tmp_path / "grid.json"
+    hj.Topology.grid((2, 2), ("proc", "dev")).save(topo)
+    out = tmp_path / "run"
+    assert main(["launch", "--model", "mlp", "--size", "tiny", "--topology", str(topo),
+                 "--strategy", "fsdp", "--processes", "2", "--steps", "2", "--out", str(out),
+                 "--timeout", "180"]) == 0
+    printed = capsys.readouterr()
+    assert "2 processes x 2 cpu devices" in printed.out and "match" in printed.out
+    assert "launching 2 processes" in printed.err
+    report = json.loads((out / "report.json").read_text())
+    assert report["runs"][0]["check"]["match"]
+    assert {p.name for p in out.iterdir()} >= {"plan-fsdp.json", "job.json", "report.json",
+                                               "worker-0.err", "worker-1.err"}
+
+
+def test_launch_reports_a_bad_process_count(capsys, tmp_path):
+    assert main(["launch", "--topology", "hetero", "--processes", "3",
+                 "--out", str(tmp_path)]) == 2
+    assert "ProcessLayoutError" in capsys.readouterr().err

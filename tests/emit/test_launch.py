@@ -1,0 +1,195 @@
+"""Planned steps as real multi-process JAX jobs: 2 processes x 2 CPU devices, gloo between them.
+
+Every job has a timeout, so a hang fails the test instead of blocking the run. Wall-clock times are
+reported by the jobs but never asserted.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.emit.hlo import summarize
+from hulkjax.emit.launch import launch, process_layout, tree_error
+from hulkjax.errors import ProcessLayoutError, WorkerFailedError
+from hulkjax.strategies.plan import Plan
+
+# Process p holds row p of the mesh: 'proc' crosses processes, 'dev' stays inside one.
+TOPO = hj.Topology.grid((2, 2), ("proc", "dev"), bandwidth=(1e9, 100e9), latency=(5e-6, 1e-6))
+STRATEGIES = ("dp", "megatron", "dp_tp")  # dp_tp: a 2-D plan (data on 'proc', tensor on 'dev')
+STEPS = 3
+TIMEOUT = 180  # seconds per job; a hung job fails with WorkerFailedError
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("launch")
+    return launch("mlp", TOPO, size="tiny", strategies=list(STRATEGIES), processes=2,
+                  steps=STEPS, out=str(out), timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def unsharded():
+    """Losses and final state of the plain jitted step in this process (independent of the job)."""
+    m = zoo.get("mlp", size="tiny")
+    state, batch = m.init(seed=0)
+    step = jax.jit(m.step)
+    losses = []
+    for _ in range(STEPS):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return losses, jax.tree_util.tree_map(np.asarray, state)
+
+
+def test_every_plan_matches_the_unsharded_step(report, unsharded):
+    losses, _ = unsharded
+    assert [r["strategy"] for r in report["runs"]] == list(STRATEGIES)
+    for r in report["runs"]:
+        np.testing.assert_allclose(r["losses"], losses, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{r['strategy']}: losses differ from the unsharded step")
+        check = r["check"]
+        assert check["match"], (r["strategy"], check)
+        assert check["final_state"]["leaves"] == len(jax.tree_util.tree_leaves(unsharded[1]))
+        np.testing.assert_allclose(check["reference_losses"], losses, rtol=1e-6)
+        assert len(r["step_times"]) == 2 and all(len(t) == STEPS for t in r["step_times"])
+        assert r["predicted"]["step_time"] > 0
+
+
+def test_process_p_holds_the_pth_block_of_the_topology(report):
+    lay = report["layout"]
+    assert lay["processes"] == 2 and lay["local_devices"] == 2
+    assert lay["blocks"] == [[0, 1], [2, 3]]
+    assert lay["process_axes"] == ["proc"] and lay["local_axes"] == ["dev"]
+    assert [d["process"] for d in report["device_map"]] == [0, 0, 1, 1]
+    assert len({d["device_id"] for d in report["device_map"]}) == 4
+
+
+def _single_process_collectives(plan_path):
+    """The same plan compiled in this one process on 4 of its 8 fake devices."""
+    m = zoo.get("mlp", size="tiny")
+    plan = Plan.load(plan_path)
+    step = hj.emit(m.step, plan, mesh=TOPO.mesh(jax.devices()[:4]))
+    step.compile(*m.abstract())
+    return {(kind, tuple(axes), v["count"], v["bytes"])
+            for (kind, axes), v in summarize(step.collectives()).items()}
+
+
+def test_the_multiprocess_program_has_the_planned_collectives(report):
+    runs = {r["strategy"]: r for r in report["runs"]}
+    for name, r in runs.items():
+        got = {(c["kind"], tuple(c["axes"]), c["count"], c["bytes"]) for c in r["collectives"]}
+        want = _single_process_collectives(r["plan"])
+        assert got == want, name
+        for c in r["collectives"]:
+            assert c["crosses_processes"] == ("proc" in c["axes"])
+    kinds = lambda name: {(c["kind"], tuple(c["axes"])) for c in runs[name]["collectives"]}  # noqa: E731
+    # dp: one gradient all-reduce over every device, so over the network.
+    assert kinds("dp") == {("all-reduce", ("proc", "dev"))}
+    # megatron: activations reduced; no gradient all-reduce of whole parameters.
+    assert {k for k, _ in kinds("megatron")} == {"all-reduce"}
+    mp = sum(c["bytes"] for c in runs["megatron"]["collectives"])
+    assert mp < sum(c["bytes"] for c in runs["dp"]["collectives"])
+    # dp_tp: tensor-parallel reduction inside a process, gradient reduction across processes.
+    assert kinds("dp_tp") == {("all-reduce", ("dev",)), ("all-reduce", ("proc",))}
+    crossing = [c for c in runs["dp_tp"]["collectives"] if c["crosses_processes"]]
+    assert [tuple(c["axes"]) for c in crossing] == [("proc",)]
+
+
+def test_layouts_that_do_not_fit_the_topology_are_refused():
+    with pytest.raises(ProcessLayoutError, match=r"4 devices, which 3 processes"):
+        process_layout(TOPO, 3)
+    with pytest.raises(ProcessLayoutError, match=r"2 processes x 4 local devices = 8"):
+        process_layout(TOPO, 2, local_devices=4)
+    # 'hetero' is 2 nodes of 4 GPUs: 4 processes would put half a node in each.
+    with pytest.raises(ProcessLayoutError, match=r"split node 'node0'.*--processes 2"):
+        process_layout(hj.Topology.preset("hetero"), 4)
+    assert process_layout(hj.Topology.preset("hetero"), 2).level == "node"
+    assert process_layout(hj.Topology.preset("geo"), 3).process_axes == ("region",)
+    with pytest.raises(ProcessLayoutError):  # before planning or spawning anything
+        launch("mlp", TOPO, size="tiny", processes=3, timeout=5)
+
+
+def test_tree_error_finds_the_leaf_that_differs():
+    a = {"w": np.ones((2, 2)), "b": np.zeros(3)}
+    assert tree_error(a, {"w": np.ones((2, 2)) + 1e-7, "b": np.zeros(3)})["match"]
+    bad = tree_error(a, {"w": np.ones((2, 2)), "b": np.array([0.0, 0.0, 1e-3])})
+    assert not bad["match"] and bad["mismatched_leaves"] == ["['b']"]
+    assert bad["max_abs_err"] == pytest.approx(1e-3)
+    assert not tree_error(a, {"w": np.ones((2, 2))})["match"]  # structure
+
+
+FAILING_MODEL = """
+import jax
+from hulkjax import zoo
+
+def make():
+    if jax.process_index() == 1:
+        raise RuntimeError("boom on process 1: no data shard found")
+    m = zoo.get("mlp", size="tiny")
+    return (m.step, *m.init(seed=0))
+"""
+
+
+def test_a_failing_worker_stops_the_job_with_its_stderr(tmp_path):
+    (tmp_path / "failing_steps.py").write_text(FAILING_MODEL)
+    with pytest.raises(WorkerFailedError) as info:
+        launch(f"{tmp_path / 'failing_steps.py'}:make", TOPO, strategies="dp", processes=2,
+               steps=1, out=str(tmp_path / "run"), timeout=TIMEOUT)
+    e = info.value
+    assert e.process_id == 1 and e.returncode == 1  # failed, not timed out
+    assert "boom on process 1: no data shard found" in str(e)
+    assert "RuntimeError" in e.stderr and "[Gloo]" not in e.stderr
+    assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_a_job_past_its_timeout_is_stopped(tmp_path):
+    # No 2-process job finishes in 1 s (importing JAX alone takes longer): it must be stopped.
+    with pytest.raises(WorkerFailedError, match=r"ran past its timeout of 1 s") as info:
+        launch("mlp", TOPO, size="tiny", strategies="dp", processes=2, steps=1,
+               out=str(tmp_path), timeout=1)
+    assert info.value.returncode is None and info.value.process_id is None
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_cluster_mode_one_command_per_host(tmp_path):
+    """`hulkjax launch --coordinator ...` on each 'host'; process 0 plans and broadcasts."""
+    topo_path = tmp_path / "grid.json"
+    TOPO.save(topo_path)
+    out = tmp_path / "run"
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "hulkjax.cli", "launch", "--coordinator", coordinator,
+         "--num-processes", "2", "--process-id", str(i), "--local-devices", "2",
+         "--model", "mlp", "--size", "tiny", "--topology", str(topo_path), "--strategy", "fsdp",
+         "--steps", "2", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for i, (p, (_, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"process {i}: {err[-3000:]}"
+    assert "match" in outs[0][0] and "done" in outs[1][0]
+    report = json.loads((out / "report.json").read_text())
+    (run,) = report["runs"]
+    assert run["strategy"] == "fsdp" and run["check"]["match"]
+    assert {c["kind"] for c in run["collectives"]} == {"all-gather", "all-reduce"}
+    assert (out / "plan-fsdp.json").exists()
