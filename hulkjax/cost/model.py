@@ -27,8 +27,18 @@ values that the backward pass reads), each at its planned layout.
 Compute is a roofline per operator at the slowest device's pace, with loop fusion: elementwise and
 shape operators touch HBM only for tensors entering or leaving their fusion.
 
-Limits: ``scan``/``while``/``cond`` are replicated (their bodies are not sharded by the model);
-compute and communication do not overlap.
+**Loops.** ``scan``/``while``/``cond`` nodes are leaders whose candidates shard their bodies
+(:mod:`hulkjax.rules.loops`): each body is a graph planned by a cost model of its own, and a
+candidate's local cost is ``trip_count`` x (the body's compute at its local shapes + the collectives
+its plan implies, carry resharding included); its collectives appear, repeated ``trip_count``
+times, in the :class:`Cost` and in :meth:`program_collectives`. Its memory is the body's transient
+(saved activations inside the body and its largest value); what a scan stacks (``ys``) are outer
+values, costed as such.
+
+Limits: a ``while`` loop's trip count is the tracer's (1 when not static); a loop body is one of
+a few boundary hypotheses completed by propagation (replicated, batch split per mesh-axis subset,
+parameter slices as fsdp / megatron / dp_tp shard them), not the body's own optimum; compute and
+communication do not overlap.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from jax.extend.core import primitives as P
 
 from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
 from hulkjax.cost.cost import Cost, PredictedCollective
+from hulkjax.rules.loops import LoopResolution
 from hulkjax.rules.sharding import (
     Comm,
     Mesh,
@@ -97,6 +108,7 @@ class _Local:
     comms: list[Comm]
     memory: float
     memory_parts: dict[str, float]
+    program_comms: list[Comm]  # comms as the program has them (a loop: its body's, deduplicated)
 
 
 class CostModel:
@@ -178,7 +190,8 @@ class CostModel:
             if grp.kind == LEADER:
                 sig = self._node_sig(grp.leader)  # repeated layers enumerate once
                 if sig not in by_sig:
-                    by_sig[sig] = leader_candidates(g.nodes[grp.leader], g, self.mesh)
+                    by_sig[sig] = leader_candidates(g.nodes[grp.leader], g, self.mesh,
+                                                    topology=self.topology)
                 grp.candidates = by_sig[sig]
                 grp.signature = ("lead", self._node_sig(grp.leader),
                                  tuple(self._node_sig(n) for n in grp.members))
@@ -230,6 +243,8 @@ class CostModel:
                                                          self.graph.values[v].dtype)
                                  for v in n.inputs),
                    tuple(self.graph.values[o].shape for o in n.outputs), params, self.lead.get(nid))
+            if n.subgraphs:  # loops: equal only with equal bodies
+                sig += (n.trip_count, tuple(b.fingerprint() for b in n.subgraphs))
             self._sig_cache[nid] = sig
         return sig
 
@@ -283,6 +298,7 @@ class CostModel:
         res: dict[int, Resolution] = {}
         time = compute = 0.0
         comms: list[Comm] = []
+        program: list[Comm] | None = None
         mem: dict[str, float] = defaultdict(float)
         if grp.kind == INPUT:
             spec = grp.candidates[c]
@@ -304,7 +320,12 @@ class CostModel:
             res[node.id] = r
             for o, s in zip(node.outputs, r.out_specs):
                 specs[o] = s
-            compute += self._compute(node, r.shards)
+            if isinstance(r, LoopResolution):
+                compute += r.compute
+                mem["activations"] += r.memory
+                program = list(r.program_comms)
+            else:
+                compute += self._compute(node, r.shards)
             comms.extend(r.comms)
         else:
             for vid in g.constants:
@@ -321,14 +342,20 @@ class CostModel:
                 specs[o] = s
             compute += self._compute(node, r.shards)
             comms.extend(r.comms)
+            if program is not None:
+                program.extend(r.comms)
             for k, v in enumerate(node.inputs):  # layout changes inside the group
                 if v is not None and v in specs and r.in_specs[k] is not None:
-                    comms.extend(self._reshard(v, specs[v], r.in_specs[k]))
+                    moved = self._reshard(v, specs[v], r.in_specs[k])
+                    comms.extend(moved)
+                    if program is not None:
+                        program.extend(moved)
         for v, s in specs.items():
             if v in self._saved:
                 mem["activations"] += self._nbytes(v, s)
         time = compute + sum(self._comm_time(cm) for cm in comms)
-        loc = _Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem))
+        loc = _Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
+                     comms if program is None else program)
         self._locals[key] = loc
         return loc
 
@@ -410,8 +437,14 @@ class CostModel:
         return out
 
     def operand_changes(self, gid: int, c: int, nid: int, assignment) -> int:
-        """How many operands of node ``nid`` arrive in another layout than candidate ``c`` needs."""
+        """How many operands of node ``nid`` arrive in another layout than candidate ``c`` needs.
+
+        A loop's operands computed in place from constants (masks, position ids: the free group)
+        are no change: they are sliced to any layout for free, as the operators inside the body
+        that use them would be in an unrolled program.
+        """
         grp = self.groups[gid]
+        loop = bool(self.graph.nodes[nid].subgraphs)
         if grp.kind == LEADER and grp.leader == nid:
             need = grp.candidates[c].in_specs  # no need to build the group's tables
         else:
@@ -422,6 +455,8 @@ class CostModel:
                 continue
             src_gid = self.group_of_value[v]
             have = self.local(src_gid, assignment[src_gid]).specs.get(v)
+            if loop and src_gid == self._free and have is not None and not any(have):
+                continue
             n += have is not None and have != s
         return n
 
@@ -516,18 +551,22 @@ class CostModel:
         Unlike the cost (which charges every use, as an implementation that re-gathers in the
         backward pass pays), a value brought to one layout is counted once: XLA computes it once
         and reuses it. With ``reduce_scatter=False`` reduce-scatters are reported as the
-        all-reduce (+ local slice) XLA:CPU emits for them.
+        all-reduce (+ local slice) XLA:CPU emits for them. Collectives inside loop bodies count
+        once per iteration (``trip_count`` times): compare them with the HLO's weighted by each
+        collective's ``trip_count``.
         """
         out: dict[tuple, int] = defaultdict(int)
         order = self.mesh.axis_names
-
-        def add(cm):
+        for cm in self.program_comm_list(assignment):
             kind = cm.kind if reduce_scatter or cm.kind != "reduce-scatter" else "all-reduce"
             out[(kind, tuple(sorted(cm.axes, key=order.index)))] += cm.bytes
+        return dict(out)
 
+    def program_comm_list(self, assignment) -> list[Comm]:
+        """Every collective :meth:`program_collectives` counts, one entry per execution."""
+        out: list[Comm] = []
         for gid, c in enumerate(assignment):
-            for cm in self.local(gid, c).comms:
-                add(cm)
+            out.extend(self.local(gid, c).program_comms)
         seen = set()
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
@@ -537,9 +576,17 @@ class CostModel:
                 if src is None or dst is None or (v, dst) in seen:
                     continue
                 seen.add((v, dst))
-                for cm in self._reshard(v, src, dst):
-                    add(cm)
-        return dict(out)
+                out.extend(self._reshard(v, src, dst))
+        return out
+
+    def assignment_comms(self, assignment) -> list[Comm]:
+        """Every collective the cost charges for an assignment (groups' own, then edges')."""
+        out: list[Comm] = []
+        for gid, c in enumerate(assignment):
+            out.extend(self.local(gid, c).comms)
+        for (gp, gc), _ in self._edges.items():
+            out.extend(self.edge_comms(gp, assignment[gp], gc, assignment[gc]))
+        return out
 
     def objective(self, assignment) -> float:
         """``evaluate(assignment).step_time`` computed from the tables (what the ILP minimizes)."""

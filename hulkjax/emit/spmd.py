@@ -1,8 +1,9 @@
 """Emit a plan as one compiled SPMD program.
 
 ``jax.jit`` of the traced step, re-run by :func:`hulkjax.trace.interpret` so that planned operands and
-intermediates get ``with_sharding_constraint`` (inside inlined nested jits too), with the plan's
-in/out ``NamedSharding`` s and the state buffers donated. The program is lowered and compiled before
+intermediates get ``with_sharding_constraint`` (inside inlined nested jits too, and inside the
+bodies of ``scan`` / ``while`` / ``cond``, re-made with the plan's :attr:`Plan.bodies`), with the
+plan's in/out ``NamedSharding`` s and the state buffers donated. The program is lowered and compiled before
 any argument is touched: if anything fails, the caller's arrays are untouched.
 
 >>> import hulkjax as hj, jax.numpy as jnp
@@ -23,9 +24,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
 from hulkjax.errors import DonatedArgumentError, InvalidPlanError, PlanMismatchError
-from hulkjax.strategies.plan import Plan
+from hulkjax.strategies.plan import BodyPlan, Plan
 from hulkjax.trace import OpGraph, interpret, trace
 from hulkjax.trace.graph import dtype_name
+from hulkjax.trace.interpret import BodyHooks
 
 log = logging.getLogger("hulkjax.emit")
 
@@ -145,6 +147,7 @@ class ShardedStep:
         # re-run from the graph's jaxpr, not from ``fn``). Another function object (a re-built
         # closure, a functools.partial) is traced and accepted if its structure is the same.
         if self._graph is not None and getattr(self._graph, "fn", None) is not self.fn:
+            self.plan.bodies  # noqa: B018 -- derive loop bodies on the graph they were planned on
             self._graph = None
         if self._graph is None:
             g = trace(self.fn, *args)
@@ -178,8 +181,19 @@ class ShardedStep:
         return leaves
 
     def _flat_fn(self, graph: OpGraph):
-        op_specs = {k: NamedSharding(self.mesh, s) for k, s in self.plan.operand_specs.items()}
-        res_specs = {k: NamedSharding(self.mesh, s) for k, s in self.plan.result_specs.items()}
+        on_operand, on_result = self._node_hooks(self.plan.operand_specs, self.plan.result_specs)
+        on_body = self._body_hooks(self.plan.bodies)
+
+        def flat_fn(*flat):
+            return tuple(interpret(graph.jaxpr, flat, on_operand=on_operand, on_result=on_result,
+                                   on_body=on_body))
+
+        return flat_fn
+
+    def _node_hooks(self, operand_specs, result_specs):
+        """``(on_operand, on_result)`` placing the planned constraints (``None`` where none)."""
+        op_specs = {k: NamedSharding(self.mesh, s) for k, s in operand_specs.items()}
+        res_specs = {k: NamedSharding(self.mesh, s) for k, s in result_specs.items()}
         result_nodes = {n for n, _ in res_specs}
         wsc = jax.lax.with_sharding_constraint
 
@@ -193,11 +207,29 @@ class ShardedStep:
             return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
                     for k, x in enumerate(outs)]
 
-        def flat_fn(*flat):
-            return tuple(interpret(graph.jaxpr, flat, on_operand=on_operand if op_specs else None,
-                                   on_result=on_result if res_specs else None))
+        return (on_operand if op_specs else None), (on_result if res_specs else None)
 
-        return flat_fn
+    def _body_hooks(self, bodies: dict[int, tuple[BodyPlan, ...]]):
+        """``on_body`` for :func:`interpret`: constraints inside loop bodies (``None`` if none)."""
+        if not bodies:
+            return None
+        wsc = jax.lax.with_sharding_constraint
+
+        def boundary(specs: dict):
+            shardings = {j: NamedSharding(self.mesh, s) for j, s in specs.items()}
+            if not shardings:
+                return None
+            return lambda xs: [x if (s := shardings.get(j)) is None else wsc(x, s)
+                               for j, x in enumerate(xs)]
+
+        def hooks(bp: BodyPlan) -> BodyHooks:
+            on_operand, on_result = self._node_hooks(bp.operand_specs, bp.result_specs)
+            return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
+                             on_operand=on_operand, on_result=on_result,
+                             on_body=self._body_hooks(bp.bodies))
+
+        table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
+        return table.get
 
     def compile(self, *args):
         """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs)."""

@@ -1,7 +1,9 @@
 """Per-primitive rules: how dimensions flow through an operator, and which operators are known.
 
 An operator whose primitive no rule covers is replicated by the emitter, with one warning naming
-the primitive (strict mode raises :class:`~hulkjax.errors.UnsupportedPrimitiveError`).
+the primitive (strict mode raises :class:`~hulkjax.errors.UnsupportedPrimitiveError`); operators
+inside loop bodies are checked too. ``scan`` / ``while`` / ``cond`` are sharded through their
+bodies by the loop rules (:mod:`hulkjax.rules.loops`).
 """
 
 from hulkjax.rules.dims import (
@@ -18,6 +20,12 @@ from hulkjax.rules.dims import (
 )
 from hulkjax.rules.dims import (
     register_dim_rule as register_dim_rule,
+)
+from hulkjax.rules.loops import (
+    loop_rules as loop_rules,
+)
+from hulkjax.rules.loops import (
+    register_loop_rule as register_loop_rule,
 )
 from hulkjax.rules.support import (
     check_supported as check_supported,

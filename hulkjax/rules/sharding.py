@@ -11,7 +11,9 @@ Two tables, keyed by primitive (like JAX's ``mlir.register_lowering``):
   and states what it needs of the others.
 
 A primitive in neither table is replicated (operands gathered, result replicated): correct, and
-visible to the cost model as the all-gathers it costs.
+visible to the cost model as the all-gathers it costs. Loops (``scan``, ``while``, ``cond``) are
+leaders through a third table, :data:`hulkjax.rules.loops.loop_rules`: their candidates plan
+their bodies, which needs the topology (:func:`leader_candidates` passes it on).
 
 >>> from hulkjax.rules.sharding import Mesh
 >>> Mesh(("data", "model"), (2, 4)).sizes
@@ -109,7 +111,9 @@ def register_follow(*prims):
 
 
 def is_leader(node: Node) -> bool:
-    return node.primitive in candidate_rules
+    """Whether an operator has candidates of its own (loops: when their bodies were traced)."""
+    return node.primitive in candidate_rules or (
+        bool(node.subgraphs) and node.primitive in _loops.loop_rules)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -510,8 +514,15 @@ def _scatter_add_candidates(node, graph, mesh):
     return out_cands
 
 
-def leader_candidates(node: Node, graph: OpGraph, mesh: Mesh) -> list[Resolution]:
-    """Candidates of a leader (always including the replicated one)."""
+def leader_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology=None) -> list[Resolution]:
+    """Candidates of a leader (always including the replicated one, first).
+
+    Loops (:mod:`hulkjax.rules.loops`) plan their bodies, which needs the ``topology``; without
+    one a loop has its replicated candidate only.
+    """
+    loop = _loops.loop_candidates(node, graph, mesh, topology)
+    if loop:
+        return loop
     rule = candidate_rules.get(node.primitive)
     cands = [] if rule is None else rule(node, graph, mesh)
     rep = replicated_resolution(node, graph)
@@ -537,3 +548,7 @@ def candidate_specs(shape: Sequence[int], mesh: Mesh, *, max_axes_per_dim: int =
             seen.add(spec)
             out.append(spec)
     return out
+
+
+# Loop rules register themselves in their own table (they need the topology to plan bodies).
+from hulkjax.rules import loops as _loops  # noqa: E402

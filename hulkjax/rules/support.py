@@ -2,7 +2,9 @@
 
 A primitive is supported when the dimension table has a rule for it, or when it is one of the
 data-movement operators the SPMD partitioner handles by itself (slicing, gathers, padding, iota,
-...). Control flow is handled structurally by the tracer.
+...). Control flow (``scan``, ``while``, ``cond``) is supported through its bodies: the check looks
+inside them (an unsupported primitive in a scan body warns, or raises in strict mode, like one
+outside), and replicates such operators there through the plan's loop-body layouts.
 """
 
 from __future__ import annotations
@@ -59,31 +61,71 @@ def is_supported(prim) -> bool:
 def check_supported(graph: OpGraph, plan, *, strict: bool = False) -> list[str]:
     """Replicate the operands and results of operators without a rule, warning once per primitive.
 
-    Returns the names of the unsupported primitives. In strict mode, raises
-    :class:`UnsupportedPrimitiveError` naming the first one and its source line instead.
+    Looks inside the bodies of ``scan`` / ``while`` / ``cond`` too (there, the operators are
+    replicated through ``plan.bodies``). Returns the names of the unsupported primitives. In strict
+    mode, raises :class:`UnsupportedPrimitiveError` naming the first one and its source line
+    instead.
     """
-    seen: dict[str, int] = {}
+    found: dict[str, list] = {}  # name -> [count, first node]
+    _check(graph, plan.operand_specs, plan.result_specs, lambda: plan.bodies, strict, found, "")
+    for name, (count, node) in found.items():
+        warnings.warn(
+            f"no sharding rule for {name!r} ({count} use(s), first at {node.source}); "
+            f"it was replicated. Register one with @hulkjax.rules.register_sharding_rule, or pass "
+            f"strict=True to make this an error.", UnsupportedPrimitiveWarning, stacklevel=3)
+    if found:
+        plan.notes.append(f"replicated operators without a sharding rule: {sorted(found)}")
+    return sorted(found)
+
+
+def _check(graph: OpGraph, operand_specs, result_specs, bodies, strict: bool, found: dict,
+           where: str) -> None:
+    """Check one graph (the step's or a loop body's) and, recursively, the bodies of its loops.
+
+    ``bodies()`` returns ``{loop node id: (BodyPlan per sub-graph, ...)}`` for this graph (built
+    only when a body has something to replicate).
+    """
     for node in graph.nodes:
+        for b, sub in enumerate(node.subgraphs):
+            inner = f"{where}body {b} of {node.name!r} node {node.id}, "
+
+            def body_plan(node=node, b=b):
+                from hulkjax.strategies.plan import BodyPlan
+
+                table = bodies()
+                plans = list(table.get(node.id, ()))
+                while len(plans) < len(node.subgraphs):
+                    plans.append(BodyPlan())
+                table[node.id] = tuple(plans)
+                return plans[b]
+
+            def lazy_specs(kind, body_plan=body_plan):
+                return _LazySpecs(lambda: getattr(body_plan(), kind))
+
+            _check(sub, lazy_specs("operand_specs"), lazy_specs("result_specs"),
+                   lambda body_plan=body_plan: body_plan().bodies, strict, found, inner)
         if is_supported(node.primitive):
             continue
         if strict:
             raise UnsupportedPrimitiveError(
-                f"no sharding rule for {node.name!r} (node {node.id}, {node.source}). Register one "
-                f"with @hulkjax.rules.register_sharding_rule({node.name}_p), or pass strict=False "
-                f"to replicate it.")
-        seen.setdefault(node.name, node.id)
+                f"no sharding rule for {node.name!r} ({where}node {node.id}, {node.source}). "
+                f"Register one with @hulkjax.rules.register_sharding_rule({node.name}_p), or pass "
+                f"strict=False to replicate it.")
+        entry = found.setdefault(node.name, [0, node])
+        entry[0] += 1
         for k, v in enumerate(node.inputs):
             if v is not None and graph.values[v].shape:
-                plan.operand_specs[(node.id, k)] = PartitionSpec()
+                operand_specs[(node.id, k)] = PartitionSpec()
         for k, v in enumerate(node.outputs):
             if graph.values[v].shape:
-                plan.result_specs[(node.id, k)] = PartitionSpec()
-    for name, nid in seen.items():
-        count = sum(1 for n in graph.nodes if n.name == name)
-        warnings.warn(
-            f"no sharding rule for {name!r} ({count} use(s), first at {graph.nodes[nid].source}); "
-            f"it was replicated. Register one with @hulkjax.rules.register_sharding_rule, or pass "
-            f"strict=True to make this an error.", UnsupportedPrimitiveWarning, stacklevel=3)
-    if seen:
-        plan.notes.append(f"replicated operators without a sharding rule: {sorted(seen)}")
-    return sorted(seen)
+                result_specs[(node.id, k)] = PartitionSpec()
+
+
+class _LazySpecs:
+    """A dict-like target for specs that finds its dict only when first written to."""
+
+    def __init__(self, get):
+        self._get = get
+
+    def __setitem__(self, key, value):
+        self._get()[key] = value

@@ -48,15 +48,7 @@ def fully_sharded(graph: OpGraph, topology, **_) -> Plan:
     sb = SpecBuilder(graph, topology, "fsdp")
     axes = tuple(topology.axis_names)
     _split_batch(sb, axes)
-    g = graph
-    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
-        if role != PARAMETER:
-            continue
-        shape = g.values[vid].shape
-        if not shape:
-            continue
-        dim = max(range(len(shape)), key=lambda d: (len(sb.axes_for(shape[d], axes)), shape[d], -d))
-        sb.set_input(i, sb.dim_spec(shape, dim, axes, g.input_paths[i]))
+    _shard_parameters(sb, axes)
     sb.param_use = "gather"
     return sb.build()
 
@@ -98,6 +90,20 @@ def _split_batch(sb: SpecBuilder, axes: tuple[str, ...]) -> None:
         shape = g.values[vid].shape
         if role == DATA and shape:
             sb.set_input(i, sb.dim_spec(shape, 0, axes, g.input_paths[i]))
+
+
+def _shard_parameters(sb: SpecBuilder, axes: tuple[str, ...]) -> None:
+    """ZeRO-3 layouts: each parameter split over ``axes`` on the dimension most of them divide
+    (the largest such)."""
+    g = sb.graph
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        if role != PARAMETER:
+            continue
+        shape = g.values[vid].shape
+        if not shape:
+            continue
+        dim = max(range(len(shape)), key=lambda d: (len(sb.axes_for(shape[d], axes)), shape[d], -d))
+        sb.set_input(i, sb.dim_spec(shape, dim, axes, g.input_paths[i]))
 
 
 def _tensor_parallel(sb: SpecBuilder, model_axes: tuple[str, ...]) -> None:
@@ -256,7 +262,8 @@ def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin) -> bool:
             if not isinstance(r, int) or len(node.outputs) != 1:
                 return False
             nxt = (node.outputs[0], r)
-            if nxt not in seen and node.outputs[0] not in outputs:
+            # A graph output that is used further (a loop body's residuals) is followed on.
+            if nxt not in seen and (node.outputs[0] not in outputs or g.consumers(node.outputs[0])):
                 seen.add(nxt)
                 todo.append(nxt)
     return closed

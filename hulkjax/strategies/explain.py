@@ -331,6 +331,7 @@ def attribute(plan, depth: int | None = None) -> Attribution:
     """Per-operator compute, collectives and memory of a plan (needs ``plan.graph``)."""
     from hulkjax.cost.comm import collective_time
     from hulkjax.cost.model import INPUT, LEADER
+    from hulkjax.rules.loops import LoopResolution
     from hulkjax.rules.specs import local_shape
     from hulkjax.strategies.realize import cost_model
     from hulkjax.trace.graph import OPTIMIZER, PARAMETER, dtype_size
@@ -389,7 +390,11 @@ def attribute(plan, depth: int | None = None) -> Attribution:
         nodes = ([grp.leader] if grp.kind == LEADER else []) + list(grp.members)
         for nid in nodes:
             node, r = g.nodes[nid], loc.res[nid]
-            compute[nid] = cm._compute(node, r.shards)
+            if isinstance(r, LoopResolution):  # a loop: its body's plan, times its trip count
+                compute[nid] = r.compute
+                memory.append((nid, grp.id, "activations", r.memory))
+            else:
+                compute[nid] = cm._compute(node, r.shards)
             own[nid] = charges(r.comms)
             if nid == grp.leader:
                 continue

@@ -42,6 +42,57 @@ class TensorPlan:
 
 
 @dataclass(kw_only=True, eq=False)
+class BodyPlan:
+    """The layouts planned inside one body of a ``scan`` / ``while`` / ``cond`` node.
+
+    Node ids are the body graph's own (``node.subgraphs[i]``), in its inlined depth-first walk.
+
+    Attributes:
+      inputs: ``{body input index: spec}``: the boundary; the emitter constrains the body's
+        arguments to it on entry.
+      outputs: ``{body result index: spec}``: a loop's carry results are constrained to the
+        carry-in layout (and a ``cond``'s results to one layout for all branches) on exit.
+      operand_specs / result_specs: as :class:`Plan`'s, for the body's leaders.
+      bodies: ``{node id: (BodyPlan per sub-graph, ...)}`` for loops nested in this body.
+    """
+
+    inputs: dict[int, PartitionSpec] = field(default_factory=dict)
+    outputs: dict[int, PartitionSpec] = field(default_factory=dict)
+    operand_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
+    result_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
+    bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": [[j, spec_to_json(s)] for j, s in sorted(self.inputs.items())],
+            "outputs": [[j, spec_to_json(s)] for j, s in sorted(self.outputs.items())],
+            "operand_specs": [[n, k, spec_to_json(s)] for (n, k), s in sorted(self.operand_specs.items())],
+            "result_specs": [[n, k, spec_to_json(s)] for (n, k), s in sorted(self.result_specs.items())],
+            "bodies": bodies_to_json(self.bodies),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BodyPlan:
+        return cls(
+            inputs={int(j): spec_from_json(s) for j, s in d["inputs"]},
+            outputs={int(j): spec_from_json(s) for j, s in d["outputs"]},
+            operand_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["operand_specs"]},
+            result_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["result_specs"]},
+            bodies=bodies_from_json(d.get("bodies", [])),
+        )
+
+
+def bodies_to_json(bodies: dict[int, tuple[BodyPlan, ...]]) -> list:
+    return [[nid, [b.to_dict() for b in plans]] for nid, plans in sorted(bodies.items())]
+
+
+def bodies_from_json(entries) -> dict[int, tuple[BodyPlan, ...]]:
+    if not isinstance(entries, list):
+        raise InvalidPlanError(f"loop bodies are stored as a list, got {type(entries).__name__}")
+    return {int(nid): tuple(BodyPlan.from_dict(b) for b in plans) for nid, plans in entries}
+
+
+@dataclass(kw_only=True, eq=False)
 class Plan:
     """A sharding plan for one traced step on one topology.
 
@@ -59,6 +110,9 @@ class Plan:
       stages: ``None`` for SPMD plans; ``[(device group, node ids), ...]`` for staged plans.
       planning_time: seconds spent planning (tracing excluded).  # float
       notes: what the planner wants a person to know (fallbacks, unsharded dims).  # list of str
+      loop_bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
+        ``scan`` / ``while`` / ``cond`` nodes; ``None`` until derived from the assignment (read it
+        as :attr:`bodies`).
       in_tree / out_tree: pytree structures of the step's arguments / results. Not saved (pickled
         structures would run code on load): a loaded plan keys ``in_specs`` by path until
         ``emit`` binds it to real arguments.
@@ -78,10 +132,29 @@ class Plan:
     stages: Any = None
     planning_time: float = 0.0
     notes: list[str] = field(default_factory=list)
+    loop_bodies: dict[int, tuple[BodyPlan, ...]] | None = None
     in_tree: Any = None
     out_tree: Any = None
     graph: Any = field(default=None, repr=False)  # the OpGraph it was made on (not saved)
     assignment: Any = field(default=None, repr=False)  # cost-model candidate per group (not saved)
+
+    @property
+    def bodies(self) -> dict[int, tuple[BodyPlan, ...]]:
+        """Layouts inside loop bodies, ``{loop node id: (BodyPlan per sub-graph, ...)}``.
+
+        Derived on first use from the assignment on the graph the plan was made on (the cost
+        model's loop candidates); loaded plans carry them.
+        """
+        if self.loop_bodies is None:
+            self.loop_bodies = {}
+            g, topo, a = self.graph, self.topology, self.assignment
+            if g is not None and topo is not None and a is not None and any(
+                    n.subgraphs for n in g.nodes):
+                from hulkjax.rules.loops import body_plans
+                from hulkjax.strategies.realize import cost_model
+
+                self.loop_bodies = body_plans(cost_model(g, topo), a)
+        return self.loop_bodies
 
     # ---- pytree views ---------------------------------------------------------------------
     @property
@@ -132,6 +205,7 @@ class Plan:
             "stages": self.stages,
             "planning_time": self.planning_time,
             "notes": list(self.notes),
+            "bodies": bodies_to_json(self.bodies),
         }
 
     @classmethod
@@ -166,6 +240,7 @@ class Plan:
                 stages=d.get("stages"),
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
+                loop_bodies=bodies_from_json(d.get("bodies", [])),
             )
         except InvalidPlanError:
             raise

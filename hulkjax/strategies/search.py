@@ -84,8 +84,10 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep") 
             sgrp = cm.groups[src]
             if sgrp.kind == INPUT and src in fixed and g.input_roles[sgrp.inputs[0]] == "parameter":
                 spec = cm.local(src, a[src]).specs.get(v)
+                # A loop gathers parameter slices inside its body: it takes them as they are.
+                gather = param_use == "gather" and not node.subgraphs
                 if spec is not None:
-                    wanted[k] = tuple(() for _ in spec) if param_use == "gather" else spec
+                    wanted[k] = tuple(() for _ in spec) if gather else spec
         scatter = _ScatterCheck(cm, nb, grp, fixed, a)
         options = [c for c, r in enumerate(grp.candidates)
                    if all(r.in_specs[k] == s for k, s in wanted.items()) and scatter.allowed(c)]

@@ -3,7 +3,10 @@
 The emitter uses this to place ``with_sharding_constraint`` on planned values. The walk inlines the
 same equations, in the same order, as the graph builder (see :mod:`hulkjax.trace.walk`), so the
 ``node_id`` passed to the hook is the id of the node in the :class:`OpGraph`. ``remat2`` bodies are
-re-wrapped in ``jax.checkpoint`` so rematerialization survives; loop bodies run as they are.
+re-wrapped in ``jax.checkpoint`` so rematerialization survives. Loop bodies (``scan``, ``while``,
+``cond``) run as they are, unless ``on_body`` gives hooks for them: then each hooked body is
+interpreted with its own :class:`BodyHooks` (node ids of the body graph, ``node.subgraphs[i]``,
+counted from 0), made into a jaxpr again, and the loop is bound with it.
 
 >>> import jax, jax.numpy as jnp
 >>> from hulkjax.trace.interpret import interpret
@@ -17,26 +20,47 @@ re-wrapped in ``jax.checkpoint`` so rematerialization survives; loop bodies run 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
-from hulkjax.trace.walk import count_nodes, inlined_body
+from hulkjax.trace.walk import LOOP_PRIMITIVES, count_nodes, inlined_body
 
 OperandHook = Callable[[int, int, Any], Any]  # (node id, operand index, value) -> value
 ResultHook = Callable[[int, list], list]  # (node id, results) -> results
 
 
+class BodyHooks(NamedTuple):
+    """Hooks for one body of a loop node (all optional).
+
+    on_input / on_output: ``(values) -> values`` on the body's arguments on entry and its results
+    on exit. on_operand / on_result / on_body: as :func:`interpret`'s, with the body graph's ids.
+    """
+
+    on_input: Callable[[list], list] | None = None
+    on_output: Callable[[list], list] | None = None
+    on_operand: OperandHook | None = None
+    on_result: ResultHook | None = None
+    on_body: Any = None
+
+
+BodyHook = Callable[[int], "Sequence[BodyHooks | None] | None"]  # node id -> hooks per body
+
+
 def interpret(closed, args: Sequence[Any], *, on_operand: OperandHook | None = None,
-              on_result: ResultHook | None = None) -> list:
-    """Evaluate a ``ClosedJaxpr`` on flat arguments, calling the hooks at each graph node."""
-    outs, _ = _run(closed.jaxpr, closed.consts, list(args), on_operand, on_result, 0)
+              on_result: ResultHook | None = None, on_body: BodyHook | None = None) -> list:
+    """Evaluate a ``ClosedJaxpr`` on flat arguments, calling the hooks at each graph node.
+
+    ``on_body(node_id)`` may return, for a loop node, one :class:`BodyHooks` (or ``None``) per
+    body in :func:`hulkjax.trace.walk.sub_jaxprs` order.
+    """
+    outs, _ = _run(closed.jaxpr, closed.consts, list(args), on_operand, on_result, 0, on_body)
     return outs
 
 
-def _run(jaxpr, consts, args, on_operand, on_result, next_id: int):
+def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None):
     env: dict[Any, Any] = {}
 
     def read(a):
@@ -54,19 +78,25 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int):
             start = next_id
             if eqn.primitive is P.remat_p:
                 def fn(*xs, _sub=sub, _consts=sub_consts, _start=start):
-                    return _run(_sub, _consts, list(xs), on_operand, on_result, _start)[0]
+                    return _run(_sub, _consts, list(xs), on_operand, on_result, _start,
+                                on_body)[0]
 
                 outs = jax.checkpoint(fn, prevent_cse=eqn.params.get("prevent_cse", True),
                                       policy=eqn.params.get("policy"))(*invals)
                 next_id = start + count_nodes(sub)
             else:
-                outs, next_id = _run(sub, sub_consts, invals, on_operand, on_result, start)
+                outs, next_id = _run(sub, sub_consts, invals, on_operand, on_result, start, on_body)
         else:
             if on_operand is not None:
                 invals = [x if isinstance(a, jex_core.Literal) else on_operand(next_id, k, x)
                           for k, (a, x) in enumerate(zip(eqn.invars, invals))]
+            params = eqn.params
+            if on_body is not None and eqn.primitive in LOOP_PRIMITIVES:
+                hooks = on_body(next_id)
+                if hooks:
+                    params = _hooked_loop_params(eqn, hooks)
             with eqn.ctx.manager:
-                ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+                ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
             outs = list(ans) if eqn.primitive.multiple_results else [ans]
             if on_result is not None:
                 outs = on_result(next_id, outs)
@@ -74,3 +104,53 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int):
         for v, x in zip(eqn.outvars, outs):
             env[v] = x
     return [read(a) for a in jaxpr.outvars], next_id
+
+
+def _hooked_loop_params(eqn, hooks: Sequence[BodyHooks | None]) -> dict:
+    """The loop equation's parameters with each hooked body re-made through :func:`_run`."""
+    params = dict(eqn.params)
+    if eqn.primitive is P.scan_p:
+        keys = ["jaxpr"]
+    elif eqn.primitive is P.while_p:
+        keys = ["cond_jaxpr", "body_jaxpr"]
+    else:
+        keys = [("branches", i) for i in range(len(eqn.params["branches"]))]
+    branches = list(eqn.params.get("branches", ()))
+    for key, h in zip(keys, hooks):
+        if h is None:
+            continue
+        if isinstance(key, tuple):
+            branches[key[1]] = _hooked_body(branches[key[1]], h)
+        else:
+            params[key] = _hooked_body(params[key], h)
+    if branches:
+        params["branches"] = tuple(branches)
+    return params
+
+
+def _hooked_body(closed, h: BodyHooks):
+    """``closed`` (a ``ClosedJaxpr``) interpreted with ``h``, traced back into a ``ClosedJaxpr``
+    with the same input and output types."""
+    jaxpr = closed.jaxpr
+
+    def body(*xs):
+        xs = list(xs)
+        if h.on_input is not None:
+            xs = h.on_input(xs)
+        outs, _ = _run(jaxpr, closed.consts, xs, h.on_operand, h.on_result, 0, h.on_body)
+        if h.on_output is not None:
+            outs = h.on_output(list(outs))
+        # A literal result (a constant carry) comes back as an array of the result's type.
+        return [_as_aval(x, v.aval) for x, v in zip(outs, jaxpr.outvars)]
+
+    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+             for v in jaxpr.invars]
+    return jax.make_jaxpr(body)(*avals)
+
+
+def _as_aval(x, aval):
+    """A literal result (a Python or numpy scalar) as an array of the result's dtype."""
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None or isinstance(x, jax.Array):
+        return x
+    return jax.numpy.asarray(x, dtype)

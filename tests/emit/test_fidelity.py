@@ -52,3 +52,29 @@ def test_cnn_collectives_match_in_kind_and_reductions(strategy):
             assert predicted.get(key, 0) == pytest.approx(b, rel=0.10), (key, predicted, compiled)
         if key[0] == "all-gather":
             assert sum(v for k, v in predicted.items() if k[0] == "all-gather") > 0
+
+
+@pytest.mark.parametrize("strategy", ["dp", "dp_tp"])
+def test_scanned_gpt2_collectives_match_the_hlo_per_iteration(strategy):
+    """GPT-2 with its blocks in one scan: the body's collectives are in the HLO's while body once,
+    and run ``trip_count`` times (XLA's ``known_trip_count``); the cost model counts them once
+    per iteration. Bytes are compared per step: HLO bytes weighted by each collective's
+    ``trip_count``."""
+    m = zoo.get("gpt2", size="tiny", scan_layers=True)
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    plan = hj.plan(m.step, state, batch, topology=TOPO, strategy=strategy, graph=g)
+    predicted = cost_model(g, TOPO).program_collectives(plan.assignment, reduce_scatter=False)
+    step = hj.emit(m.step, plan)
+    step.compile(state, batch)
+    collectives = step.collectives()
+    in_loop = [c for c in collectives if c.in_loop]
+    assert in_loop and all(c.trip_count == 2 for c in in_loop)  # the gradients, per layer
+    compiled: dict = {}
+    for c in collectives:
+        compiled[(c.kind, c.axes)] = compiled.get((c.kind, c.axes), 0) + c.bytes * c.trip_count
+    predicted = {k: b for k, b in predicted.items() if b > SMALL}
+    compiled = {k: b for k, b in compiled.items() if b > SMALL}
+    assert set(predicted) == set(compiled), (predicted, compiled)
+    for key, b in compiled.items():
+        assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)

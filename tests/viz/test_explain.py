@@ -159,3 +159,19 @@ def test_a_plan_without_choices_is_re_derived_from_its_argument_layouts(gpt2_tin
         assert "re-derived from the argument layouts" in e.per_layer_note
     else:
         assert e.per_layer_note == ""
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp", "ilp"])
+def test_rows_add_up_for_a_scanned_model(strategy):
+    """A scan over the layers is one operator whose cost is its body plan's, times its length."""
+    from hulkjax import zoo
+
+    m = zoo.get("gpt2", size="tiny", scan_layers=True)
+    state, batch = m.abstract()
+    plan = hj.plan(m.step, state, batch, topology=TWO_NODES, strategy=strategy)
+    assert plan.bodies, "the scan's body plan is part of the plan"
+    e = explanation(plan, collapse=False)
+    c = plan.cost
+    assert sum(r.compute for r in e.rows) == pytest.approx(c.compute_time, rel=1e-9)
+    assert e.total_time == pytest.approx(c.step_time, rel=1e-9)
+    assert e.total_memory == pytest.approx(c.peak_memory, rel=1e-9)

@@ -1,0 +1,101 @@
+"""Sharded loop bodies: GPT-2 with its blocks in one ``scan`` (stacked parameters) computes what the
+unsharded step computes under every planner, and the ILP shards the stack as it shards unrolled
+blocks.
+
+sgd keeps the comparison tight (see tests/robustness/test_random_equivalence.py: adam's first step
+divides near-zero gradients by their own size, so a different summation order shows at 1e-4).
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.cost.model import LEADER
+from hulkjax.strategies.realize import cost_model
+from tests.helpers import TWO_D_TOPOLOGY, assert_trees_close, first_steps
+
+STRATEGIES = ["dp", "fsdp", "megatron", "ilp", "auto"]
+STEPS = 2
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["scan", "scan+remat"])
+def scanned_gpt2(request):
+    m = zoo.get("gpt2", size="tiny", scan_layers=True, remat=request.param, optimizer="sgd")
+    state, batch = m.init(0)
+    return m, state, batch, first_steps(jax.jit(m.step), state, batch, STEPS)
+
+
+def _loop_labels(plan):
+    cm = cost_model(plan.graph, plan.topology)
+    return [cm.groups[gid].candidates[c].label for gid, c in enumerate(plan.assignment)
+            if cm.groups[gid].kind == LEADER and plan.graph.nodes[cm.groups[gid].leader].subgraphs]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_scanned_gpt2_matches_unsharded(scanned_gpt2, strategy, compile_count):
+    m, state, batch, refs = scanned_gpt2
+    step = hj.hulk_shard(m.step, topology=TWO_D_TOPOLOGY, strategy=strategy)
+    s = state
+    for i, (ref_state, ref_metrics) in enumerate(refs):
+        s, metrics = step(s, batch)
+        if i == 0:
+            compiles = compile_count()
+        assert_trees_close(metrics, ref_metrics)
+        assert_trees_close(s, ref_state)
+    assert compile_count() == compiles, "a later call recompiled"
+    assert set(step.plan.bodies) == {n.id for n in step.plan.graph.nodes if n.subgraphs}
+    if strategy in ("dp", "fsdp"):  # the blocks are really split, not replicated
+        assert all(label != "replicated" for label in _loop_labels(step.plan))
+
+
+def test_while_and_cond_bodies_are_emitted_with_their_layouts():
+    topo = hj.Topology.grid((8,), ("d",), bandwidth=1e12, latency=1e-7)
+
+    def step(w, x, n):
+        def body(s):
+            i, c = s
+            c = jax.lax.cond(i % 2 == 0, lambda a: jnp.tanh(a @ w), lambda a: a * 0.5, c)
+            return i + 1, c
+        y = jax.lax.while_loop(lambda s: s[0] < n, body, (jnp.int32(0), x))[1]
+        return w, (y ** 2).sum()
+
+    w = jax.random.normal(jax.random.key(0), (64, 64)) / 8
+    x = jax.random.normal(jax.random.key(1), (64, 64))
+    n = jnp.int32(3)
+    want = jax.jit(step)(w, x, n)
+    plan = hj.plan(step, w, x, n, topology=topo, strategy="dp")
+    assert _loop_labels(plan) == ["batch:d"]
+    [(wid, (cond_plan, body_plan))] = plan.bodies.items()
+    assert body_plan.bodies  # the cond nested in the while body has layouts of its own
+    got = hj.emit(step, plan, donate=False)(w, x, n)
+    assert_trees_close(got, want)
+
+
+def _ilp_and_replicated(scan: bool, topo):
+    m = zoo.get("gpt2", size="tiny", scan_layers=scan, optimizer="sgd")
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    ilp = hj.plan(m.step, state, batch, topology=topo, strategy="ilp", graph=g)
+    rep = hj.plan(m.step, state, batch, topology=topo, strategy="replicate", graph=g)
+    return ilp, rep.cost.step_time
+
+
+def test_ilp_shards_the_scanned_stack_like_unrolled_blocks():
+    """On a data-parallel-friendly topology the ILP splits the scanned blocks, and its plan is
+    within 10% of its plan for the unrolled model (measured: 93.0 vs 88.8 us, +4.7%).
+
+    Not closer, because the programs differ: the scanned one writes the stacked residuals
+    (``ys``) to memory and reads them back in the backward scan, which the model's fusion of the
+    unrolled program does not pay (~27% more HBM traffic for GPT-2 tiny, which is memory-bound:
+    the replicated scanned step is 22% slower). Relative to its own replicated step the scanned
+    plan gains at least as much as the unrolled one.
+    """
+    topo = hj.Topology.grid((8,), ("d",), bandwidth=1e12, latency=1e-7)
+    scan_ilp, scan_rep = _ilp_and_replicated(True, topo)
+    flat_ilp, flat_rep = _ilp_and_replicated(False, topo)
+    assert _loop_labels(scan_ilp) and all(label.startswith("batch:")
+                                          for label in _loop_labels(scan_ilp))
+    assert scan_ilp.cost.step_time <= 1.10 * flat_ilp.cost.step_time
+    assert scan_ilp.cost.step_time / scan_rep <= 1.02 * flat_ilp.cost.step_time / flat_rep
