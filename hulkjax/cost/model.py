@@ -605,6 +605,24 @@ class CostModel:
             out.update(self.local(gid, c).specs)
         return out
 
+    def leader_layouts(self, assignment) -> tuple[dict, dict]:
+        """What the emitter constrains: ``({(node, operand): Spec}, {(node, result): Spec})`` of
+        every leader under ``assignment`` (literals and scalars left out)."""
+        g = self.graph
+        operands, results = {}, {}
+        for grp in self.groups:
+            if grp.kind != LEADER:
+                continue
+            node = g.nodes[grp.leader]
+            res = self.local(grp.id, assignment[grp.id]).res[node.id]
+            for k, (v, s) in enumerate(zip(node.inputs, res.in_specs)):
+                if v is not None and s is not None and g.values[v].shape:
+                    operands[(node.id, k)] = s
+            for k, (o, s) in enumerate(zip(node.outputs, res.out_specs)):
+                if g.values[o].shape:
+                    results[(node.id, k)] = s
+        return operands, results
+
 
 def _unique_index(items):
     uniq, index, pos = [], [], {}

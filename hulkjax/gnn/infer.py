@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 _C = np.float32(np.sqrt(2.0 / np.pi))
 
 

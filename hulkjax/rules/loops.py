@@ -444,23 +444,12 @@ def body_plans(cm, assignment) -> dict:
 
 
 def _body_plan(body: LoopBody):
-    from hulkjax.cost.model import LEADER
     from hulkjax.rules.specs import to_pspec
     from hulkjax.strategies.plan import BodyPlan
 
     g, bcm, a = body.graph, body.cost_model, body.assignment
-    operand_specs, result_specs = {}, {}
-    for grp in bcm.groups:
-        if grp.kind != LEADER:
-            continue
-        node = g.nodes[grp.leader]
-        res = bcm.local(grp.id, a[grp.id]).res[node.id]
-        for k, (v, s) in enumerate(zip(node.inputs, res.in_specs)):
-            if v is not None and s is not None and g.values[v].shape:
-                operand_specs[(node.id, k)] = to_pspec(s)
-        for k, (o, s) in enumerate(zip(node.outputs, res.out_specs)):
-            if g.values[o].shape:
-                result_specs[(node.id, k)] = to_pspec(s)
+    operand_specs, result_specs = (
+        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.leader_layouts(a))
     inputs = {j: to_pspec(s) for j, (v, s) in enumerate(zip(g.inputs, body.inputs))
               if g.values[v].shape}
     outputs = {i: to_pspec(s) for i, (v, s) in enumerate(zip(g.outputs, body.outputs))

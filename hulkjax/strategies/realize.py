@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jax.sharding import PartitionSpec
 
-from hulkjax.cost.model import LEADER, CostModel
+from hulkjax.cost.model import CostModel
 from hulkjax.rules.specs import from_pspec, to_pspec
 from hulkjax.strategies.plan import Plan, TensorPlan
 from hulkjax.trace.graph import OpGraph
@@ -57,18 +57,8 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str,
         spec = in_specs[carried_from[k]] if k in carried_from else to_pspec(specs.get(v, ()))
         outputs.append(TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype,
                                   role="output", spec=spec))
-    operand_specs, result_specs = {}, {}
-    for grp in cm.groups:
-        if grp.kind != LEADER:
-            continue
-        node = g.nodes[grp.leader]
-        res = cm.local(grp.id, assignment[grp.id]).res[node.id]
-        for k, (v, s) in enumerate(zip(node.inputs, res.in_specs)):
-            if v is not None and s is not None and g.values[v].shape:
-                operand_specs[(node.id, k)] = to_pspec(s)
-        for k, (o, s) in enumerate(zip(node.outputs, res.out_specs)):
-            if g.values[o].shape:
-                result_specs[(node.id, k)] = to_pspec(s)
+    operand_specs, result_specs = (
+        {key: to_pspec(s) for key, s in specs.items()} for specs in cm.leader_layouts(assignment))
     plan = Plan(strategy=strategy, axis_names=tuple(cm.mesh.axis_names),
                 mesh_shape=tuple(cm.mesh.shape), inputs=inputs, outputs=tuple(outputs),
                 operand_specs=operand_specs, result_specs=result_specs,

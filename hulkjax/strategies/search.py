@@ -122,12 +122,17 @@ class _ScatterCheck:
         self.cm, self.grp, self.a = cm, grp, a
         self.consumers = [o for o, is_producer in nb.get(grp.id, ()) if not is_producer and o in fixed]
         self._ar: dict[tuple, int] = {}
+        self._out: dict[int, float] = {}
         for k, r in enumerate(grp.candidates):
             if any(x.kind == "all-reduce" for x in r.comms):
                 self._ar.setdefault(r.in_specs, k)
 
     def _out_cost(self, cand: int) -> float:
-        return sum(self.cm.edge_time(self.grp.id, cand, o, self.a[o]) for o in self.consumers)
+        t = self._out.get(cand)
+        if t is None:
+            t = self._out[cand] = sum(self.cm.edge_time(self.grp.id, cand, o, self.a[o])
+                                      for o in self.consumers)
+        return t
 
     def allowed(self, c: int) -> bool:
         r = self.grp.candidates[c]
