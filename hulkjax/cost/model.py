@@ -68,6 +68,11 @@ from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
 
 INPUT, LEADER, FREE = "input", "leader", "free"
 
+_REARRANGING = frozenset({P.rev_p, P.transpose_p, P.reshape_p, P.copy_p, P.squeeze_p})
+_PINNED_FOLLOWERS = frozenset(getattr(P, f"{n}_p") for n in (
+    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+    if hasattr(P, f"{n}_p"))
+
 _FUSIBLE = frozenset(ELEMENTWISE_PRIMITIVES) | {
     P.convert_element_type_p, P.broadcast_in_dim_p, P.reshape_p, P.squeeze_p, P.transpose_p,
     P.copy_p, P.add_jaxvals_p, P.reduce_precision_p}
@@ -573,11 +578,30 @@ class CostModel:
             for v, nid, k in items:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
-                if src is None or dst is None or (v, dst) in seen:
+                if src is None or dst is None:
                     continue
-                seen.add((v, dst))
+                # Whole copies of one tensor under reversals / transposes / reshapes are one
+                # all-gather: XLA gathers the source once and rearranges the whole copy (the
+                # kernel a convolution's backward pass flips).
+                key = (self._rearranged_from(v), None) if not any(dst) else (v, dst)
+                if key in seen:
+                    continue
+                seen.add(key)
                 out.extend(self._reshard(v, src, dst))
         return out
+
+    def _rearranged_from(self, vid: int) -> int:
+        """The value ``vid`` is a rearrangement of (same elements), through reversals,
+        transposes, reshapes and copies."""
+        g = self.graph
+        while True:
+            p = g.values[vid].producer
+            if p is None or g.nodes[p].primitive not in _REARRANGING:
+                return vid
+            src = g.nodes[p].inputs[0]
+            if src is None or g.values[src].size != g.values[vid].size:
+                return vid
+            vid = src
 
     def assignment_comms(self, assignment) -> list[Comm]:
         """Every collective the cost charges for an assignment (groups' own, then edges')."""
@@ -607,7 +631,9 @@ class CostModel:
 
     def leader_layouts(self, assignment) -> tuple[dict, dict]:
         """What the emitter constrains: ``({(node, operand): Spec}, {(node, result): Spec})`` of
-        every leader under ``assignment`` (literals and scalars left out)."""
+        every leader under ``assignment``, and the results of pooling operators (XLA otherwise
+        propagates a consumer's gathered layout back through the pooling and gathers the larger
+        input instead); literals and scalars left out."""
         g = self.graph
         operands, results = {}, {}
         for grp in self.groups:
@@ -621,6 +647,12 @@ class CostModel:
             for k, (o, s) in enumerate(zip(node.outputs, res.out_specs)):
                 if g.values[o].shape:
                     results[(node.id, k)] = s
+            loc = self.local(grp.id, assignment[grp.id])
+            for nid in grp.members:
+                if g.nodes[nid].primitive in _PINNED_FOLLOWERS:
+                    for k, (o, s) in enumerate(zip(g.nodes[nid].outputs, loc.res[nid].out_specs)):
+                        if g.values[o].shape:
+                            results[(nid, k)] = s
         return operands, results
 
 

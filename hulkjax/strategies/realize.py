@@ -3,7 +3,9 @@
 Every planner ends here, so every plan is judged by the same :class:`~hulkjax.cost.CostModel` and
 emitted the same way: arguments and results at their planned layouts, and each leader operator's
 operands and results constrained to the candidate chosen for it (followers are left to the
-partitioner, which propagates the same layouts the cost model derived).
+partitioner, which propagates the same layouts the cost model derived; pooling results are
+pinned too, or the partitioner moves a later gather in front of the pooling, onto the bigger
+tensor: :meth:`CostModel.leader_layouts`).
 """
 
 from __future__ import annotations

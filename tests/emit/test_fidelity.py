@@ -32,26 +32,13 @@ def _compare(model, strategy):
 
 
 @pytest.mark.parametrize("strategy", hj.strategies.names())
-@pytest.mark.parametrize("model", ["mlp", "transformer-block", "mlp-nnx", "transformer-block-nnx"])
+@pytest.mark.parametrize("model", ["mlp", "transformer-block", "mlp-nnx", "transformer-block-nnx",
+                                   "cnn"])
 def test_predicted_collectives_match_the_hlo(model, strategy):
     predicted, compiled = _compare(model, strategy)
     assert set(predicted) == set(compiled), (predicted, compiled)
     for key, b in compiled.items():
         assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)
-
-
-@pytest.mark.parametrize("strategy", hj.strategies.names())
-def test_cnn_collectives_match_in_kind_and_reductions(strategy):
-    """Convolutions: kinds match and reductions match in bytes. Known gap: in tensor-parallel
-    conv plans XLA gathers one activation separately for the forward and the backward pass
-    where the model counts it once, so all-gather bytes are only bounded from below."""
-    predicted, compiled = _compare("cnn", strategy)
-    assert {k for k, _ in predicted} == {k for k, _ in compiled}, (predicted, compiled)
-    for key, b in compiled.items():
-        if key[0] == "all-reduce":
-            assert predicted.get(key, 0) == pytest.approx(b, rel=0.10), (key, predicted, compiled)
-        if key[0] == "all-gather":
-            assert sum(v for k, v in predicted.items() if k[0] == "all-gather") > 0
 
 
 @pytest.mark.parametrize("strategy", ["dp", "dp_tp"])
