@@ -265,12 +265,15 @@ def sweep(models: list[str], topologies: list[str], strategies: list[str],
                     fresh = hj.trace(m.step, state, batch)
                     row |= run_one(m, state, batch, fresh, topo, st, opts) | {"fresh_graph": True}
                     del fresh
+                    gc.collect()  # its cost model's tables: GBs for a 3-axis mesh
                 else:
                     row |= run_one(m, state, batch, graph, topo, st, opts)
                 doc["rows"].append(row)
                 if row["status"] == "error":
                     tqdm.write(f"error: {mk} / {tk} / {st}: {row['message']}")
                 bar.update()
+            graph.__dict__.get("_cost_models", {}).pop(topo, None)  # done with this topology
+            gc.collect()
         del graph, state, batch, m
         gc.collect()
     bar.close()
