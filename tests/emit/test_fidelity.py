@@ -17,14 +17,20 @@ TOPO = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), late
 SMALL = 64
 
 
-def _compare(model, strategy):
-    m = zoo.get(model, size="tiny")
+def _predicted_and_compiled(model, strategy, **config):
+    """The model's predicted collectives for the plan, and the plan's compiled step."""
+    m = zoo.get(model, size="tiny", **config)
     state, batch = m.abstract()
     g = hj.trace(m.step, state, batch)
     plan = hj.plan(m.step, state, batch, topology=TOPO, strategy=strategy, graph=g)
     predicted = cost_model(g, TOPO).program_collectives(plan.assignment, reduce_scatter=False)
     step = hj.emit(m.step, plan)
     step.compile(state, batch)
+    return predicted, step
+
+
+def _compare(model, strategy):
+    predicted, step = _predicted_and_compiled(model, strategy)
     compiled = {k: v["bytes"] for k, v in summarize(step.collectives()).items()}
     predicted = {k: b for k, b in predicted.items() if b > SMALL}
     compiled = {k: b for k, b in compiled.items() if b > SMALL}
@@ -47,13 +53,7 @@ def test_scanned_gpt2_collectives_match_the_hlo_per_iteration(strategy):
     and run ``trip_count`` times (XLA's ``known_trip_count``); the cost model counts them once
     per iteration. Bytes are compared per step: HLO bytes weighted by each collective's
     ``trip_count``."""
-    m = zoo.get("gpt2", size="tiny", scan_layers=True)
-    state, batch = m.abstract()
-    g = hj.trace(m.step, state, batch)
-    plan = hj.plan(m.step, state, batch, topology=TOPO, strategy=strategy, graph=g)
-    predicted = cost_model(g, TOPO).program_collectives(plan.assignment, reduce_scatter=False)
-    step = hj.emit(m.step, plan)
-    step.compile(state, batch)
+    predicted, step = _predicted_and_compiled("gpt2", strategy, scan_layers=True)
     collectives = step.collectives()
     in_loop = [c for c in collectives if c.in_loop]
     assert in_loop and all(c.trip_count == 2 for c in in_loop)  # the gradients, per layer
