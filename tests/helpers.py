@@ -29,3 +29,18 @@ def first_steps(step, state, batch, n=3):
         state, metrics = step(state, batch)
         out.append((state, metrics))
     return out
+
+
+def assert_steps_match(step, state, batch, refs, compile_count):
+    """Run ``step`` from ``(state, batch)`` once per reference ``(state, metrics)`` in ``refs``
+    (from :func:`first_steps` of the unsharded step): every step's results match, and no call
+    after the first compiles again. Returns the final state."""
+    compiles = None
+    for ref_state, ref_metrics in refs:
+        state, metrics = step(state, batch)
+        if compiles is None:
+            compiles = compile_count()
+        assert_trees_close(metrics, ref_metrics)
+        assert_trees_close(state, ref_state)
+    assert compile_count() == compiles, "a later call recompiled"
+    return state

@@ -53,6 +53,7 @@ from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
 from hulkjax.cost.cost import Cost, PredictedCollective
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.rules.sharding import (
+    POOLING_PRIMITIVES,
     Comm,
     Mesh,
     Resolution,
@@ -69,9 +70,6 @@ from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
 INPUT, LEADER, FREE = "input", "leader", "free"
 
 _REARRANGING = frozenset({P.rev_p, P.transpose_p, P.reshape_p, P.copy_p, P.squeeze_p})
-_PINNED_FOLLOWERS = frozenset(getattr(P, f"{n}_p") for n in (
-    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
-    if hasattr(P, f"{n}_p"))
 
 _FUSIBLE = frozenset(ELEMENTWISE_PRIMITIVES) | {
     P.convert_element_type_p, P.broadcast_in_dim_p, P.reshape_p, P.squeeze_p, P.transpose_p,
@@ -649,7 +647,7 @@ class CostModel:
                     results[(node.id, k)] = s
             loc = self.local(grp.id, assignment[grp.id])
             for nid in grp.members:
-                if g.nodes[nid].primitive in _PINNED_FOLLOWERS:
+                if g.nodes[nid].primitive in POOLING_PRIMITIVES:
                     for k, (o, s) in enumerate(zip(g.nodes[nid].outputs, loc.res[nid].out_specs)):
                         if g.values[o].shape:
                             results[(nid, k)] = s

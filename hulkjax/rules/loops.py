@@ -47,7 +47,7 @@ from typing import Any
 
 from jax.extend.core import primitives as P
 
-from hulkjax.rules.sharding import Comm, Mesh, Resolution
+from hulkjax.rules.sharding import Comm, Mesh, Resolution, registrar
 from hulkjax.rules.specs import Spec, divides, local_shape, replicated
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, dtype_size
 
@@ -57,15 +57,8 @@ LoopRule = Callable[[Node, OpGraph, Mesh, Any], list[Resolution]]
 loop_rules: dict[object, LoopRule] = {}
 
 
-def register_loop_rule(*prims):
-    """Register a loop rule ``(node, graph, mesh, topology) -> list[LoopResolution]``."""
-
-    def deco(rule):
-        for p in prims:
-            loop_rules[p] = rule
-        return rule
-
-    return deco
+register_loop_rule = registrar(
+    loop_rules, "Register a loop rule ``(node, graph, mesh, topology) -> list[LoopResolution]``.")
 
 
 @dataclass(frozen=True)

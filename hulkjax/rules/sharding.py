@@ -88,26 +88,25 @@ candidate_rules: dict[object, CandidateRule] = {}
 follow_rules: dict[object, FollowRule] = {}
 
 
-def register_candidates(*prims):
-    """Register a leader rule ``(node, graph, mesh) -> list[Resolution]``."""
+def registrar(table: dict, doc: str) -> Callable:
+    """``register(*prims)``: a decorator that files its rule under each primitive in ``table``."""
 
-    def deco(rule):
-        for p in prims:
-            candidate_rules[p] = rule
-        return rule
+    def register(*prims):
+        def deco(rule):
+            for p in prims:
+                table[p] = rule
+            return rule
 
-    return deco
+        return deco
+
+    register.__doc__ = doc
+    return register
 
 
-def register_follow(*prims):
-    """Register a follower rule ``(node, graph, lead, lead_spec, mesh) -> Resolution``."""
-
-    def deco(rule):
-        for p in prims:
-            follow_rules[p] = rule
-        return rule
-
-    return deco
+register_candidates = registrar(
+    candidate_rules, "Register a leader rule ``(node, graph, mesh) -> list[Resolution]``.")
+register_follow = registrar(
+    follow_rules, "Register a follower rule ``(node, graph, lead, lead_spec, mesh) -> Resolution``.")
 
 
 def is_leader(node: Node) -> bool:
@@ -293,10 +292,13 @@ def _window_follow(node, graph, lead, lead_spec, mesh):
     return Resolution(tuple(ins), outs, shards=num_shards(out, mesh.sizes))
 
 
-register_follow(*(getattr(P, f"{n}_p") for n in ("reduce_window_sum", "reduce_window_max",
-                                                 "reduce_window_min", "reduce_window",
-                                                 "select_and_scatter_add", "select_and_gather_add")
-                  if hasattr(P, f"{n}_p")))(_window_follow)
+# Pooling (forward). The emitter pins their results (CostModel.leader_layouts): XLA otherwise
+# moves a later gather in front of the pooling, onto its larger input.
+POOLING_PRIMITIVES = frozenset(getattr(P, f"{n}_p") for n in (
+    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+    if hasattr(P, f"{n}_p"))
+register_follow(*POOLING_PRIMITIVES, *(getattr(P, f"{n}_p") for n in (
+    "select_and_scatter_add", "select_and_gather_add") if hasattr(P, f"{n}_p")))(_window_follow)
 
 
 # ---- leaders ---------------------------------------------------------------------------------

@@ -39,12 +39,6 @@ from tests.helpers import TWO_D_TOPOLOGY, assert_trees_close
 TOPO = TWO_D_TOPOLOGY
 
 
-@pytest.fixture(scope="module")
-def mlp():
-    m = zoo.get("mlp", size="tiny", optimizer="sgd")
-    state, batch = m.init(0)
-    return m, state, batch
-
 
 def _small_step(w, x):
     return jnp.tanh(x @ w).sum()

@@ -31,13 +31,6 @@ from tests.helpers import TWO_D_TOPOLOGY, assert_trees_close
 TOPO = TWO_D_TOPOLOGY
 
 
-@pytest.fixture(scope="module")
-def mlp():
-    """The tiny MLP (sgd) and its initial (state, batch)."""
-    m = zoo.get("mlp", size="tiny", optimizer="sgd")
-    state, batch = m.init(0)
-    return m, state, batch
-
 
 def _snapshot(tree):
     return [np.array(x) for x in jax.tree.leaves(tree)]

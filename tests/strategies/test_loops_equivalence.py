@@ -14,7 +14,7 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.cost.model import LEADER
 from hulkjax.strategies.realize import cost_model
-from tests.helpers import TWO_D_TOPOLOGY, assert_trees_close, first_steps
+from tests.helpers import TWO_D_TOPOLOGY, assert_steps_match, assert_trees_close, first_steps
 
 STRATEGIES = ["dp", "fsdp", "megatron", "ilp", "auto"]
 STEPS = 2
@@ -37,14 +37,7 @@ def _loop_labels(plan):
 def test_scanned_gpt2_matches_unsharded(scanned_gpt2, strategy, compile_count):
     m, state, batch, refs = scanned_gpt2
     step = hj.hulk_shard(m.step, topology=TWO_D_TOPOLOGY, strategy=strategy)
-    s = state
-    for i, (ref_state, ref_metrics) in enumerate(refs):
-        s, metrics = step(s, batch)
-        if i == 0:
-            compiles = compile_count()
-        assert_trees_close(metrics, ref_metrics)
-        assert_trees_close(s, ref_state)
-    assert compile_count() == compiles, "a later call recompiled"
+    assert_steps_match(step, state, batch, refs, compile_count)
     assert set(step.plan.bodies) == {n.id for n in step.plan.graph.nodes if n.subgraphs}
     if strategy in ("dp", "fsdp"):  # the blocks are really split, not replicated
         assert all(label != "replicated" for label in _loop_labels(step.plan))
