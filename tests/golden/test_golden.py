@@ -1,0 +1,39 @@
+"""Golden plans: every built-in strategy's layouts and predicted cost on a few zoo models and
+topologies, pinned in ``plans.json`` (written by ``python -m tests.golden.cases``).
+
+A structural change (moving code between layers) must leave every plan as it was. A change meant
+to change plans regenerates the file and says why in its commit.
+"""
+
+import json
+import math
+
+import pytest
+
+from tests.golden import cases
+
+# HiGHS returns different optima of equal cost from run to run (checked: identical programs,
+# different solutions), so the solved strategies pin their objective, not their layouts.
+SOLVED = ("ilp", "auto")
+
+with open(cases.PATH) as _f:
+    GOLDEN = json.load(_f)
+
+
+@pytest.mark.parametrize("model,size,overrides,topo", list(cases.all_cases()),
+                         ids=[cases.case_id(*c) for c in cases.all_cases()])
+def test_plans_unchanged(model, size, overrides, topo):
+    want = GOLDEN[cases.case_id(model, size, overrides, topo)]
+    got = cases.plans_for(model, size, overrides, topo)
+    assert sorted(got) == sorted(want), "a strategy appeared or disappeared"
+    for strategy in want:
+        w, g = want[strategy], got[strategy]
+        if strategy in SOLVED:
+            assert math.isclose(g["step_time"], w["step_time"], rel_tol=1e-9), \
+                f"{strategy}: step time {g['step_time']!r} != golden {w['step_time']!r}"
+            continue
+        for key in ("in", "out", "operands", "results"):
+            assert g[key] == w[key], f"{strategy}: {key} layouts changed"
+        for key in ("step_time", "compute_time", "comm_time", "peak_memory"):
+            assert math.isclose(g[key], w[key], rel_tol=1e-9, abs_tol=1e-18), \
+                f"{strategy}: {key} {g[key]!r} != golden {w[key]!r}"
