@@ -2,7 +2,7 @@
 
 Two network namespaces joined by a veth pair stand for two hosts; ``tc qdisc ... tbf rate R`` on
 both ends shapes the link (netem is not available here, so latency is measured, not added). Each
-process of a ``hulkjax.emit.launch.launch`` job runs in its own namespace (gloo binds the veth
+process of a ``hulkjax.launch.launch`` job runs in its own namespace (gloo binds the veth
 address: each worker gets a UTS namespace whose hostname is its veth IP), the coordinator listens
 on process 0's veth IP.
 
@@ -37,7 +37,7 @@ import jax
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.emit.launch import launch
+from hulkjax.launch import launch
 from hulkjax.errors import StrategyNotApplicableError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

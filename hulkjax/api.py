@@ -1,5 +1,10 @@
 """The public entry points: ``hulk_shard``, ``plan``, ``emit``, ``compare``. Orchestration only.
 
+Where this sits::
+
+    trace + topology  ->  strategies (planners)  ->  rules.support (unknown primitives)  ->  emit
+                                         api (this module) strings them together
+
 >>> import hulkjax as hj, jax.numpy as jnp
 >>> @hj.hulk_shard(topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
 ... def step(w, x):
@@ -17,29 +22,20 @@ from collections.abc import Callable, Sequence
 import jax
 
 from hulkjax.emit.spmd import ShardedStep, emit
-from hulkjax.errors import HulkjaxError, StrategyNotApplicableError
+from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, UnsupportedStepError
+from hulkjax.plan.records import Plan
 from hulkjax.rules.support import check_supported
-from hulkjax.strategies.base import names as strategy_names
-from hulkjax.strategies.base import run_planner
-from hulkjax.strategies.plan import Plan
-from hulkjax.trace import OpGraph, trace
+from hulkjax.strategies.realize import assignment_for_inputs, cost_model
+from hulkjax.strategies.registry import names as strategy_names
+from hulkjax.strategies.registry import options_of, run_planner
+from hulkjax.strategies.search import propagate
+from hulkjax.topology.model import resolve as resolve_topology
+from hulkjax.trace.graph import OpGraph
+from hulkjax.trace.tracer import trace
 
 log = logging.getLogger("hulkjax")
 
 DEFAULT_STRATEGY = "auto"  # the learned planner (GNN prior + cost-model search)
-
-
-def _as_topology(topology):
-    from hulkjax.topology import Topology
-
-    if isinstance(topology, Topology):
-        return topology
-    if isinstance(topology, str):
-        if topology.endswith(".json"):
-            return Topology.load(topology)
-        return Topology.preset(topology)
-    raise HulkjaxError(f"topology must be a hulkjax.Topology, a preset name or a .json path; got "
-                       f"{type(topology).__name__} {topology!r}. Try hj.Topology.preset('dgx-h100').")
 
 
 def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict: bool = False,
@@ -53,7 +49,8 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
       strategy: a registered strategy name (``hulkjax.strategies.names()``).
       strict: raise on operators without a sharding rule instead of replicating them.
       graph: an already traced graph of ``fn(*args)`` (skips tracing).
-      **options: passed to the planner.
+      **options: the planner's options (``hj.strategies.option_fields(strategy)`` lists them; an
+        unknown one raises :class:`~hulkjax.errors.UnknownOptionError`).
 
     >>> import hulkjax as hj, jax.numpy as jnp
     >>> p = hj.plan(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)),
@@ -61,7 +58,7 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
     >>> p.in_specs[0]
     PartitionSpec('d',)
     """
-    topo = _as_topology(topology)
+    topo = resolve_topology(topology)
     g = graph if graph is not None else trace(fn, *args)
     p = run_planner(strategy, g, topo, **options)
     check_supported(g, p, strict=strict)
@@ -82,14 +79,11 @@ def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,
     >>> c.step_time > 0
     True
     """
-    from hulkjax.strategies.realize import assignment_for_inputs, cost_model
-    from hulkjax.strategies.search import propagate
-
     if plan is None:
         if topology is None or strategy is None:
             raise HulkjaxError("estimate needs plan=..., or topology=... and strategy=...")
         return globals()["plan"](fn, *args, topology=topology, strategy=strategy, **options).cost
-    topo = plan.topology if topology is None else _as_topology(topology)
+    topo = plan.topology if topology is None else resolve_topology(topology)
     g = trace(fn, *args)
     cm = cost_model(g, topo)
     if plan.assignment is not None and plan.graph_fingerprint == g.fingerprint() \
@@ -105,7 +99,7 @@ def compare(fn: Callable, *args, topology, strategies: Sequence[str] | None = No
     Strategies that do not apply to the topology (``dp_tp`` on a 1-D mesh) are left out with a
     log message.
     """
-    topo = _as_topology(topology)
+    topo = resolve_topology(topology)
     g = trace(fn, *args)
     out: dict[str, Plan] = {}
     for name in strategies or strategy_names():
@@ -129,9 +123,10 @@ class HulkShardedFunction:
 
     def __init__(self, fn: Callable, *, topology, strategy: str, strict: bool, donate: bool,
                  options: dict):
+        options_of(strategy, **options)  # an unknown strategy or option fails here, not at call
         functools.update_wrapper(self, fn)
         self.fn = fn
-        self.topology = _as_topology(topology)
+        self.topology = resolve_topology(topology)
         self.strategy = strategy
         self.strict = strict
         self.donate = donate
@@ -163,8 +158,6 @@ class HulkShardedFunction:
 
     def __call__(self, *args, **kwargs):
         if kwargs:
-            from hulkjax.errors import UnsupportedStepError
-
             raise UnsupportedStepError(
                 f"{self.__name__} was called with keyword arguments {sorted(kwargs)}; hulk_shard "
                 f"steps take positional pytrees of arrays. Bind static settings with functools.partial.")
@@ -193,7 +186,8 @@ def hulk_shard(fn: Callable | None = None, *, topology, strategy: str = DEFAULT_
       strategy: a registered strategy name.
       strict: raise on operators without a sharding rule instead of replicating them.
       donate: donate the state buffers (the step's carried inputs) to the new state.
-      **options: passed to the planner.
+      **options: the planner's options (checked here: an unknown one raises
+        :class:`~hulkjax.errors.UnknownOptionError`).
     """
     def wrap(f):
         return HulkShardedFunction(f, topology=topology, strategy=strategy, strict=strict,

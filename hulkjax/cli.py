@@ -25,6 +25,22 @@ import os
 import sys
 import time
 
+from hulkjax import api
+from hulkjax.emit.hlo import summarize
+from hulkjax.errors import (
+    HulkjaxError,
+    ProcessLayoutError,
+    StrategyNotApplicableError,
+)
+from hulkjax.explain import explain
+from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes
+from hulkjax.launch import Job, launch, run_worker
+from hulkjax.loading import LoadedStep, load_step
+from hulkjax.plan import Plan
+from hulkjax.strategies.registry import names as strategy_names
+from hulkjax.topology.model import resolve as resolve_topology
+from hulkjax.trace.tracer import trace
+
 
 def _ensure_devices(n: int) -> None:
     """Ask for ``n`` fake CPU devices before JAX initializes (no-op if it already has)."""
@@ -39,81 +55,14 @@ def _ensure_devices(n: int) -> None:
 
 
 def _topology(args):
-    from hulkjax.topology import Topology
-
-    if args.topology.endswith(".json"):
-        return Topology.load(args.topology)
-    kw = {}
-    if args.nodes is not None:
-        kw["nodes"] = args.nodes
-    return Topology.preset(args.topology, **kw)
+    return resolve_topology(args.topology, nodes=args.nodes)
 
 
-def _model(args):
-    from hulkjax import zoo
-
-    overrides = {"size": args.size}
+def _load_model(args) -> LoadedStep:
+    overrides = {}
     if getattr(args, "batch", None) is not None:
         overrides["batch"] = args.batch
-    return zoo.get(args.model, **overrides)
-
-
-class _Model:
-    """A step to plan: a zoo model or the user's ``module:function``."""
-
-    def __init__(self, name, step, state, batch, params=None):
-        self.name, self.step, self.state, self.batch, self.params = name, step, state, batch, params
-
-    def describe(self, graph) -> str:
-        size = ""
-        if self.params:
-            size = (f"{self.params / 1e6:.1f}M params, " if self.params >= 1e5
-                    else f"{self.params:,} params, ")
-        return f"{self.name} ({size}{len(graph.nodes)} ops)"
-
-
-def _load_user_step(spec: str):
-    """``module:function`` or ``path/file.py:function`` -> the function's ``(step, state, batch)``."""
-    import importlib
-    import importlib.util
-
-    from hulkjax.errors import UnknownModelError
-
-    where, _, fname = spec.rpartition(":")
-    how = ("--model takes a zoo name or 'module:function' / 'path/file.py:function', where the "
-           "function takes no arguments and returns (step, state, batch)")
-    try:
-        if where.endswith(".py"):
-            mod_spec = importlib.util.spec_from_file_location(
-                os.path.splitext(os.path.basename(where))[0], where)
-            if mod_spec is None or not os.path.exists(where):
-                raise FileNotFoundError(where)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(where)
-    except (ImportError, FileNotFoundError) as e:
-        raise UnknownModelError(f"--model {spec!r}: cannot load {where!r} "
-                                f"({type(e).__name__}: {e}). {how}.") from e
-    fn = getattr(module, fname, None)
-    if not callable(fn):
-        raise UnknownModelError(f"--model {spec!r}: {where!r} has no function {fname!r}. {how}.")
-    out = fn()
-    if not (isinstance(out, tuple) and len(out) == 3 and callable(out[0])):
-        raise UnknownModelError(f"--model {spec!r}: {fname}() returned {type(out).__name__}, "
-                                f"not (step, state, batch). {how}.")
-    return fname, out
-
-
-def _load_model(args) -> _Model:
-    if ":" in args.model:
-        name, (step, state, batch) = _load_user_step(args.model)
-        return _Model(name, step, state, batch)
-    m = _model(args)
-    state, batch = m.abstract()
-    return _Model(m.name, m.step, state, batch, params=m.param_count())
+    return load_step(args.model, size=args.size, overrides=overrides)
 
 
 def _progress(items, desc: str):
@@ -124,17 +73,13 @@ def _progress(items, desc: str):
 
 
 def _compare_rows(step_fn, state, batch, topo, strategies, compile_programs: bool):
-    import hulkjax as hj
-    from hulkjax.emit.hlo import summarize
-    from hulkjax.errors import StrategyNotApplicableError
-
-    graph = hj.trace(step_fn, state, batch)
+    graph = trace(step_fn, state, batch)
     plans = {}
-    bar = _progress(strategies or hj.strategies.names(), "planning")
+    bar = _progress(strategies or strategy_names(), "planning")
     for name in bar:
         bar.set_postfix_str(name)
         try:  # as hj.compare: strategies that do not apply to this topology are left out
-            plans[name] = hj.plan(step_fn, state, batch, topology=topo, strategy=name,
+            plans[name] = api.plan(step_fn, state, batch, topology=topo, strategy=name,
                                   graph=graph)
         except StrategyNotApplicableError:
             continue
@@ -145,7 +90,7 @@ def _compare_rows(step_fn, state, batch, topo, strategies, compile_programs: boo
         row = {"strategy": name, "plan": p, "state_bytes": state_bytes_per_device(p),
                "planning_time": p.planning_time, "collectives": None, "memory": None}
         if compile_programs:
-            step = hj.emit(step_fn, p)
+            step = api.emit(step_fn, p)
             t0 = time.perf_counter()
             compiled = step.compile(state, batch)
             row["compile_time"] = time.perf_counter() - t0
@@ -174,14 +119,8 @@ def state_bytes_per_device(plan) -> int:
     return total
 
 
-_SHORT = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-          "collective-permute": "CP"}
-
-
 def _render(rows, title: str, console) -> None:
     from rich.table import Table
-
-    from hulkjax.strategies.explain import format_bytes
 
     table = Table(title=title)
     for col in ("strategy", "predicted step", "compute / comm", "efficiency", "peak mem / device",
@@ -195,7 +134,7 @@ def _render(rows, title: str, console) -> None:
         elif not r["collectives"]:
             colls = "none"
         else:
-            colls = "\n".join(f"{_SHORT.get(kind, kind)} {'+'.join(axes) or '-'}: {v['count']} x, "
+            colls = "\n".join(f"{SHORT_COLLECTIVES.get(kind, kind)} {'+'.join(axes) or '-'}: {v['count']} x, "
                               f"{format_bytes(v['bytes'])}"
                               for (kind, axes), v in sorted(r["collectives"].items()))
         mem = "-" if r["memory"] is None else format_bytes(r["memory"])
@@ -228,7 +167,8 @@ def cmd_compare(args, title_prefix: str = "") -> int:
         console.print(f"[yellow]JAX has {len(jax.devices())} devices, the topology needs "
                       f"{topo.num_devices}: planning only (no compiled collectives).[/yellow]")
     t0 = time.perf_counter()
-    graph, rows = _compare_rows(m.step, m.state, m.batch, topo, args.strategies, compile_programs)
+    state, batch = m.args
+    graph, rows = _compare_rows(m.step, state, batch, topo, args.strategies, compile_programs)
     title = f"{title_prefix}{m.describe(graph)} on {topo.name}"
     _render(rows, title, console)
     console.print("predicted: hulkjax's cost model (roofline compute + alpha-beta communication on "
@@ -267,11 +207,9 @@ def _write_plots(rows, title: str, out: str, console) -> None:
 
 
 def cmd_plan(args) -> int:
-    import hulkjax as hj
-
     topo = _topology(args)
     m = _load_model(args)
-    plan = hj.plan(m.step, m.state, m.batch, topology=topo, strategy=args.strategy)
+    plan = api.plan(m.step, *m.args, topology=topo, strategy=args.strategy)
     print(plan.summary())
     if args.out:
         plan.save(args.out)
@@ -280,12 +218,9 @@ def cmd_plan(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    import hulkjax as hj
-    from hulkjax.strategies.explain import explain
-
     topo = _topology(args)
     m = _load_model(args)
-    plan = hj.plan(m.step, m.state, m.batch, topology=topo, strategy=args.strategy)
+    plan = api.plan(m.step, *m.args, topology=topo, strategy=args.strategy)
     kw = {"depth": args.depth, "collapse": not args.no_collapse, "max_rows": args.max_rows}
     if args.format == "rich":
         from rich.console import Console
@@ -361,8 +296,6 @@ device)."""
 def cmd_launch(args) -> int:
     import logging
 
-    from hulkjax.errors import ProcessLayoutError
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("hulkjax.launch")
@@ -372,9 +305,6 @@ def cmd_launch(args) -> int:
     try:
         if args.coordinator:
             return _launch_this_host(args, overrides)
-        from hulkjax.emit.launch import launch
-        from hulkjax.strategies.plan import Plan
-
         if args.num_processes is not None or args.process_id is not None:
             raise ProcessLayoutError("--num-processes / --process-id run one host of a real "
                                      "cluster and need --coordinator HOST:PORT; on this machine "
@@ -401,9 +331,6 @@ def cmd_launch(args) -> int:
 
 def _launch_this_host(args, overrides) -> int:
     """Real-cluster mode: run this host's process of the job, then leave without waiting."""
-    from hulkjax.emit.launch import Job, run_worker
-    from hulkjax.errors import HulkjaxError, ProcessLayoutError
-
     if args.num_processes is None or args.process_id is None:
         raise ProcessLayoutError(
             f"--coordinator {args.coordinator} runs one host of a real cluster: give "
@@ -445,8 +372,6 @@ def _print_launch_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hulkjax.strategies.explain import format_bytes
-
     console = Console(width=None if sys.stdout.isatty() else 150)
     lay = report["layout"]
     table = Table(title=f"{report['model']} on {report['topology']['name']}: "
@@ -458,7 +383,7 @@ def _print_launch_report(report) -> None:
         table.add_column(col, overflow="fold")
     for r in report["runs"]:
         pred = r["predicted"]
-        colls = "\n".join(f"{_SHORT.get(c['kind'], c['kind'])} {'+'.join(c['axes']) or '-'}: "
+        colls = "\n".join(f"{SHORT_COLLECTIVES.get(c['kind'], c['kind'])} {'+'.join(c['axes']) or '-'}: "
                           f"{c['count']} x, {format_bytes(c['bytes'])}"
                           f"{' x' if c['crosses_processes'] else ''}"
                           for c in r["collectives"]) or "none"
@@ -597,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train_gnn(args) -> int:
-    from hulkjax.gnn.train import WEIGHTS_DIR, run
+    from hulkjax.gnn.weights import WEIGHTS_DIR
+    from hulkjax.training import run
 
     history = run(samples=args.samples, val_samples=args.val_samples, epochs=args.epochs,
                   seed=args.seed, out_dir=args.out, progress=True)
@@ -610,8 +536,6 @@ def cmd_train_gnn(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from hulkjax.errors import HulkjaxError
-
     try:
         return args.func(args)
     except HulkjaxError as e:

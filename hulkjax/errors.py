@@ -16,7 +16,16 @@ class HulkjaxError(Exception):
 
 
 class InvalidTopologyError(HulkjaxError, ValueError):
-    """A topology (JSON, preset arguments or grid) is malformed or inconsistent."""
+    """A topology (JSON, preset arguments or grid) is malformed or inconsistent.
+
+    Attributes:
+      where: the field the message names (``"LinkSpec.bandwidth"``, ``"Topology.shape"``), so the
+        JSON layer can name it by its JSON path instead (``None`` when the message names several).
+    """
+
+    def __init__(self, message: str, *, where: str | None = None):
+        super().__init__(message)
+        self.where = where
 
 
 class NotEnoughDevicesError(HulkjaxError, RuntimeError):
@@ -43,6 +52,14 @@ class UnknownModelError(HulkjaxError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownOptionError(HulkjaxError, TypeError):
+    """A planner was given an option it does not have (the message lists the valid ones)."""
+
+
+class InvalidOptionError(HulkjaxError, ValueError):
+    """A planner option has a value the planner cannot use."""
 
 
 class StrategyNotApplicableError(HulkjaxError, ValueError):

@@ -28,6 +28,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from hulkjax.explain import attribute, layer_label
+from hulkjax.formatting import byte_unit, format_bytes, format_rate, format_time, time_unit
+from hulkjax.topology.specs import LinkSpec
+
 __all__ = ["plot_comparison", "plot_graph", "plot_topology", "plot_training_curves",
            "LINK_COLORS"]
 
@@ -57,20 +61,6 @@ def _save(fig, path):
     if path is not None:
         fig.savefig(path, dpi=110, bbox_inches="tight", facecolor="white")
     return fig
-
-
-def _time_unit(seconds: float) -> tuple[str, float]:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return unit, scale
-    return "ns", 1e-9
-
-
-def _byte_unit(n: float) -> tuple[str, float]:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return unit, scale
-    return "B", 1.0
 
 
 def _cost_of(p):
@@ -108,7 +98,7 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
         raise ValueError("plot_comparison draws two panels: pass ax=(time_ax, memory_ax)")
     tax, max_ = axes[0], axes[1]
     y = np.arange(len(names))[::-1]
-    tunit, tscale = _time_unit(max(c.step_time for c in costs))
+    tunit, tscale = time_unit(max(c.step_time for c in costs))
     fitting = [c.step_time for c in costs if c.fits]
     best = min(fitting) if fitting else None
     classes = [k for k in ("node", "region", "wan")
@@ -165,7 +155,7 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
     # Memory per device.
     cap = min(c.memory_capacity for c in costs)
     peak = max(c.peak_memory for c in costs)
-    munit, mscale = _byte_unit(max(peak, cap if math.isfinite(cap) and peak > 0.05 * cap else 0))
+    munit, mscale = byte_unit(max(peak, cap if math.isfinite(cap) and peak > 0.05 * cap else 0))
     kinds = [k for k in _MEMORY_COLORS if any(c.memory_breakdown.get(k) for c in costs)]
     kinds += sorted({k for c in costs for k in c.memory_breakdown} - set(kinds))
     left = np.zeros(len(names))
@@ -187,8 +177,8 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
         mmax = max(mmax, cap / mscale)
         handles.append(Line2D([], [], color=LINK_COLORS["wan"], ls="--", label="capacity"))
     elif math.isfinite(cap):
-        max_.text(0.98, 0.02, f"device capacity {cap / _byte_unit(cap)[1]:.3g} "
-                  f"{_byte_unit(cap)[0]} (off scale: every plan uses < 5%)",
+        max_.text(0.98, 0.02, f"device capacity {cap / byte_unit(cap)[1]:.3g} "
+                  f"{byte_unit(cap)[0]} (off scale: every plan uses < 5%)",
                   transform=max_.transAxes, ha="right", va="bottom", fontsize=8,
                   color="#555555")
     for yi, c, total in zip(y, costs, left):
@@ -273,8 +263,6 @@ def plot_graph(plan, *, level: str = "layer", depth: int | None = None, max_node
     import networkx as nx
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
-
-    from hulkjax.strategies.explain import attribute, layer_label
 
     if plan.graph is None:
         raise ValueError("plot_graph needs plan.graph: plan with hj.plan(...) (a plan loaded from "
@@ -441,8 +429,6 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyBboxPatch
 
-    from hulkjax.strategies.explain import format_bytes, format_rate, format_time
-
     topo = topology
     regions = list(topo.regions)
     nodes_of = {r: list(dict.fromkeys(d.node for d in topo.devices if d.region == r))
@@ -558,8 +544,6 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
             lines.append((rcentre[ra], rcentre[rb], link,
                           f"{format_rate(link.bandwidth)}, {format_time(link.latency)}", -1))
     if not lines:  # a single device
-        from hulkjax.topology.specs import LinkSpec
-
         lines.append((dev_xy[0], dev_xy[0], LinkSpec(bandwidth=1.0, latency=0.0), None, 2))
     bws = [ln[2].bandwidth for ln in lines]
     lo, hi = min(bws), max(bws)

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hulkjax.rules.sharding import Comm
-from hulkjax.rules.specs import Spec, dim_of, local_shape
+from hulkjax.plan.collectives import Comm
+from hulkjax.plan.specs import Spec, dim_of, local_shape
 from hulkjax.trace.graph import dtype_size
 
 

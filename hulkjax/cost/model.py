@@ -27,13 +27,18 @@ values that the backward pass reads), each at its planned layout.
 Compute is a roofline per operator at the slowest device's pace, with loop fusion: elementwise and
 shape operators touch HBM only for tensors entering or leaving their fusion.
 
-**Loops.** ``scan``/``while``/``cond`` nodes are leaders whose candidates shard their bodies
-(:mod:`hulkjax.rules.loops`): each body is a graph planned by a cost model of its own, and a
-candidate's local cost is ``trip_count`` x (the body's compute at its local shapes + the collectives
+**Loops.** ``scan``/``while``/``cond`` nodes are leaders whose candidates shard their bodies: the
+layer that plans (:mod:`hulkjax.strategies.loops`) passes a loop planner in (``loop_planner=``);
+each body is a graph planned by a cost model of its own, and a candidate's local cost is ``trip_count`` x (the body's compute at its local shapes + the collectives
 its plan implies, carry resharding included); its collectives appear, repeated ``trip_count``
 times, in the :class:`Cost` and in :meth:`program_collectives`. Its memory is the body's transient
 (saved activations inside the body and its largest value); what a scan stacks (``ys``) are outer
 values, costed as such.
+
+**Records.** :meth:`CostModel.breakdown` returns where an assignment's time and memory go,
+operator by operator (:class:`Breakdown`), so an explanation reads the numbers the model summed
+instead of re-deriving them. A cost model never changes after construction: its groups and
+candidates are fixed, so every planner sees the same tables (tables are memoized, not altered).
 
 Limits: a ``while`` loop's trip count is the tracer's (1 when not static); a loop body is one of
 a few boundary hypotheses completed by propagation (replicated, batch split per mesh-axis subset,
@@ -47,33 +52,25 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from jax.extend.core import primitives as P
 
 from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
-from hulkjax.cost.cost import Cost, PredictedCollective
+from hulkjax.errors import InvalidPlanError
+from hulkjax.plan.collectives import Comm
+from hulkjax.plan.cost import Cost, PredictedCollective
+from hulkjax.plan.specs import Spec, local_shape, replicated
+from hulkjax.rules.leaders import LoopPlanner, is_leader, leader_candidates
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.rules.sharding import (
-    POOLING_PRIMITIVES,
-    Comm,
     Mesh,
     Resolution,
     candidate_specs,
     follow,
-    is_leader,
-    leader_candidates,
     replicated_resolution,
 )
-from hulkjax.rules.specs import Spec, local_shape, replicated
-from hulkjax.trace.flops import ELEMENTWISE_PRIMITIVES
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
+from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, POOLING, REARRANGING
 
 INPUT, LEADER, FREE = "input", "leader", "free"
-
-_REARRANGING = frozenset({P.rev_p, P.transpose_p, P.reshape_p, P.copy_p, P.squeeze_p})
-
-_FUSIBLE = frozenset(ELEMENTWISE_PRIMITIVES) | {
-    P.convert_element_type_p, P.broadcast_in_dim_p, P.reshape_p, P.squeeze_p, P.transpose_p,
-    P.copy_p, P.add_jaxvals_p, P.reduce_precision_p}
 
 
 @dataclass
@@ -100,18 +97,84 @@ class Group:
     signature: tuple = ()
 
 
-@dataclass
-class _Local:
-    """What choosing one candidate for a group means inside the group."""
+@dataclass(frozen=True)
+class Move:
+    """A layout change of an operand: ``value`` brought to what ``node`` (of ``group``) needs.
 
-    specs: dict[int, Spec]  # value id -> layout, for values the group produces (or owns)
-    res: dict[int, Resolution]  # node id -> how it runs
-    time: float  # compute + own collectives + in-group layout changes
+    ``node == -1``: a state result going back to its input's layout (``value`` is the result).
+    """
+
+    value: int
+    node: int
+    group: int
+    comm: Comm
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Per-device bytes of one kind (``parameters``, ``gradients``, ``optimizer``, ``data``,
+    ``activations``) held for ``node`` (``None``: a graph input's) in ``group``."""
+
+    node: int | None
+    group: int
+    kind: str
+    bytes: float
+
+
+@dataclass
+class Local:
+    """What choosing one candidate for a group means inside the group.
+
+    Attributes:
+      specs: value id -> layout, for the values the group produces (or owns).
+      res: node id -> how it runs (a :class:`~hulkjax.rules.sharding.Resolution`).
+      time: compute + own collectives + in-group layout changes, seconds.
+      compute: seconds.
+      comms: every collective the group's cost charges (own and in-group moves).
+      memory / memory_parts: per-device bytes, total and by kind.
+      program_comms: comms as the program has them (a loop: its body's, deduplicated).
+      node_compute: seconds per member node.  # dict[int, float]
+      node_comms: collectives each node implies itself (partial sums).  # dict[int, tuple]
+      moves: in-group layout changes.  # list of Move
+      memory_uses: the bytes of ``memory_parts``, node by node.  # list of MemoryUse
+    """
+
+    specs: dict[int, Spec]
+    res: dict[int, Resolution]
+    time: float
     compute: float
     comms: list[Comm]
     memory: float
     memory_parts: dict[str, float]
-    program_comms: list[Comm]  # comms as the program has them (a loop: its body's, deduplicated)
+    program_comms: list[Comm]
+    node_compute: dict[int, float] = field(default_factory=dict)
+    node_comms: dict[int, tuple[Comm, ...]] = field(default_factory=dict)
+    moves: list[Move] = field(default_factory=list)
+    memory_uses: list[MemoryUse] = field(default_factory=list)
+
+
+@dataclass
+class Breakdown:
+    """Where an assignment's time and memory go, operator by operator (:meth:`CostModel.breakdown`).
+
+    The sums equal :meth:`CostModel.evaluate`: compute adds up to ``compute_time``, the collectives
+    of ``own`` and ``moves`` to the communication, ``memory`` to ``peak_memory``.
+
+    Attributes:
+      assignment: the candidate per group it describes.  # list of int
+      specs: planned layout of every value.  # dict[int, Spec]
+      compute: predicted compute seconds per node.  # list of float
+      own: collectives each operator implies itself.  # dict[int, tuple of Comm]
+      moves: layout changes of operands (inside groups and on edges between groups).
+      memory: per-device bytes, node by node.  # list of MemoryUse
+    """
+
+    assignment: list[int]
+    specs: dict[int, Spec]
+    compute: list[float]
+    own: dict[int, tuple[Comm, ...]]
+    moves: list[Move]
+    memory: list[MemoryUse]
 
 
 class CostModel:
@@ -125,9 +188,10 @@ class CostModel:
     0.0
     """
 
-    def __init__(self, graph: OpGraph, topology):
+    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None):
         self.graph = graph
         self.topology = topology
+        self.loop_planner = loop_planner
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
         self.sizes = self.mesh.sizes
         dev = topology.slowest_device()
@@ -138,10 +202,11 @@ class CostModel:
         self._sig_cache: dict[int, tuple] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
-        self._saved = self._saved_activations()
-        self._traffic = self._fused_traffic()
+        self._input_index: dict[int, dict[Spec, int]] = {}
+        self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
+        self.traffic: list[float] = self._fused_traffic()
         self._build_groups()
-        self._locals: dict[tuple[int, int], _Local] = {}
+        self._locals: dict[tuple[int, int], Local] = {}
         self._edges = self._cross_edges()
 
     # ---- structure -----------------------------------------------------------------------
@@ -194,7 +259,7 @@ class CostModel:
                 sig = self._node_sig(grp.leader)  # repeated layers enumerate once
                 if sig not in by_sig:
                     by_sig[sig] = leader_candidates(g.nodes[grp.leader], g, self.mesh,
-                                                    topology=self.topology)
+                                                    loop_planner=self.loop_planner)
                 grp.candidates = by_sig[sig]
                 grp.signature = ("lead", self._node_sig(grp.leader),
                                  tuple(self._node_sig(n) for n in grp.members))
@@ -228,8 +293,7 @@ class CostModel:
         v = vid
         while True:
             p = g.values[v].producer
-            if p is None or g.nodes[p].primitive not in (P.broadcast_in_dim_p, P.convert_element_type_p,
-                                                          P.reshape_p):
+            if p is None or g.nodes[p].primitive not in BROADCAST_PATH:
                 return g.values[v].size
             nxt = g.nodes[p].inputs[0]
             if nxt is None:
@@ -269,7 +333,7 @@ class CostModel:
         """HBM bytes per node with loop fusion: an elementwise or shape operator reads only the
         operands that come from outside its fusion and writes only results that leave it."""
         g = self.graph
-        fusible = [n.primitive in _FUSIBLE for n in g.nodes]
+        fusible = [n.primitive in FUSIBLE for n in g.nodes]
         outputs = {o for o in g.outputs if o is not None}
         traffic = []
         for n in g.nodes:
@@ -290,7 +354,7 @@ class CostModel:
         return traffic
 
     # ---- per-group tables ----------------------------------------------------------------
-    def local(self, gid: int, c: int) -> _Local:
+    def local(self, gid: int, c: int) -> Local:
         """Specs, resolutions, time and memory of group ``gid`` under candidate ``c``."""
         key = (gid, c)
         hit = self._locals.get(key)
@@ -303,6 +367,15 @@ class CostModel:
         comms: list[Comm] = []
         program: list[Comm] | None = None
         mem: dict[str, float] = defaultdict(float)
+        node_compute: dict[int, float] = {}
+        node_comms: dict[int, tuple[Comm, ...]] = {}
+        moves: list[Move] = []
+        uses: list[MemoryUse] = []
+
+        def use(node, kind, nb):
+            mem[kind] += nb
+            uses.append(MemoryUse(node, gid, kind, nb))
+
         if grp.kind == INPUT:
             spec = grp.candidates[c]
             for i in grp.inputs:
@@ -311,12 +384,12 @@ class CostModel:
                 nb = self._nbytes(vid, spec)
                 role = g.input_roles[i]
                 if role == PARAMETER:
-                    mem["parameters"] += nb
-                    mem["gradients"] += nb
+                    use(None, "parameters", nb)
+                    use(None, "gradients", nb)
                 elif role == OPTIMIZER:
-                    mem["optimizer"] += nb
+                    use(None, "optimizer", nb)
                 else:
-                    mem["data"] += nb
+                    use(None, "data", nb)
         elif grp.kind == LEADER:
             r = grp.candidates[c]
             node = g.nodes[grp.leader]
@@ -324,11 +397,14 @@ class CostModel:
             for o, s in zip(node.outputs, r.out_specs):
                 specs[o] = s
             if isinstance(r, LoopResolution):
-                compute += r.compute
-                mem["activations"] += r.memory
+                t = r.compute
+                use(node.id, "activations", r.memory)
                 program = list(r.program_comms)
             else:
-                compute += self._compute(node, r.shards)
+                t = self.compute_time(node, r.shards)
+            compute += t
+            node_compute[node.id] = t
+            node_comms[node.id] = tuple(r.comms)
             comms.extend(r.comms)
         else:
             for vid in g.constants:
@@ -343,22 +419,26 @@ class CostModel:
             res[nid] = r
             for o, s in zip(node.outputs, r.out_specs):
                 specs[o] = s
-            compute += self._compute(node, r.shards)
+            t = self.compute_time(node, r.shards)
+            compute += t
+            node_compute[nid] = t
+            node_comms[nid] = tuple(r.comms)
             comms.extend(r.comms)
             if program is not None:
                 program.extend(r.comms)
             for k, v in enumerate(node.inputs):  # layout changes inside the group
                 if v is not None and v in specs and r.in_specs[k] is not None:
-                    moved = self._reshard(v, specs[v], r.in_specs[k])
+                    moved = self.reshard(v, specs[v], r.in_specs[k])
                     comms.extend(moved)
+                    moves.extend(Move(v, nid, gid, m) for m in moved)
                     if program is not None:
                         program.extend(moved)
         for v, s in specs.items():
-            if v in self._saved:
-                mem["activations"] += self._nbytes(v, s)
-        time = compute + sum(self._comm_time(cm) for cm in comms)
-        loc = _Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
-                     comms if program is None else program)
+            if v in self.saved_activations:
+                use(g.values[v].producer, "activations", self._nbytes(v, s))
+        time = compute + sum(self.comm_time(cm) for cm in comms)
+        loc = Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
+                    comms if program is None else program, node_compute, node_comms, moves, uses)
         self._locals[key] = loc
         return loc
 
@@ -372,16 +452,19 @@ class CostModel:
             self._follow_cache[key] = r
         return r
 
-    def _compute(self, node, shards: int) -> float:
+    def compute_time(self, node, shards: int) -> float:
+        """Roofline seconds of ``node`` split ``shards`` ways, at the slowest device's pace
+        (FLOPs against peak FLOP/s, fused memory traffic against HBM bandwidth)."""
         shards = max(shards, 1)
         return max(node.flops / shards / self.peak_flops,
-                   self._traffic[node.id] / shards / self.hbm)
+                   self.traffic[node.id] / shards / self.hbm)
 
     def _nbytes(self, vid: int, spec: Spec) -> float:
         v = self.graph.values[vid]
         return float(np.prod(local_shape(v.shape, spec, self.sizes), dtype=np.float64)) * dtype_size(v.dtype)
 
-    def _reshard(self, vid: int, src: Spec, dst: Spec) -> tuple[Comm, ...]:
+    def reshard(self, vid: int, src: Spec, dst: Spec) -> tuple[Comm, ...]:
+        """The collectives that bring value ``vid`` from layout ``src`` to ``dst``."""
         if src == dst:
             return ()
         v = self.graph.values[vid]
@@ -392,7 +475,8 @@ class CostModel:
             self._reshard_cache[key] = hit
         return hit
 
-    def _comm_time(self, cm: Comm) -> float:
+    def comm_time(self, cm: Comm) -> float:
+        """Seconds of one collective on this topology (summed over the axes it crosses)."""
         t = self._comm_cache.get(cm)
         if t is None:
             t = self._comm_cache[cm] = sum(collective_time(cm.kind, cm.bytes, cm.axes,
@@ -436,7 +520,7 @@ class CostModel:
             dst = self.required(gc, cc, nid, k)
             src = src_loc.specs.get(v)
             if dst is not None and src is not None:
-                out.extend(self._reshard(v, src, dst))
+                out.extend(self.reshard(v, src, dst))
         return out
 
     def operand_changes(self, gid: int, c: int, nid: int, assignment) -> int:
@@ -467,7 +551,7 @@ class CostModel:
         key = (gp, cp, gc, cc)
         t = self._edge_cache.get(key)
         if t is None:
-            t = self._edge_cache[key] = sum(self._comm_time(cm)
+            t = self._edge_cache[key] = sum(self.comm_time(cm)
                                             for cm in self.edge_comms(gp, cp, gc, cc))
         return t
 
@@ -486,7 +570,7 @@ class CostModel:
             for a, s in enumerate(us):
                 for b, d in enumerate(ud):
                     if s is not None and d is not None:
-                        t[a, b] = sum(self._comm_time(cm) for cm in self._reshard(v, s, d))
+                        t[a, b] = sum(self.comm_time(cm) for cm in self.reshard(v, s, d))
             m += t[np.ix_(ui, di)]
         return m
 
@@ -504,11 +588,27 @@ class CostModel:
         return out
 
     def input_candidate(self, gid: int, spec: Spec) -> int:
-        """Index of ``spec`` among an input group's candidates (added if missing)."""
+        """Index of ``spec`` among an input group's candidates.
+
+        The axes splitting one dimension are looked up in mesh order (the cost model does not tell
+        ``("a", "b")`` from ``("b", "a")``). Raises :class:`InvalidPlanError` for a layout no
+        candidate has (one that does not divide the input's shape).
+        """
         grp = self.groups[gid]
-        if spec not in grp.candidates:
-            grp.candidates.append(spec)
-        return grp.candidates.index(spec)
+        index = self._input_index.get(gid)
+        if index is None:
+            index = self._input_index[gid] = {s: k for k, s in enumerate(grp.candidates)}
+        order = self.mesh.axis_names
+        canon = tuple(tuple(sorted(axes, key=order.index)) for axes in spec)
+        k = index.get(canon)
+        if k is None:
+            i = grp.inputs[0]
+            raise InvalidPlanError(
+                f"layout {spec} of input {self.graph.input_paths[i]!r} (shape "
+                f"{self.graph.values[self.graph.inputs[i]].shape}) is not a layout of it on mesh "
+                f"{dict(self.sizes)}: every sharded dimension must divide evenly and use mesh axes "
+                f"once. Re-plan for this topology.")
+        return k
 
     def evaluate(self, assignment) -> Cost:
         """The :class:`Cost` of one candidate per group."""
@@ -585,7 +685,7 @@ class CostModel:
                 if key in seen:
                     continue
                 seen.add(key)
-                out.extend(self._reshard(v, src, dst))
+                out.extend(self.reshard(v, src, dst))
         return out
 
     def _rearranged_from(self, vid: int) -> int:
@@ -594,7 +694,7 @@ class CostModel:
         g = self.graph
         while True:
             p = g.values[vid].producer
-            if p is None or g.nodes[p].primitive not in _REARRANGING:
+            if p is None or g.nodes[p].primitive not in REARRANGING:
                 return vid
             src = g.nodes[p].inputs[0]
             if src is None or g.values[src].size != g.values[vid].size:
@@ -618,7 +718,41 @@ class CostModel:
         return t
 
     def memory(self, assignment) -> float:
+        """Per-device peak memory of an assignment, bytes (``evaluate(...).peak_memory``)."""
         return sum(self.local(gid, c).memory for gid, c in enumerate(assignment))
+
+    def breakdown(self, assignment) -> Breakdown:
+        """Per-operator compute, collectives and memory of an assignment (see :class:`Breakdown`).
+
+        >>> import jax.numpy as jnp, hulkjax as hj
+        >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((64, 64)), jnp.ones((128, 64)))
+        >>> cm = CostModel(g, hj.Topology.grid((8,), ("d",)))
+        >>> a = cm.replicated_assignment()
+        >>> abs(sum(cm.breakdown(a).compute) - cm.evaluate(a).compute_time) < 1e-15
+        True
+        """
+        g = self.graph
+        compute = [0.0] * len(g.nodes)
+        own: dict[int, tuple[Comm, ...]] = {}
+        moves: list[Move] = []
+        memory: list[MemoryUse] = []
+        specs: dict[int, Spec] = {}
+        for gid, c in enumerate(assignment):
+            loc = self.local(gid, c)
+            specs.update(loc.specs)
+            for nid, t in loc.node_compute.items():
+                compute[nid] = t
+            own.update(loc.node_comms)
+            moves.extend(loc.moves)
+            memory.extend(loc.memory_uses)
+        for (gp, gc), items in self._edges.items():
+            src_loc = self.local(gp, assignment[gp])
+            for v, nid, k in items:
+                dst = self.required(gc, assignment[gc], nid, k)
+                src = src_loc.specs.get(v)
+                if src is not None and dst is not None:
+                    moves.extend(Move(v, nid, gc, m) for m in self.reshard(v, src, dst))
+        return Breakdown(list(assignment), specs, compute, own, moves, memory)
 
     # ---- plan output ---------------------------------------------------------------------
     def value_specs(self, assignment) -> dict[int, Spec]:
@@ -647,7 +781,7 @@ class CostModel:
                     results[(node.id, k)] = s
             loc = self.local(grp.id, assignment[grp.id])
             for nid in grp.members:
-                if g.nodes[nid].primitive in POOLING_PRIMITIVES:
+                if g.nodes[nid].primitive in POOLING:
                     for k, (o, s) in enumerate(zip(g.nodes[nid].outputs, loc.res[nid].out_specs)):
                         if g.values[o].shape:
                             results[(nid, k)] = s

@@ -24,10 +24,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
 from hulkjax.errors import DonatedArgumentError, InvalidPlanError, PlanMismatchError
-from hulkjax.strategies.plan import BodyPlan, Plan
-from hulkjax.trace import OpGraph, interpret, trace
-from hulkjax.trace.graph import dtype_name
-from hulkjax.trace.interpret import BodyHooks
+from hulkjax.plan.records import BodyPlan, Plan
+from hulkjax.trace.graph import OpGraph, dtype_name
+from hulkjax.trace.interpret import BodyHooks, interpret
+from hulkjax.trace.tracer import trace
 
 log = logging.getLogger("hulkjax.emit")
 
@@ -147,7 +147,6 @@ class ShardedStep:
         # re-run from the graph's jaxpr, not from ``fn``). Another function object (a re-built
         # closure, a functools.partial) is traced and accepted if its structure is the same.
         if self._graph is not None and getattr(self._graph, "fn", None) is not self.fn:
-            self.plan.bodies  # noqa: B018 -- derive loop bodies on the graph they were planned on
             self._graph = None
         if self._graph is None:
             g = trace(self.fn, *args)

@@ -1,6 +1,7 @@
 """The planner network's forward pass in NumPy, for planning.
 
-Training uses the flax module (:class:`hulkjax.gnn.model.PlannerNet`, jitted, on padded buckets).
+Training uses the flax module (:class:`hulkjax.training.model.PlannerNet`, jitted, on padded
+buckets).
 Planning calls the network once per graph, and a first jitted call costs a compilation (about a
 second on 2 CPU cores for GPT-2-sized graphs), more than planning itself should take. This is the
 same computation on the unpadded arrays with the same parameters, in NumPy: no tracing, no
@@ -13,7 +14,11 @@ compilation. ``tests/gnn/test_infer.py`` holds it equal to ``PlannerNet.apply``.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+
+from hulkjax.errors import HulkjaxError
+from hulkjax.gnn.features import AXIS_FEATURES, GROUP_FEATURES
 
 _C = np.float32(np.sqrt(2.0 / np.pi))
 
@@ -73,8 +78,6 @@ def log_probs(params, jg, *, layers: int) -> np.ndarray:
     try:
         return _log_probs(_to_numpy(params)["params"], jg, layers)
     except (KeyError, ValueError, TypeError) as e:
-        from hulkjax.errors import HulkjaxError
-
         raise HulkjaxError(
             f"the planner weights do not fit the network ({type(e).__name__}: {e}): their "
             f"parameter tree or shapes differ from a PlannerNet with {layers} layers and the "
@@ -82,13 +85,11 @@ def log_probs(params, jg, *, layers: int) -> np.ndarray:
 
 
 def _log_probs(p, jg, layers: int) -> np.ndarray:
-    from hulkjax.gnn.features import AXIS_FEATURES, GROUP_FEATURES
-
     n_g, n_a = jg.num_groups, jg.axis_x.shape[0]
     x = np.zeros((n_g + n_a, GROUP_FEATURES + AXIS_FEATURES + 1), np.float32)
     x[:n_g, :GROUP_FEATURES] = jg.group_x
     x[n_g:, GROUP_FEATURES:GROUP_FEATURES + AXIS_FEATURES] = jg.axis_x
-    x[n_g:, -1] = 1.0  # is-axis flag (as features.to_graphs_tuple sets it)
+    x[n_g:, -1] = 1.0  # is-axis flag (as training.batching.to_graphs_tuple sets it)
     senders, receivers = np.asarray(jg.senders), np.asarray(jg.receivers)
     h = _mlp(p["_MLP_0"], x, 2)
     e = _mlp(p["_MLP_1"], np.asarray(jg.edge_x, np.float32), 1)
@@ -113,8 +114,6 @@ _NUMPY: dict = {}
 def _to_numpy(params):
     key = id(params)
     if key not in _NUMPY:
-        import jax
-
         _NUMPY.clear()
         _NUMPY[key] = (params, jax.tree_util.tree_map(lambda a: np.asarray(a, np.float32), params))
     return _NUMPY[key][1]

@@ -8,7 +8,10 @@
   merged with a smaller dimension, ...).
 
 Primitives without a rule answer ``None``. Strategies use the table to follow a sharded dimension
-through the graph (megatron's column/row pairing); the sharding-rule table builds on it.
+through the graph (megatron's column/row pairing); the follow table builds on it, and a follower
+with a dimension rule but no follow rule follows by it
+(:func:`hulkjax.rules.sharding.mapped_follow`). Registering a dimension rule for a primitive
+hulkjax does not know makes it known: the cost model keeps its operand's layout through it.
 
 >>> from hulkjax.rules.dims import CONTRACTED
 >>> CONTRACTED
@@ -21,8 +24,8 @@ from collections.abc import Callable
 
 from jax.extend.core import primitives as P
 
-from hulkjax.trace.flops import ELEMENTWISE_PRIMITIVES, REDUCTION_PRIMITIVES
 from hulkjax.trace.graph import Node, OpGraph
+from hulkjax.trace.primitives import CASTS, ELEMENTWISE, PER_INPUT_ELEMENT, RANDOM_KEYS
 
 CONTRACTED = "contracted"
 DimRule = Callable[[Node, OpGraph, int, int], "int | str | None"]
@@ -30,7 +33,15 @@ dim_rules: dict[object, DimRule] = {}
 
 
 def register_dim_rule(*prims) -> Callable[[DimRule], DimRule]:
-    """Register a dimension rule for one or more primitives."""
+    """Register a dimension rule ``(node, graph, operand, dim) -> int | CONTRACTED | None`` for one
+    or more primitives.
+
+    >>> from jax.extend.core import Primitive
+    >>> my_cumsum_p = Primitive("my_cumsum")   # a primitive of your own
+    >>> @register_dim_rule(my_cumsum_p)
+    ... def _my_cumsum_dims(node, graph, operand, dim):
+    ...     return None if dim == node.params["axis"] else dim
+    """
 
     def deco(rule: DimRule) -> DimRule:
         for p in prims:
@@ -58,12 +69,7 @@ def _out_shape(graph: OpGraph, node: Node) -> tuple[int, ...]:
     return graph.values[node.outputs[0]].shape
 
 
-_UNARY_LIKE = [P.convert_element_type_p, P.copy_p, P.add_jaxvals_p, P.reduce_precision_p]
-if hasattr(P, "stop_gradient_p"):
-    _UNARY_LIKE.append(P.stop_gradient_p)
-
-
-@register_dim_rule(*ELEMENTWISE_PRIMITIVES, *_UNARY_LIKE)
+@register_dim_rule(*ELEMENTWISE, *CASTS)
 def _elementwise_dims(node, graph, operand, dim):
     """Same-rank operands; lax broadcasts size-1 dimensions, which carry no sharding."""
     shape, out = _shape(graph, node, operand), _out_shape(graph, node)
@@ -118,7 +124,7 @@ def _reshape_dims(node, graph, operand, dim):
     return None
 
 
-@register_dim_rule(*REDUCTION_PRIMITIVES)
+@register_dim_rule(*PER_INPUT_ELEMENT)
 def _reduce_dims(node, graph, operand, dim):
     axes = node.params.get("axes")
     if axes is None:  # argmax/argmin/cumulative ops
@@ -186,7 +192,7 @@ def _concat_dims(node, graph, operand, dim):
     return None if dim == node.params["dimension"] else dim
 
 
-@register_dim_rule(P.random_split_p, P.random_fold_in_p)
+@register_dim_rule(*RANDOM_KEYS)
 def _random_key_dims(node, graph, operand, dim):
     """Arrays of PRNG keys map over their dimensions: ``random_split`` appends the new keys' shape,
     ``random_fold_in`` folds same-shaped messages in key by key. (Without a rule every step that

@@ -1,64 +1,64 @@
-"""Loop rules: ``scan``, ``while`` and ``cond`` as leaders whose candidates are shardings of their bodies.
+"""Loop rules: how a ``scan`` / ``while`` / ``cond`` node's operands and results map onto its bodies.
 
-Where this sits::
+A table keyed by primitive, like the others: ``loop_rules[prim](node, graph) -> Boundary``. It says
+which body input each operand is, which operands are stacked (``scan`` ``xs``), which body results
+carry back into which operands, and where the node's results come from. It plans nothing: the
+body planner (:mod:`hulkjax.strategies.loops`) reads boundaries to build loop candidates, and the
+cost model receives that planner as an injected callable. The records a loop candidate is made
+of (:class:`LoopResolution`, :class:`LoopBody`) live here too, so the cost model can read them
+without knowing who made them.
 
-    OpGraph node (scan / while / cond, with node.subgraphs)          outer CostModel
-            |  loop_rules[prim](node, graph, mesh, topology)               |
-            v                                                               v
-    boundary hypotheses (replicated; batch split per mesh-axis subset; parameter slices sharded
-    like fsdp / megatron / dp_tp would)  --> each body planned with the same machinery: a
-    CostModel of the body graph, completed by ``propagate`` as a baseline would
-            |
-            v
-    LoopResolution: operand / result specs of the loop node, the body plans, and
-    trip_count x (body compute + body collectives) + carry resharding per iteration
-
-**Boundary.** A hypothesis is one spec per loop operand ("slot"), in the body's (per-iteration)
-shape. The loop node needs it on its operands; ``scan`` ``xs`` / ``ys`` get an unsharded leading
-(stacked) dimension before the slice's spec. Carry-in and carry-out share one layout: the body's
-carry results are constrained to the carry-in layout, and the resharding this costs (when the body
-plan produces another layout) is charged per iteration (the body graph's ``carried`` edges). All
-branches of a ``cond`` take the same operand layouts and return their results in one layout (that
-of the branch with most FLOPs; the others pay the resharding); the cost is the most expensive
-branch. A ``while`` body and its condition share the carry layout; its trip count is the tracer's
-(1 when not static).
-
-**Body roles.** A body input is a parameter (for the baselines' rules: kept in place or gathered
-before use) when the loop operand it comes from is derived from state (a parameter or optimizer
-state input, through casts and reshapes); otherwise it is data (its leading dimension is the
-batch).
+**Boundary.** A layout hypothesis for a loop is one spec per operand ("slot"), in the body's
+per-iteration shape. ``scan`` ``xs`` / ``ys`` get an unsharded leading (stacked) dimension. Carry-in
+and carry-out share one layout. All branches of a ``cond`` take the same operand layouts and
+return their results in one layout (that of its ``main`` branch, the one with most FLOPs). A
+``while`` body and its condition share the carry layout.
 
 >>> import jax, jax.numpy as jnp, hulkjax as hj
->>> from hulkjax.cost import CostModel
->>> def f(w, x):
-...     return jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)[0].sum()
->>> g = hj.trace(f, jnp.ones((3, 16, 16)), jnp.ones((8, 16)))
->>> cm = CostModel(g, hj.Topology.grid((2,), ("d",)))
->>> [r.label for r in cm.groups[cm.group_of_node[0]].candidates][:2]
-['replicated', 'batch:d']
+>>> g = hj.trace(lambda w, x: jax.lax.scan(lambda c, wi: (c @ wi, None), x, w)[0].sum(),
+...              jnp.ones((3, 4, 4)), jnp.ones((2, 4)))
+>>> b = boundary(g.nodes[0], g)
+>>> b.kind, b.stacked, b.carries
+('scan', (False, True), (((0, 0),),))
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jax.extend.core import primitives as P
 
-from hulkjax.rules.sharding import Comm, Mesh, Resolution, registrar
-from hulkjax.rules.specs import Spec, divides, local_shape, replicated
-from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, dtype_size
-
-MAX_LOOP_CANDIDATES = 32  # per loop node (the replicated one included)
-
-LoopRule = Callable[[Node, OpGraph, Mesh, Any], list[Resolution]]
-loop_rules: dict[object, LoopRule] = {}
+from hulkjax.plan.collectives import Comm
+from hulkjax.plan.specs import Spec
+from hulkjax.rules.sharding import Resolution, registrar
+from hulkjax.trace.graph import Node, OpGraph
 
 
-register_loop_rule = registrar(
-    loop_rules, "Register a loop rule ``(node, graph, mesh, topology) -> list[LoopResolution]``.")
+@dataclass(frozen=True)
+class Boundary:
+    """How a loop node's operands and results map onto its bodies' inputs and outputs.
+
+    Attributes:
+      slots: per operand, its per-iteration shape (``None``: a literal).  # tuple
+      stacked: per operand, whether it is a ``scan`` ``xs`` (a leading stacked dimension).  # tuple
+      fixed: per operand, whether it is always replicated (a ``cond``'s branch index).  # tuple
+      inputs: per body, the operand each body input is.  # tuple of tuple of int
+      carries: per body, ``(body output, operand)`` pairs that carry back.  # tuple
+      results: per node result, ``("carry", operand)`` or ``("out", body output)``.  # tuple
+      main: the body whose layouts hypotheses are built on (``cond``: most FLOPs).  # int
+      kind: ``"scan" | "while" | "cond"``.  # str
+    """
+
+    slots: tuple[tuple[int, ...] | None, ...]
+    stacked: tuple[bool, ...]
+    fixed: tuple[bool, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    carries: tuple[tuple[tuple[int, int], ...], ...]
+    results: tuple[tuple[str, int], ...]
+    main: int
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class LoopBody:
 
     Attributes:
       graph: the body graph as planned (the tracer's sub-graph with loop roles and carries).
-      cost_model: the body's :class:`~hulkjax.cost.CostModel` on the same topology.
+      cost_model: the body's cost model on the same topology.
       assignment: candidate per body group.  # tuple of int
       inputs: layout of each body input (the boundary).  # tuple of Spec
       outputs: layout each body result is constrained to on exit (``None``: left as produced).
@@ -84,8 +84,8 @@ class LoopBody:
 class LoopResolution(Resolution):
     """A candidate of a loop node: the loop's operand/result layouts plus its bodies' plans.
 
-    Attributes (besides :class:`Resolution`'s; ``comms`` are the body's collectives, repeated
-    ``trip_count`` times, as the cost charges them):
+    Attributes (besides :class:`~hulkjax.rules.sharding.Resolution`'s; ``comms`` are the body's
+    collectives, repeated ``trip_count`` times, as the cost charges them):
       compute: seconds of compute per step on the slowest device: ``trip_count`` x the body's.
       memory: per-device bytes the body keeps while it runs (its saved activations and its
         largest value); what it stacks (``ys``) are outer values, costed by the outer model.
@@ -100,352 +100,66 @@ class LoopResolution(Resolution):
     bodies: tuple[LoopBody, ...] = ()
 
 
-def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Resolution]:
-    """Candidates of a loop node (the replicated body first), or ``[]`` without a rule."""
+LoopRule = Callable[[Node, OpGraph], Boundary]
+loop_rules: dict[object, LoopRule] = {}
+
+register_loop_rule = registrar(
+    loop_rules, "Register a loop rule ``(node, graph) -> Boundary`` for control-flow primitives.")
+
+
+def boundary(node: Node, graph: OpGraph) -> Boundary | None:
+    """The boundary of a loop node, or ``None`` (not a loop, or no traced bodies)."""
     rule = loop_rules.get(node.primitive)
-    if rule is None or not node.subgraphs or topology is None:
-        return []
-    return rule(node, graph, mesh, topology)
+    if rule is None or not node.subgraphs:
+        return None
+    return rule(node, graph)
 
 
-# ---- the boundary of each kind of loop ------------------------------------------------------
+def is_loop(node: Node) -> bool:
+    """Whether a node is a loop with a rule and traced bodies (a leader whose candidates are
+    plans of its bodies)."""
+    return bool(node.subgraphs) and node.primitive in loop_rules
 
 
-@dataclass(frozen=True)
-class _Boundary:
-    """How a loop node's operands and results map onto its bodies' inputs and outputs."""
-
-    slots: tuple[tuple[int, ...] | None, ...]  # per operand: per-iteration shape (None: literal)
-    stacked: tuple[bool, ...]  # per operand: a scan xs (leading stacked dim)
-    fixed: tuple[bool, ...]  # per operand: always replicated (a cond's index)
-    inputs: tuple[tuple[int, ...], ...]  # per body: the operand each body input is
-    carries: tuple[tuple[tuple[int, int], ...], ...]  # per body: (body output, operand) carries
-    results: tuple[tuple[str, int], ...]  # per node result: ("carry", operand) | ("out", output)
-    main: int  # the body whose layouts the hypotheses are built on
-    kind: str  # "scan" | "while" | "cond"
+def _shapes(node: Node, graph: OpGraph):
+    return [None if v is None else graph.values[v].shape for v in node.inputs]
 
 
-def _boundary(node: Node, graph: OpGraph) -> _Boundary:
-    shapes = [None if v is None else graph.values[v].shape for v in node.inputs]
+@register_loop_rule(P.scan_p)
+def _scan_boundary(node: Node, graph: OpGraph) -> Boundary:
+    shapes = _shapes(node, graph)
     n = len(node.inputs)
-    p = node.params
-    if node.primitive is P.scan_p:
-        nc, ncarry = p["num_consts"], p["num_carry"]
-        stacked = tuple(k >= nc + ncarry for k in range(n))
-        slots = tuple(None if s is None else (s[1:] if st else s) for s, st in zip(shapes, stacked))
-        body = node.subgraphs[0]
-        carries = tuple((i, nc + i) for i in range(ncarry))
-        results = tuple(("carry", nc + i) if i < ncarry else ("out", i)
-                        for i in range(len(node.outputs)))
-        return _Boundary(slots, stacked, (False,) * n, (tuple(range(len(body.inputs))),),
-                         (carries,), results, 0, "scan")
-    if node.primitive is P.while_p:
-        cc, bc = p["cond_nconsts"], p["body_nconsts"]
-        m = n - cc - bc
-        cond_in = tuple(range(cc)) + tuple(cc + bc + i for i in range(m))
-        body_in = tuple(cc + j for j in range(bc)) + tuple(cc + bc + i for i in range(m))
-        carries = tuple((i, cc + bc + i) for i in range(m))
-        results = tuple(("carry", cc + bc + i) for i in range(len(node.outputs)))
-        return _Boundary(tuple(shapes), (False,) * n, (False,) * n, (cond_in, body_in),
-                         ((), carries), results, 1, "while")
-    # cond: operand 0 is the branch index
+    nc, ncarry = node.params["num_consts"], node.params["num_carry"]
+    stacked = tuple(k >= nc + ncarry for k in range(n))
+    slots = tuple(None if s is None else (s[1:] if st else s) for s, st in zip(shapes, stacked))
+    body = node.subgraphs[0]
+    carries = tuple((i, nc + i) for i in range(ncarry))
+    results = tuple(("carry", nc + i) if i < ncarry else ("out", i)
+                    for i in range(len(node.outputs)))
+    return Boundary(slots, stacked, (False,) * n, (tuple(range(len(body.inputs))),),
+                    (carries,), results, 0, "scan")
+
+
+@register_loop_rule(P.while_p)
+def _while_boundary(node: Node, graph: OpGraph) -> Boundary:
+    shapes = _shapes(node, graph)
+    n = len(node.inputs)
+    cc, bc = node.params["cond_nconsts"], node.params["body_nconsts"]
+    m = n - cc - bc
+    cond_in = tuple(range(cc)) + tuple(cc + bc + i for i in range(m))
+    body_in = tuple(cc + j for j in range(bc)) + tuple(cc + bc + i for i in range(m))
+    carries = tuple((i, cc + bc + i) for i in range(m))
+    results = tuple(("carry", cc + bc + i) for i in range(len(node.outputs)))
+    return Boundary(tuple(shapes), (False,) * n, (False,) * n, (cond_in, body_in),
+                    ((), carries), results, 1, "while")
+
+
+@register_loop_rule(P.cond_p)
+def _cond_boundary(node: Node, graph: OpGraph) -> Boundary:
+    shapes = _shapes(node, graph)
+    n = len(node.inputs)  # operand 0 is the branch index
     ins = tuple(tuple(range(1, n)) for _ in node.subgraphs)
     main = max(range(len(node.subgraphs)), key=lambda b: (node.subgraphs[b].total_flops, -b))
     results = tuple(("out", i) for i in range(len(node.outputs)))
-    return _Boundary(tuple(shapes), (False,) * n, (True,) + (False,) * (n - 1), ins,
-                     tuple(() for _ in node.subgraphs), results, main, "cond")
-
-
-# ---- body views ------------------------------------------------------------------------------
-
-_VIEW_OPS = frozenset([P.convert_element_type_p, P.copy_p, P.reshape_p, P.squeeze_p,
-                       P.transpose_p, P.broadcast_in_dim_p])
-
-
-def _from_state(graph: OpGraph, vid: int | None) -> bool:
-    """Whether a value is (a view of) a state input: a parameter or optimizer state."""
-    index = graph.__dict__.get("_input_index")
-    if index is None:
-        index = graph.__dict__["_input_index"] = {v: i for i, v in enumerate(graph.inputs)}
-    while vid is not None:
-        v = graph.values[vid]
-        if v.producer is None:
-            i = index.get(vid)
-            return i is not None and i < len(graph.input_roles) and \
-                graph.input_roles[i] in (PARAMETER, OPTIMIZER)
-        node = graph.nodes[v.producer]
-        if node.primitive not in _VIEW_OPS:
-            return False
-        vid = node.inputs[0]
-    return False
-
-
-def _body_view(sub: OpGraph, roles: tuple[str, ...], carries) -> OpGraph:
-    """The body graph with loop roles and carries ``((body output, body input), ...)``, cached on
-    the tracer's sub-graph."""
-    key = (roles, carries)
-    views = sub.__dict__.setdefault("_loop_views", {})
-    view = views.get(key)
-    if view is None:
-        view = OpGraph(nodes=sub.nodes, values=sub.values, inputs=sub.inputs, outputs=sub.outputs,
-                       input_paths=sub.input_paths, output_paths=sub.output_paths, in_tree=None,
-                       out_tree=None, jaxpr=sub.jaxpr, constants=sub.constants, input_roles=roles)
-        view.carried = {j: i for i, j in carries if sub.outputs[i] is not None}
-        view.owners = {}
-        views[key] = view
-    return view
-
-
-# ---- hypotheses --------------------------------------------------------------------------------
-
-
-def _axes_subsets(axes: Sequence[str]) -> list[tuple[str, ...]]:
-    return [c for r in range(1, len(axes) + 1) for c in itertools.combinations(axes, r)]
-
-
-def _hypotheses(b: _Boundary, views: list[OpGraph], state: list[bool], topology):
-    """``[(label, spec per operand, param_use)]``: the boundary layouts to plan the bodies for."""
-    from hulkjax.rules.specs import from_pspec
-    from hulkjax.strategies import baselines
-    from hulkjax.strategies.base import SpecBuilder
-
-    axes = tuple(topology.axis_names)
-    main = views[b.main]
-    main_in = b.inputs[b.main]
-
-    def fresh():
-        return SpecBuilder(main, topology, "loop")
-
-    def to_slots(sb: SpecBuilder, batch_axes: tuple[str, ...]) -> list[Spec | None]:
-        out: list[Spec | None] = []
-        for k, shape in enumerate(b.slots):
-            if shape is None:
-                out.append(None)
-            elif b.fixed[k]:
-                out.append(replicated(len(shape)))
-            elif k in main_in:
-                out.append(from_pspec(sb.input_specs[main_in.index(k)], len(shape)))
-            elif not state[k] and shape and batch_axes:  # an operand only another body reads
-                out.append(from_pspec(sb.dim_spec(shape, 0, batch_axes), len(shape)))
-            else:
-                out.append(replicated(len(shape)))
-        return out
-
-    hyps = []
-    hyps.append(("replicated", to_slots(fresh(), ()), "keep"))
-    for sub_axes in _axes_subsets(axes):
-        sb = fresh()
-        baselines._split_batch(sb, sub_axes)
-        hyps.append((f"batch:{','.join(sub_axes)}", to_slots(sb, sub_axes), "keep"))
-    sb = fresh()
-    baselines._split_batch(sb, axes)
-    baselines._shard_parameters(sb, axes)
-    hyps.append(("fsdp", to_slots(sb, axes), "gather"))
-    tp_sets = [(a,) for a in axes] + ([axes] if len(axes) > 1 else [])
-    for model in tp_sets:
-        sb = fresh()
-        baselines._tensor_parallel(sb, model)
-        hyps.append((f"megatron:{','.join(model)}", to_slots(sb, ()), "keep"))
-        data = tuple(a for a in axes if a not in model)
-        if data:
-            sb = fresh()
-            baselines._split_batch(sb, data)
-            baselines._tensor_parallel(sb, model)
-            hyps.append((f"dp_tp:{','.join(data)}|{','.join(model)}", to_slots(sb, data), "keep"))
-    return hyps
-
-
-# ---- planning the bodies -------------------------------------------------------------------------
-
-
-def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool) -> list[int]:
-    """The body completed from its input layouts, as a propagating partitioner would; with
-    ``improve``, then each body operator re-chosen given the others (the boundary stays)."""
-    from hulkjax.cost.model import INPUT, LEADER
-    from hulkjax.strategies.search import coordinate_descent, propagate
-
-    fixed = {grp.id: bcm.input_candidate(grp.id, specs[grp.inputs[0]])
-             for grp in bcm.groups if grp.kind == INPUT}
-    a = propagate(bcm, fixed, param_use=param_use)
-    if improve:
-        a = coordinate_descent(bcm, a, [grp.id for grp in bcm.groups if grp.kind == LEADER])
-    return a
-
-
-def _nbytes(graph: OpGraph, vid: int, spec: Spec, sizes) -> float:
-    v = graph.values[vid]
-    n = 1.0
-    for d in local_shape(v.shape, spec, sizes):
-        n *= d
-    return n * dtype_size(v.dtype)
-
-
-@dataclass
-class _BodyCost:
-    compute: float
-    comms: list[Comm]
-    program: list[Comm]
-    memory: float
-    time: float
-    specs: dict[int, Spec]
-
-
-def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
-    """One execution of a body: compute, collectives (with the resharding of results to their exit
-    layouts, ``{body output: spec}``), transient memory."""
-    view = bcm.graph
-    compute = sum(bcm.local(gid, c).compute for gid, c in enumerate(a))
-    comms = bcm.assignment_comms(a)
-    program = bcm.program_comm_list(a)
-    specs = bcm.value_specs(a)
-    for i, spec in exits.items():
-        vid = view.outputs[i]
-        if vid is None or specs.get(vid) is None or i in view.carried.values():
-            continue  # carries are charged by the body's carried edges already
-        extra = bcm._reshard(vid, specs[vid], spec)
-        comms.extend(extra)
-        program.extend(extra)
-    inputs = set(view.inputs)
-    sizes = bcm.sizes
-    saved = sum(_nbytes(view, v, s, sizes) for v, s in specs.items() if v in bcm._saved)
-    peak = max((_nbytes(view, v, s, sizes) for v, s in specs.items() if v not in inputs),
-               default=0.0)
-    time = compute + sum(bcm._comm_time(cm) for cm in comms)
-    return _BodyCost(compute, comms, program, saved + peak, time, specs)
-
-
-def _resolve(node: Node, graph: OpGraph, b: _Boundary, views: list[OpGraph], bcms: list,
-             slot_specs: list[Spec | None], param_use: str, label: str, mesh: Mesh,
-             rep_compute: float | None, improve: bool = False) -> LoopResolution | None:
-    if not all(s is None or divides(shape, s, mesh.sizes)
-               for shape, s in zip(b.slots, slot_specs)):
-        return None
-    plans = []
-    for bi, bcm in enumerate(bcms):
-        ins = [slot_specs[k] if slot_specs[k] is not None else replicated(len(b.slots[k] or ()))
-               for k in b.inputs[bi]]
-        plans.append((ins, _complete(bcm, ins, param_use, improve)))
-    # Results: carries keep the carry-in layout; scan ys and cond results come out as produced
-    # (a cond's: as its main branch produces them).
-    specs = [bcm.value_specs(a) for bcm, (_, a) in zip(bcms, plans)]
-    out_specs: list[Spec] = []
-    exits: list[dict[int, Spec]] = [{} for _ in views]
-    for r, (kind, idx) in enumerate(b.results):
-        rank = len(graph.values[node.outputs[r]].shape)
-        if kind == "carry":
-            spec = slot_specs[idx] or replicated(rank)
-            out_specs.append(spec)
-            for bi, carries in enumerate(b.carries):
-                for o, k in carries:
-                    if k == idx:
-                        exits[bi][o] = spec
-            continue
-        main_vid = views[b.main].outputs[idx]
-        s = specs[b.main].get(main_vid) if main_vid is not None else None
-        if b.kind == "scan":
-            spec = ((),) + s if s is not None else replicated(rank)
-            exits[0][idx] = spec[1:]
-        else:
-            spec = s if s is not None else replicated(rank)
-            for bi in range(len(views)):
-                exits[bi][idx] = spec
-        out_specs.append(spec)
-    costs = [_body_cost(bcm, a, ex) for bcm, (_, a), ex in zip(bcms, plans, exits)]
-    trips = max(int(node.trip_count), 1)
-    if b.kind == "cond":
-        worst = max(range(len(costs)), key=lambda i: costs[i].time)
-        compute, comms = costs[worst].compute, costs[worst].comms
-        program = [cm for c in costs for cm in c.program]  # every branch is in the program
-        memory = max(c.memory for c in costs)
-    else:
-        compute = trips * sum(c.compute for c in costs)
-        comms = [cm for c in costs for cm in c.comms] * trips
-        program = [cm for c in costs for cm in c.program] * trips
-        memory = max(c.memory for c in costs)
-    in_specs = []
-    for k, v in enumerate(node.inputs):
-        s = slot_specs[k]
-        if v is None:
-            in_specs.append(None)
-        elif s is None:
-            in_specs.append(replicated(len(graph.values[v].shape)))
-        else:
-            in_specs.append(((),) + s if b.stacked[k] else s)
-    bodies = tuple(
-        LoopBody(graph=view, cost_model=bcm, assignment=tuple(a), inputs=tuple(ins),
-                 outputs=tuple(ex.get(i) for i in range(len(view.outputs))))
-        for view, bcm, (ins, a), ex in zip(views, bcms, plans, exits))
-    shards = 1 if not compute or rep_compute is None else max(1, round(rep_compute / compute))
-    return LoopResolution(in_specs=tuple(in_specs), out_specs=tuple(out_specs), comms=tuple(comms),
-                          shards=shards, label=label, compute=compute, memory=memory,
-                          program_comms=tuple(program), bodies=bodies)
-
-
-@register_loop_rule(P.scan_p, P.while_p, P.cond_p)
-def _loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Resolution]:
-    """Replicated body first, then one candidate per distinct body plan of the hypotheses."""
-    from hulkjax.strategies.realize import cost_model
-
-    b = _boundary(node, graph)
-    state = [_from_state(graph, v) for v in node.inputs]
-    views, bcms = [], []
-    for bi, sub in enumerate(node.subgraphs):
-        roles = tuple(PARAMETER if state[k] else DATA for k in b.inputs[bi])
-        carries = tuple((o, b.inputs[bi].index(k)) for o, k in b.carries[bi])
-        view = _body_view(sub, roles, carries)
-        views.append(view)
-        bcms.append(cost_model(view, topology))
-    out: list[Resolution] = []
-    seen = set()
-    rep_compute = None
-    tries = [(h, improve) for h in _hypotheses(b, views, state, topology)
-             for improve in (False, True)]
-    for (label, slots, param_use), improve in tries:
-        if improve and label == "replicated":
-            continue
-        r = _resolve(node, graph, b, views, bcms, slots, param_use,
-                     label + ("+search" if improve else ""), mesh, rep_compute, improve)
-        if r is None:
-            continue
-        if rep_compute is None:  # the first hypothesis is the replicated body
-            rep_compute = r.compute
-        key = (r.in_specs, r.out_specs, tuple(body.assignment for body in r.bodies))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(r)
-        if len(out) >= MAX_LOOP_CANDIDATES:
-            break
-    return out
-
-
-# ---- plans of the bodies, for the emitter ------------------------------------------------------
-
-
-def body_plans(cm, assignment) -> dict:
-    """``{loop node id: (BodyPlan per sub-graph, ...)}`` for the loop leaders of an assignment."""
-    from hulkjax.cost.model import LEADER
-
-    out = {}
-    for grp in cm.groups:
-        if grp.kind != LEADER:
-            continue
-        r = grp.candidates[assignment[grp.id]]
-        if isinstance(r, LoopResolution):
-            out[grp.leader] = tuple(_body_plan(body) for body in r.bodies)
-    return out
-
-
-def _body_plan(body: LoopBody):
-    from hulkjax.rules.specs import to_pspec
-    from hulkjax.strategies.plan import BodyPlan
-
-    g, bcm, a = body.graph, body.cost_model, body.assignment
-    operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.leader_layouts(a))
-    inputs = {j: to_pspec(s) for j, (v, s) in enumerate(zip(g.inputs, body.inputs))
-              if g.values[v].shape}
-    outputs = {i: to_pspec(s) for i, (v, s) in enumerate(zip(g.outputs, body.outputs))
-               if s is not None and v is not None and g.values[v].shape}
-    return BodyPlan(inputs=inputs, outputs=outputs, operand_specs=operand_specs,
-                    result_specs=result_specs, bodies=body_plans(bcm, a))
+    return Boundary(tuple(shapes), (False,) * n, (True,) + (False,) * (n - 1), ins,
+                    tuple(() for _ in node.subgraphs), results, main, "cond")

@@ -10,10 +10,12 @@ Two tables, keyed by primitive (like JAX's ``mlir.register_lowering``):
   (elementwise, shape and reduction ops): the operator takes the layout of one operand (its lead)
   and states what it needs of the others.
 
-A primitive in neither table is replicated (operands gathered, result replicated): correct, and
-visible to the cost model as the all-gathers it costs. Loops (``scan``, ``while``, ``cond``) are
-leaders through a third table, :data:`hulkjax.rules.loops.loop_rules`: their candidates plan
-their bodies, which needs the topology (:func:`leader_candidates` passes it on).
+A follower without a follow rule but with a dimension rule (:mod:`hulkjax.rules.dims`) follows by
+it: each sharded dimension goes where the rule maps it, a contracted one leaves partial sums (an
+all-reduce), the rest is gathered. A primitive in no table is replicated (operands gathered, result
+replicated): correct, and visible to the cost model as the all-gathers it costs. Loops (``scan``,
+``while``, ``cond``) are leaders through :mod:`hulkjax.rules.loops`, whose candidates the body
+planner makes (:mod:`hulkjax.rules.leaders`).
 
 >>> from hulkjax.rules.sharding import Mesh
 >>> Mesh(("data", "model"), (2, 4)).sizes
@@ -29,10 +31,19 @@ from dataclasses import dataclass, field
 import numpy as np
 from jax.extend.core import primitives as P
 
-from hulkjax.rules.dims import CONTRACTED, map_dim
-from hulkjax.rules.specs import Spec, divides, local_shape, num_shards, replicated
-from hulkjax.trace.flops import ELEMENTWISE_PRIMITIVES, REDUCTION_PRIMITIVES
+from hulkjax.plan.collectives import Comm
+from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
+from hulkjax.rules.dims import CONTRACTED, dim_rules, map_dim
 from hulkjax.trace.graph import Node, OpGraph, dtype_size
+from hulkjax.trace.primitives import (
+    CASTS,
+    ELEMENTWISE,
+    PER_INPUT_ELEMENT,
+    POOLING,
+    SHAPE_OPS,
+    SIZE_PRESERVING,
+    WINDOW_GRADIENTS,
+)
 
 
 @dataclass(frozen=True)
@@ -45,22 +56,6 @@ class Mesh:
     @property
     def sizes(self) -> dict[str, int]:
         return dict(zip(self.axis_names, self.shape))
-
-
-@dataclass(frozen=True)
-class Comm:
-    """A collective an operator implies.
-
-    Attributes:
-      kind: ``"all-reduce" | "reduce-scatter" | "all-gather" | "all-to-all"``.
-      axes: mesh axes it runs over.
-      bytes: per-device bytes of the tensor it moves (all-reduce: the operand; reduce-scatter: the
-        full operand; all-gather: the gathered result; all-to-all: the local block).
-    """
-
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
 
 
 @dataclass(frozen=True)
@@ -103,16 +98,13 @@ def registrar(table: dict, doc: str) -> Callable:
     return register
 
 
-register_candidates = registrar(
-    candidate_rules, "Register a leader rule ``(node, graph, mesh) -> list[Resolution]``.")
-register_follow = registrar(
-    follow_rules, "Register a follower rule ``(node, graph, lead, lead_spec, mesh) -> Resolution``.")
-
-
-def is_leader(node: Node) -> bool:
-    """Whether an operator has candidates of its own (loops: when their bodies were traced)."""
-    return node.primitive in candidate_rules or (
-        bool(node.subgraphs) and node.primitive in _loops.loop_rules)
+register_candidate_rule = registrar(
+    candidate_rules, "Register a leader rule ``(node, graph, mesh) -> list[Resolution]``: every "
+    "way to run the operator, each with its operand and result layouts and the collectives it "
+    "implies (the replicated candidate is added for you).")
+register_follow_rule = registrar(
+    follow_rules, "Register a follower rule ``(node, graph, lead, lead_spec, mesh) -> Resolution``: "
+    "how the operator runs when its lead operand has layout ``lead_spec``.")
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -136,11 +128,14 @@ def replicated_resolution(node: Node, graph: OpGraph) -> Resolution:
 
 
 def follow(node: Node, graph: OpGraph, lead: int, lead_spec: Spec, mesh: Mesh) -> Resolution:
-    """Resolve a follower from its lead operand's layout (replicated if no rule)."""
+    """Resolve a follower from its lead operand's layout: its follow rule, else its dimension rule
+    (:func:`mapped_follow`), else replicated."""
     rule = follow_rules.get(node.primitive)
-    if rule is None:
-        return replicated_resolution(node, graph)
-    return rule(node, graph, lead, lead_spec, mesh)
+    if rule is not None:
+        return rule(node, graph, lead, lead_spec, mesh)
+    if node.primitive in dim_rules:
+        return mapped_follow(node, graph, lead, lead_spec, mesh, partial_kind="all-reduce")
+    return replicated_resolution(node, graph)
 
 
 def _conform(graph: OpGraph, node: Node, out_spec: Spec) -> tuple[Spec | None, ...]:
@@ -161,12 +156,7 @@ def _conform(graph: OpGraph, node: Node, out_spec: Spec) -> tuple[Spec | None, .
 
 # ---- followers -------------------------------------------------------------------------------
 
-_UNARY_LIKE = [P.convert_element_type_p, P.copy_p, P.add_jaxvals_p, P.reduce_precision_p]
-if hasattr(P, "stop_gradient_p"):
-    _UNARY_LIKE.append(P.stop_gradient_p)
-
-
-@register_follow(*ELEMENTWISE_PRIMITIVES, *_UNARY_LIKE)
+@register_follow_rule(*ELEMENTWISE, *CASTS)
 def _elementwise_follow(node, graph, lead, lead_spec, mesh):
     out_shape = _shape(graph, node.outputs[0])
     lead_shape = _shape(graph, node.inputs[lead])
@@ -179,8 +169,10 @@ def _elementwise_follow(node, graph, lead, lead_spec, mesh):
     return Resolution(_conform(graph, node, out), outs, shards=num_shards(out, mesh.sizes))
 
 
-def _mapped_follow(node, graph, lead, lead_spec, mesh, partial_kind: str | None = None):
-    """Carry each sharded dim through ``map_dim``; drop (gather) what does not survive.
+def mapped_follow(node: Node, graph: OpGraph, lead: int, lead_spec: Spec, mesh: Mesh,
+                  partial_kind: str | None = None) -> Resolution:
+    """Carry each sharded dim through the dimension table (``map_dim``); gather what does not
+    survive; other operands replicated.
 
     Dims summed away leave partial sums: an all-reduce over their axes when ``partial_kind``.
     """
@@ -216,27 +208,26 @@ def _mapped_follow(node, graph, lead, lead_spec, mesh, partial_kind: str | None 
     return Resolution(tuple(ins), outs, comms, work)
 
 
-@register_follow(P.broadcast_in_dim_p, P.reshape_p, P.transpose_p, P.squeeze_p)
+@register_follow_rule(*SHAPE_OPS)
 def _shape_follow(node, graph, lead, lead_spec, mesh):
-    r = _mapped_follow(node, graph, lead, lead_spec, mesh)
+    r = mapped_follow(node, graph, lead, lead_spec, mesh)
     return Resolution(r.in_specs, r.out_specs, r.comms, num_shards(r.out_specs[0], mesh.sizes))
 
 
-@register_follow(P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p)
+_ARITH_REDUCTIONS = frozenset((P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p))
+
+
+@register_follow_rule(*_ARITH_REDUCTIONS)
 def _reduce_follow(node, graph, lead, lead_spec, mesh):
-    return _mapped_follow(node, graph, lead, lead_spec, mesh, partial_kind="all-reduce")
+    return mapped_follow(node, graph, lead, lead_spec, mesh, partial_kind="all-reduce")
 
 
+@register_follow_rule(*(PER_INPUT_ELEMENT - _ARITH_REDUCTIONS))
 def _along_axis_follow(node, graph, lead, lead_spec, mesh):
-    return _mapped_follow(node, graph, lead, lead_spec, mesh)
+    return mapped_follow(node, graph, lead, lead_spec, mesh)
 
 
-register_follow(*(p for p in REDUCTION_PRIMITIVES
-                  if p not in (P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p)))(
-    _along_axis_follow)
-
-
-@register_follow(P.concatenate_p)
+@register_follow_rule(P.concatenate_p)
 def _concat_follow(node, graph, lead, lead_spec, mesh):
     dim = node.params["dimension"]
     out = tuple(() if d == dim else ax for d, ax in enumerate(lead_spec))
@@ -268,10 +259,7 @@ def _same_size_dims_follow(node, graph, lead, lead_spec, mesh):
     return Resolution(tuple(ins), outs, shards=num_shards(out, mesh.sizes))
 
 
-register_follow(*(getattr(P, f"{n}_p") for n in ("slice", "dynamic_slice", "dynamic_update_slice",
-                                                 "pad", "rev", "sort", "cumsum", "cumprod",
-                                                 "cummax", "cummin", "cumlogsumexp")
-                  if hasattr(P, f"{n}_p")))(_same_size_dims_follow)
+register_follow_rule(*SIZE_PRESERVING)(_same_size_dims_follow)
 
 
 def _window_follow(node, graph, lead, lead_spec, mesh):
@@ -292,19 +280,13 @@ def _window_follow(node, graph, lead, lead_spec, mesh):
     return Resolution(tuple(ins), outs, shards=num_shards(out, mesh.sizes))
 
 
-# Pooling (forward). The emitter pins their results (CostModel.leader_layouts): XLA otherwise
-# moves a later gather in front of the pooling, onto its larger input.
-POOLING_PRIMITIVES = frozenset(getattr(P, f"{n}_p") for n in (
-    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
-    if hasattr(P, f"{n}_p"))
-register_follow(*POOLING_PRIMITIVES, *(getattr(P, f"{n}_p") for n in (
-    "select_and_scatter_add", "select_and_gather_add") if hasattr(P, f"{n}_p")))(_window_follow)
+register_follow_rule(*POOLING, *WINDOW_GRADIENTS)(_window_follow)
 
 
 # ---- leaders ---------------------------------------------------------------------------------
 
 
-@register_candidates(P.dot_general_p)
+@register_candidate_rule(P.dot_general_p)
 def _dot_general_candidates(node, graph, mesh):
     """Every assignment of each mesh axis to a batch, free or contracting dimension (or none).
 
@@ -398,7 +380,7 @@ def _label(mesh, choice, comms) -> str:
     return ",".join(parts) or "replicated"
 
 
-@register_candidates(P.conv_general_dilated_p)
+@register_candidate_rule(P.conv_general_dilated_p)
 def _conv_candidates(node, graph, mesh):
     """Batch, output features, or input features (partial sums); spatial dims stay whole."""
     lhs, rhs = node.inputs
@@ -412,7 +394,7 @@ def _conv_candidates(node, graph, mesh):
     return _combine(node, graph, mesh, [ls, rs], os_, opts)
 
 
-@register_candidates(P.gather_p)
+@register_candidate_rule(P.gather_p)
 def _gather_candidates(node, graph, mesh):
     """Embedding-style lookups: split the indices' batch dims, the table's kept (offset) dims, or
     the table's indexed dim (masked lookups: partial sums, all-reduced)."""
@@ -446,7 +428,7 @@ def _gather_candidates(node, graph, mesh):
     return [c for c in cands if not any(cm.kind == "reduce-scatter" for cm in c.comms)]
 
 
-@register_candidates(P.scatter_add_p)
+@register_candidate_rule(P.scatter_add_p)
 def _scatter_add_candidates(node, graph, mesh):
     """Embedding gradients: split the updates' batch dims (partial sums into the table: all-reduce
     or reduce-scatter) or their window dims (the table split the same way)."""
@@ -516,25 +498,10 @@ def _scatter_add_candidates(node, graph, mesh):
     return out_cands
 
 
-def leader_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology=None) -> list[Resolution]:
-    """Candidates of a leader (always including the replicated one, first).
-
-    Loops (:mod:`hulkjax.rules.loops`) plan their bodies, which needs the ``topology``; without
-    one a loop has its replicated candidate only.
-    """
-    loop = _loops.loop_candidates(node, graph, mesh, topology)
-    if loop:
-        return loop
-    rule = candidate_rules.get(node.primitive)
-    cands = [] if rule is None else rule(node, graph, mesh)
-    rep = replicated_resolution(node, graph)
-    cands = [c for c in cands if c != rep]
-    cands.insert(0, rep)
-    return cands
-
-
-def candidate_specs(shape: Sequence[int], mesh: Mesh, *, max_axes_per_dim: int = 2) -> list[Spec]:
-    """Layouts for a graph input: each mesh axis on one dimension (or none), dividing evenly."""
+def candidate_specs(shape: Sequence[int], mesh: Mesh, *,
+                    max_axes_per_dim: int | None = None) -> list[Spec]:
+    """Layouts for a graph input: each mesh axis on one dimension (or none), dividing evenly; the
+    axes on one dimension in mesh order. Every layout a baseline writes is among them."""
     rank = len(shape)
     out = []
     seen = set()
@@ -544,13 +511,10 @@ def candidate_specs(shape: Sequence[int], mesh: Mesh, *, max_axes_per_dim: int =
             if d is not None:
                 spec[d] = (*spec[d], axis)
         spec = tuple(spec)
-        if any(len(a) > max_axes_per_dim for a in spec):
+        if max_axes_per_dim is not None and any(len(a) > max_axes_per_dim for a in spec):
             continue
         if divides(shape, spec, mesh.sizes) and spec not in seen:
             seen.add(spec)
             out.append(spec)
     return out
 
-
-# Loop rules register themselves in their own table (they need the topology to plan bodies).
-from hulkjax.rules import loops as _loops  # noqa: E402

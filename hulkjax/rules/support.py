@@ -1,10 +1,16 @@
 """Which primitives hulkjax knows how to shard, and the replicated fallback for the rest.
 
-A primitive is supported when the dimension table has a rule for it, or when it is one of the
-data-movement operators the SPMD partitioner handles by itself (slicing, gathers, padding, iota,
-...). Control flow (``scan``, ``while``, ``cond``) is supported through its bodies: the check looks
+A primitive is supported when one of the rule tables has a rule for it (dimension, follow,
+candidate or loop rules), when it has nothing to shard of its own (constants made in place, key
+plumbing, annotations: :data:`hulkjax.trace.primitives.NO_DATA`), or when it is one of the
+data-movement operators the SPMD partitioner handles by itself (:data:`PARTITIONER_HANDLED`).
+Control flow (``scan``, ``while``, ``cond``) is supported through its bodies: the check looks
 inside them (an unsupported primitive in a scan body warns, or raises in strict mode, like one
 outside), and replicates such operators there through the plan's loop-body layouts.
+
+>>> from jax.extend.core import primitives as P
+>>> is_supported(P.dot_general_p), is_supported(P.cholesky_p)
+(True, False)
 """
 
 from __future__ import annotations
@@ -12,50 +18,49 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from jax.extend.core import primitives as P
 from jax.sharding import PartitionSpec
 
 from hulkjax.errors import UnsupportedPrimitiveError, UnsupportedPrimitiveWarning
-from hulkjax.rules.dims import dim_rules
+from hulkjax.plan.records import BodyPlan
+from hulkjax.rules.dims import dim_rules, register_dim_rule
+from hulkjax.rules.loops import loop_rules
+from hulkjax.rules.sharding import candidate_rules, follow_rules
 from hulkjax.trace.graph import OpGraph
+from hulkjax.trace.primitives import NO_DATA, SCATTERS, discovered, handles
 
-_PARTITIONER_HANDLED = [
-    "iota", "slice", "dynamic_slice", "dynamic_update_slice", "gather", "scatter", "scatter_add",
-    "scatter_mul", "scatter_min", "scatter_max", "pad", "rev", "concatenate", "sort", "top_k",
-    "argsort", "clamp", "expand_dims", "select_and_scatter_add", "select_and_gather_add",
-    "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-    "reduce_precision", "random_bits", "random_seed", "random_wrap", "random_unwrap",
-    "threefry2x32", "sharding_constraint", "stop_gradient", "bitcast_convert_type", "erf_inv",
-    "shift_left", "shift_right_logical", "shift_right_arithmetic", "population_count", "clz",
-    "scan", "while", "cond", "split", "device_put", "optimization_barrier", "name",
-]
-_known: set = set(dim_rules)
-for _n in _PARTITIONER_HANDLED:
-    if hasattr(P, f"{_n}_p"):
-        _known.add(getattr(P, f"{_n}_p"))
-_known_names = set(_PARTITIONER_HANDLED)
+PARTITIONER_HANDLED = frozenset(
+    handles(
+        "slice", "dynamic_slice", "dynamic_update_slice", "gather", "pad", "rev", "concatenate",
+        "sort", "top_k", "clamp", "select_and_scatter_add", "select_and_gather_add",
+        "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
+        "reduce_precision", "stop_gradient", "bitcast_convert_type", "erf_inv", "shift_left",
+        "shift_right_logical", "shift_right_arithmetic", "population_count", "clz", "scan",
+        "while", "cond")
+    | SCATTERS | {p for p in (discovered("split"),) if p is not None})
+"""Operators known without a rule of their own: the SPMD partitioner shards them by itself."""
+
+_TABLES = (dim_rules, follow_rules, candidate_rules, loop_rules)
 
 
 def register_sharding_rule(prim) -> Callable:
-    """Mark ``prim`` as supported with a dimension rule ``(node, graph, operand, dim) -> ...``.
+    """Make ``prim`` known with a dimension rule ``(node, graph, operand, dim) -> ...`` (the same
+    as ``register_dim_rule(prim)``): the cost model follows layouts through it and XLA keeps them.
 
-    >>> from jax.extend.core import primitives as P
-    >>> @register_sharding_rule(P.cumsum_p)
-    ... def _cumsum_rule(node, graph, operand, dim):
-    ...     return None if dim == node.params["axis"] else dim
+    >>> from jax.extend.core import Primitive
+    >>> my_op_p = Primitive("my_op")
+    >>> @register_sharding_rule(my_op_p)
+    ... def _my_op_rule(node, graph, operand, dim):
+    ...     return dim
+    >>> is_supported(my_op_p)
+    True
     """
-
-    def deco(rule):
-        dim_rules[prim] = rule
-        _known.add(prim)
-        return rule
-
-    return deco
+    return register_dim_rule(prim)
 
 
 def is_supported(prim) -> bool:
     """Whether a primitive has a rule (or needs none)."""
-    return prim in _known or prim in dim_rules or getattr(prim, "name", None) in _known_names
+    return (prim in PARTITIONER_HANDLED or prim in NO_DATA
+            or any(prim in table for table in _TABLES))
 
 
 def check_supported(graph: OpGraph, plan, *, strict: bool = False) -> list[str]:
@@ -67,7 +72,7 @@ def check_supported(graph: OpGraph, plan, *, strict: bool = False) -> list[str]:
     instead.
     """
     found: dict[str, list] = {}  # name -> [count, first node]
-    _check(graph, plan.operand_specs, plan.result_specs, lambda: plan.bodies, strict, found, "")
+    _check(graph, plan.operand_specs, plan.result_specs, plan.bodies, strict, found, "")
     for name, (count, node) in found.items():
         warnings.warn(
             f"no sharding rule for {name!r} ({count} use(s), first at {node.source}); "
@@ -82,17 +87,15 @@ def _check(graph: OpGraph, operand_specs, result_specs, bodies, strict: bool, fo
            where: str) -> None:
     """Check one graph (the step's or a loop body's) and, recursively, the bodies of its loops.
 
-    ``bodies()`` returns ``{loop node id: (BodyPlan per sub-graph, ...)}`` for this graph (built
-    only when a body has something to replicate).
+    ``bodies`` is ``{loop node id: (BodyPlan per sub-graph, ...)}`` for this graph (a body's entry
+    is made only when the body has something to replicate).
     """
     for node in graph.nodes:
         for b, sub in enumerate(node.subgraphs):
             inner = f"{where}body {b} of {node.name!r} node {node.id}, "
 
             def body_plan(node=node, b=b):
-                from hulkjax.strategies.plan import BodyPlan
-
-                table = bodies()
+                table = bodies
                 plans = list(table.get(node.id, ()))
                 while len(plans) < len(node.subgraphs):
                     plans.append(BodyPlan())
@@ -103,7 +106,8 @@ def _check(graph: OpGraph, operand_specs, result_specs, bodies, strict: bool, fo
                 return _LazySpecs(lambda: getattr(body_plan(), kind))
 
             _check(sub, lazy_specs("operand_specs"), lazy_specs("result_specs"),
-                   lambda body_plan=body_plan: body_plan().bodies, strict, found, inner)
+                   _LazyBodies(lambda body_plan=body_plan: body_plan().bodies), strict, found,
+                   inner)
         if is_supported(node.primitive):
             continue
         if strict:
@@ -126,6 +130,19 @@ class _LazySpecs:
 
     def __init__(self, get):
         self._get = get
+
+    def __setitem__(self, key, value):
+        self._get()[key] = value
+
+
+class _LazyBodies:
+    """A body's nested-loop table, found (and its body plan made) only when first used."""
+
+    def __init__(self, get):
+        self._get = get
+
+    def get(self, key, default=None):
+        return self._get().get(key, default)
 
     def __setitem__(self, key, value):
         self._get()[key] = value

@@ -1,25 +1,34 @@
-"""Planners, registered by name: each is ``(graph, topology, **options) -> Plan``."""
+"""Planners, registered by name: each is ``(graph, topology, options) -> Plan``.
+
+Where this sits::
+
+    cost + gnn  ->  strategies (this package)  ->  explain  ->  api
+
+Built-ins: the baselines (``replicate``, ``dp``, ``fsdp``, ``megatron``, ``dp_tp``), ``ilp`` (the
+cost model's exact optimum) and ``auto`` (the learned planner: GNN prior + search). Every planner
+ends in :func:`~hulkjax.strategies.realize.plan_from_assignment`, so every plan is judged by the
+one cost model (:func:`cost_model`).
+
+>>> import hulkjax as hj
+>>> hj.strategies.names()
+['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'ilp', 'auto']
+"""
 
 from hulkjax.strategies import auto as _auto  # noqa: F401  (registers "auto")
 from hulkjax.strategies import baselines as _baselines  # noqa: F401  (registers the baselines)
 from hulkjax.strategies import ilp as _ilp  # noqa: F401  (registers "ilp")
-from hulkjax.strategies.base import (
-    SpecBuilder as SpecBuilder,
-)
-from hulkjax.strategies.base import (
-    get_strategy as get_strategy,
-)
-from hulkjax.strategies.base import (
-    names as names,
-)
-from hulkjax.strategies.base import (
-    register_strategy as register_strategy,
-)
-from hulkjax.strategies.base import (
-    run_planner as run_planner,
-)
-from hulkjax.strategies.base import (
-    strategies as strategies,
-)
-from hulkjax.strategies.plan import Plan as Plan
-from hulkjax.strategies.plan import TensorPlan as TensorPlan
+from hulkjax.strategies.auto import AutoOptions as AutoOptions
+from hulkjax.strategies.auto import predict as predict
+from hulkjax.strategies.baselines import BASELINES as BASELINES
+from hulkjax.strategies.baselines import baseline_assignments as baseline_assignments
+from hulkjax.strategies.ilp import ILPOptions as ILPOptions
+from hulkjax.strategies.loops import cost_model as cost_model
+from hulkjax.strategies.registry import Strategy as Strategy
+from hulkjax.strategies.registry import get_strategy as get_strategy
+from hulkjax.strategies.registry import names as names
+from hulkjax.strategies.registry import option_fields as option_fields
+from hulkjax.strategies.registry import options_of as options_of
+from hulkjax.strategies.registry import register_strategy as register_strategy
+from hulkjax.strategies.registry import run_planner as run_planner
+from hulkjax.strategies.registry import strategies as strategies
+from hulkjax.strategies.specbuilder import SpecBuilder as SpecBuilder

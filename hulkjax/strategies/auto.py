@@ -16,21 +16,26 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import InfeasiblePlanError
-from hulkjax.strategies.base import register_strategy
+from hulkjax.formatting import format_bytes, format_spec
+from hulkjax.gnn import features as F
+from hulkjax.gnn.infer import log_probs
+from hulkjax.gnn.weights import load
+from hulkjax.plan.records import Plan
+from hulkjax.plan.specs import to_pspec
+from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.ilp import solve
-from hulkjax.strategies.plan import Plan
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
+from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.auto")
-
-BASELINES = ("dp", "fsdp", "megatron", "dp_tp", "replicate")
 # Candidates per group the network shortlists. With 16 the shortlist held the ILP's choice for
 # 92-100% of groups on held-out graphs (4: 42-100%, 8: 83-100%); see benchmarks/gnn_eval.py.
 TOP_K = 16
@@ -38,16 +43,11 @@ TOP_K = 16
 
 def prior(cm, *, weights: str | None = None) -> np.ndarray | None:
     """Log-probabilities ``[groups, K]`` of every candidate under the shipped network (or None)."""
-    from hulkjax.gnn import features as F
-    from hulkjax.gnn.infer import log_probs
-    from hulkjax.gnn.train import load
-
     loaded = load(weights)
     if loaded is None or len(cm.mesh.axis_names) > F.MAX_AXES:
         return None
-    net, params = loaded
-    # The same network in NumPy: one call per plan is not worth a compilation.
-    return log_probs(params, F.build(cm), layers=net.layers)
+    # The network in NumPy: one call per plan is not worth a compilation.
+    return log_probs(loaded.params, F.build(cm), layers=loaded.layers)
 
 
 def shortlist(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, seed: int = 0,
@@ -101,48 +101,57 @@ def search(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, sweeps: int = 4, 
     return best, options
 
 
-@register_strategy("auto")
-def auto(graph: OpGraph, topology, *, top_k: int = TOP_K, sweeps: int = 2, prior_kind: str = "gnn",
-         weights: str | None = None, seed: int = 0, exact: bool = True,
-         time_limit: float = 10.0, **_) -> Plan:
-    """Plan with the network's prior and cost-model search; never worse than a baseline.
+@dataclass(frozen=True, kw_only=True)
+class AutoOptions:
+    """Options of ``strategy="auto"``.
 
-    Args:
+    Attributes:
       top_k: candidates per group the network shortlists (plus the replicated one and the
-        baselines' choices).
+        baselines' choices).  # int
       sweeps: coordinate-descent passes after the exact solve (or from each start without it).
       prior_kind: ``"gnn"`` (the shipped network) or ``"uniform"`` (ablation: no learned prior).
-      weights: a directory with other trained weights (``hulkjax train-gnn --out``).
-      exact: solve the integer program over the shortlist (repeated layers tied, so it is
-        small), within ``time_limit`` seconds, then let coordinate descent untie layers where
-        that helps. Without it (or if the solver finds nothing in time): coordinate descent from
-        the network's choice and from each baseline.
+      weights: a directory with other trained weights (``hulkjax train-gnn --out``).  # str | None
+      seed: seed of the uniform shortlist.  # int
+      exact: solve the integer program over the shortlist (repeated layers tied, so it is small),
+        within ``time_limit`` seconds, then let coordinate descent untie layers where that helps.
+        Without it (or if the solver finds nothing in time): coordinate descent from the network's
+        choice and from each baseline.  # bool
+      time_limit: seconds for the shortlist's integer program.  # float
     """
-    from hulkjax.strategies.base import strategies
 
+    top_k: int = TOP_K
+    sweeps: int = 2
+    prior_kind: str = "gnn"
+    weights: str | None = None
+    seed: int = 0
+    exact: bool = True
+    time_limit: float = 10.0
+
+    def __post_init__(self):
+        if self.prior_kind not in ("gnn", "uniform"):
+            raise ValueError(f"prior_kind={self.prior_kind!r}: use 'gnn' or 'uniform'")
+
+
+@register_strategy("auto", options=AutoOptions)
+def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
+    """Plan with the network's prior and cost-model search; never worse than a baseline."""
+    top_k, sweeps, seed = options.top_k, options.sweeps, options.seed
     cm = cost_model(graph, topology)
     t0 = time.perf_counter()
-    logp = prior(cm, weights=weights) if prior_kind == "gnn" else None
+    logp = prior(cm, weights=options.weights) if options.prior_kind == "gnn" else None
     t_prior = time.perf_counter() - t0
-    baselines = {}
-    for name in BASELINES:
-        try:
-            p = strategies[name](graph, topology)
-        except Exception as e:  # not applicable to this mesh
-            log.debug("auto: baseline %s skipped: %s", name, e)
-            continue
-        baselines[name] = p.assignment
-    start, options = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=baselines)
-    free = [g.id for g in cm.groups if len(options[g.id]) > 1]
+    baselines = baseline_assignments(graph, topology)
+    start, options_ = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=baselines)
+    free = [g.id for g in cm.groups if len(options_[g.id]) > 1]
     candidates = dict(baselines)
     solved = False
-    if exact:
+    if options.exact:
         try:
-            res = solve(cm, seeds=[start, *baselines.values()], restrict=options,
-                        time_limit=time_limit, polish=False)
+            res = solve(cm, seeds=[start, *baselines.values()], restrict=options_,
+                        time_limit=options.time_limit, polish=False)
             candidates["shortlist optimum"] = res.assignment  # within the memory limit
             candidates["shortlist optimum + descent"] = coordinate_descent(
-                cm, res.assignment, free, sweeps=sweeps, candidates=options)
+                cm, res.assignment, free, sweeps=sweeps, candidates=options_)
             solved = True
         except InfeasiblePlanError:
             pass
@@ -153,15 +162,52 @@ def auto(graph: OpGraph, topology, *, top_k: int = TOP_K, sweeps: int = 2, prior
     if not fitting:
         need = min(cm.memory(a) for a in candidates.values())
         raise InfeasiblePlanError(
-            f"auto found no plan that fits: the leanest needs {need / 1e9:.3g} GB per device, the "
-            f"smallest device has {cm.capacity / 1e9:.3g} GB. Try strategy='ilp' (it searches "
+            f"auto found no plan that fits: the leanest needs {format_bytes(need)} per device, the "
+            f"smallest device has {format_bytes(cm.capacity)}. Try strategy='ilp' (it searches "
             f"every layout under the memory limit), more devices, or a smaller batch.")
     best = min(fitting, key=lambda k: cm.objective(fitting[k]))
     chosen = fitting[best]
-    chosen = polish_memory(cm, chosen, candidates={g: sorted({*o, chosen[g]}) for g, o in options.items()})
+    chosen = polish_memory(cm, chosen,
+                           candidates={g: sorted({*o, chosen[g]}) for g, o in options_.items()})
     source = "network prior + search" if logp is not None else "uniform prior + search"
     notes = [f"auto: {source}; best of search and baselines: {best!r} "
              f"({cm.objective(chosen) * 1e3:.4g} ms); prior {t_prior:.2f} s"]
-    plan = plan_from_assignment(cm, chosen, "auto", notes)
-    plan.source = best
-    return plan
+    return plan_from_assignment(cm, chosen, "auto", notes, source=best)
+
+
+def predict(graph: OpGraph, topology, *, top: int = 3, weights: str | None = None) -> list[dict]:
+    """The network's most likely candidates for every group that has a choice.
+
+    Returns one row per group: ``{"group", "kind", "op", "layer", "candidates": [(label, p, index)]}``
+    where ``label`` names the layout (a spec for inputs, a split description for operators) and
+    ``index`` is the candidate's index, comparable with a plan's ``assignment[group]``.
+
+    >>> import hulkjax as hj, jax.numpy as jnp
+    >>> g = hj.trace(lambda w, x: (w, x @ w), jnp.ones((64, 64)), jnp.ones((32, 64)))
+    >>> rows = predict(g, hj.Topology.grid((4,), ("x",)))
+    >>> 0 < rows[0]["candidates"][0][1] <= 1
+    True
+    """
+    cm = cost_model(graph, topology)
+    logp = prior(cm, weights=weights)
+    if logp is None:
+        raise FileNotFoundError("no trained weights found in hulkjax/gnn/weights; run "
+                                "hulkjax train-gnn")
+    rows = []
+    for grp in cm.groups:
+        n = min(len(grp.candidates), logp.shape[1])
+        if n < 2:
+            continue
+        p = np.exp(logp[grp.id, :n])
+        order = np.argsort(-p)[:top]
+        if grp.kind == "input":
+            op, layer = graph.input_paths[grp.inputs[0]], ""
+            label = lambda c: format_spec(to_pspec(c))  # noqa: E731
+        else:
+            node = graph.nodes[grp.leader]
+            op, layer = node.name, node.layer
+            label = lambda c: c.label  # noqa: E731
+        rows.append({"group": grp.id, "kind": grp.kind, "op": op, "layer": layer,
+                     "candidates": [(label(grp.candidates[int(c)]), float(p[c]), int(c))
+                                    for c in order]})
+    return rows

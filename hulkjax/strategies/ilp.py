@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,34 +31,46 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from hulkjax.cost.model import INPUT, LEADER, CostModel
 from hulkjax.errors import InfeasiblePlanError
-from hulkjax.strategies.base import register_strategy, strategies
-from hulkjax.strategies.plan import Plan
+from hulkjax.formatting import format_bytes
+from hulkjax.plan.records import Plan
+from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
+from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import polish_memory
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.ilp")
 
-BASELINES = ("replicate", "dp", "fsdp", "megatron", "dp_tp")
 
+@dataclass(frozen=True, kw_only=True)
+class ILPOptions:
+    """Options of ``strategy="ilp"``.
 
-@register_strategy("ilp")
-def ilp(graph: OpGraph, topology, *, time_limit: float = 60.0, mip_rel_gap: float = 1e-4,
-        max_candidates: int = 256, tie_layers: bool = True, memory_limit: float | None = None,
-        **_) -> Plan:
-    """Solve for the cost model's optimal plan.
-
-    Args:
-      time_limit: seconds HiGHS may spend.
-      mip_rel_gap: stop when the gap to the best bound is below this.
+    Attributes:
+      time_limit: seconds HiGHS may spend.  # float
+      mip_rel_gap: stop when the gap to the best bound is below this.  # float
       max_candidates: candidates kept per group (cheapest by own time, plus the baselines'); a
         group with more is pruned and the plan's notes say so (the optimum is then over the kept
-        candidates). Meshes of one or two axes have fewer than 256 per group.
-      tie_layers: one decision for all groups of equal structure (repeated layers).
-      memory_limit: bytes per device (default: the smallest device's memory).
+        candidates). Meshes of one or two axes have fewer than 256 per group.  # int
+      tie_layers: one decision for all groups of equal structure (repeated layers).  # bool
+      memory_limit: bytes per device (``None``: the smallest device's memory).  # float | None
     """
+
+    time_limit: float = 60.0
+    mip_rel_gap: float = 1e-4
+    max_candidates: int = 256
+    tie_layers: bool = True
+    memory_limit: float | None = None
+
+
+@register_strategy("ilp", options=ILPOptions)
+def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
+    """Solve for the cost model's optimal plan (see :class:`ILPOptions`)."""
+    time_limit, mip_rel_gap = options.time_limit, options.mip_rel_gap
+    max_candidates, tie_layers = options.max_candidates, options.tie_layers
+    memory_limit = options.memory_limit
     cm = cost_model(graph, topology)
-    seeds = _baseline_assignments(graph, topology, cm)
+    seeds = list(baseline_assignments(graph, topology).values())
     kw = dict(seeds=seeds, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
               max_candidates=max_candidates, memory_limit=memory_limit)
     limit = cm.capacity if memory_limit is None else memory_limit
@@ -92,9 +105,7 @@ def ilp(graph: OpGraph, topology, *, time_limit: float = 60.0, mip_rel_gap: floa
         assignment = best
         notes.append(f"ILP: stopped at {result.status} above a baseline "
                      f"({best_seed * 1e3:.4g} ms); returned that baseline's plan")
-    plan = plan_from_assignment(cm, assignment, "ilp", notes)
-    plan.solver = result
-    return plan
+    return plan_from_assignment(cm, assignment, "ilp", notes, solver=result)
 
 
 class _NoIncumbent(InfeasiblePlanError):
@@ -120,22 +131,6 @@ class ILPResult:
     def __repr__(self) -> str:
         return (f"ILPResult({self.status}, objective={self.objective:.6g}, gap={self.gap:.2%}, "
                 f"solve_time={self.solve_time:.2f}s)")
-
-
-def _baseline_assignments(graph, topology, cm) -> list[list[int]]:
-    seeds = []
-    for name in BASELINES:
-        planner = strategies.get(name)
-        if planner is None:
-            continue
-        try:
-            p = planner(graph, topology)
-        except Exception as e:  # a baseline that does not apply (dp_tp on 1-D) is no seed
-            log.debug("baseline %s not used as a seed: %s", name, e)
-            continue
-        if getattr(p, "assignment", None) is not None:
-            seeds.append(p.assignment)
-    return seeds
 
 
 def solve(cm: CostModel, *, seeds=(), time_limit: float = 60.0, mip_rel_gap: float = 1e-4,
@@ -286,8 +281,6 @@ def _cand_key(grp) -> tuple:
 
 
 def _infeasible(cm, keep, node_mem, reps, capacity, need) -> InfeasiblePlanError:
-    from hulkjax.strategies.explain import format_bytes
-
     g = cm.graph
     biggest = sorted(((g.values[v].nbytes, p) for v, p in zip(g.inputs, g.input_paths)),
                      reverse=True)[:3]

@@ -1,38 +1,38 @@
-"""From an assignment (one candidate per cost-model group) to a :class:`Plan`.
+"""From an assignment (one candidate per cost-model group) to a :class:`~hulkjax.plan.Plan`.
 
-Every planner ends here, so every plan is judged by the same :class:`~hulkjax.cost.CostModel` and
-emitted the same way: arguments and results at their planned layouts, and each leader operator's
-operands and results constrained to the candidate chosen for it (followers are left to the
-partitioner, which propagates the same layouts the cost model derived; pooling results are
-pinned too, or the partitioner moves a later gather in front of the pooling, onto the bigger
-tensor: :meth:`CostModel.leader_layouts`).
+Every planner ends here, so every plan is judged by the same cost model and emitted the same way:
+arguments and results at their planned layouts, each leader operator's operands and results
+constrained to the candidate chosen for it (followers are left to the partitioner, which
+propagates the same layouts the cost model derived; pooling results are pinned too, or the
+partitioner moves a later gather in front of the pooling, onto the bigger tensor:
+:meth:`CostModel.leader_layouts`), and the layouts inside loop bodies.
+
+>>> import jax.numpy as jnp, hulkjax as hj
+>>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
+>>> cm = cost_model(g, hj.Topology.grid((8,), ("d",)))
+>>> plan_from_assignment(cm, cm.replicated_assignment(), "mine").in_specs
+(PartitionSpec(), PartitionSpec())
 """
 
 from __future__ import annotations
 
 from jax.sharding import PartitionSpec
 
-from hulkjax.cost.model import CostModel
-from hulkjax.rules.specs import from_pspec, to_pspec
-from hulkjax.strategies.plan import Plan, TensorPlan
-from hulkjax.trace.graph import OpGraph
+from hulkjax.cost.model import INPUT, CostModel
+from hulkjax.plan.records import Plan, TensorPlan
+from hulkjax.plan.specs import from_pspec, to_pspec
+from hulkjax.strategies.loops import body_plans
+from hulkjax.strategies.loops import cost_model as cost_model
 
-
-def cost_model(graph: OpGraph, topology) -> CostModel:
-    """The cost model of (graph, topology), built once and kept on the graph."""
-    cache = graph.__dict__.setdefault("_cost_models", {})
-    cm = cache.get(topology)
-    if cm is None:
-        cm = cache[topology] = CostModel(graph, topology)
-    return cm
+__all__ = ["assignment_for_inputs", "cost_model", "plan_from_assignment"]
 
 
 def assignment_for_inputs(cm: CostModel, input_specs: list[PartitionSpec]) -> dict[int, int]:
-    """Fix each input group to the candidate matching the given input layouts."""
+    """``{input group: candidate}`` matching the given input layouts."""
     g = cm.graph
     fixed: dict[int, int] = {}
     for grp in cm.groups:
-        if grp.kind != "input":
+        if grp.kind != INPUT:
             continue
         i = grp.inputs[0]
         spec = from_pspec(input_specs[i], len(g.values[g.inputs[i]].shape))
@@ -40,9 +40,9 @@ def assignment_for_inputs(cm: CostModel, input_specs: list[PartitionSpec]) -> di
     return fixed
 
 
-def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str,
-                         notes=()) -> Plan:
-    """The plan (layouts, constraints, cost) of an assignment."""
+def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, notes=(), *,
+                         source: str = "", solver=None) -> Plan:
+    """The plan (layouts, constraints, loop-body layouts, cost) of an assignment."""
     g = cm.graph
     specs = cm.value_specs(assignment)
     in_specs = [to_pspec(specs[v]) if v in specs else PartitionSpec() for v in g.inputs]
@@ -60,11 +60,11 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str,
         outputs.append(TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype,
                                   role="output", spec=spec))
     operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in specs.items()} for specs in cm.leader_layouts(assignment))
+        {key: to_pspec(s) for key, s in table.items()} for table in cm.leader_layouts(assignment))
     plan = Plan(strategy=strategy, axis_names=tuple(cm.mesh.axis_names),
                 mesh_shape=tuple(cm.mesh.shape), inputs=inputs, outputs=tuple(outputs),
                 operand_specs=operand_specs, result_specs=result_specs,
-                notes=list(dict.fromkeys(notes)))
-    plan.cost = cm.evaluate(assignment)
-    plan.assignment = list(assignment)
+                notes=list(dict.fromkeys(notes)), bodies=body_plans(cm, assignment),
+                source=source, solver=solver, cost=cm.evaluate(assignment),
+                assignment=list(assignment))
     return plan

@@ -32,13 +32,14 @@ A topology has three layers:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import inspect
 import json
-import keyword
 import logging
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -46,16 +47,20 @@ import jax
 import numpy as np
 
 from hulkjax.errors import InvalidTopologyError, NotEnoughDevicesError
+from hulkjax.formatting import format_count, format_rate, format_time
+from hulkjax.topology import schema
 from hulkjax.topology.specs import (
     DEVICE_SPECS,
     Device,
     DeviceSpec,
     LinkSpec,
+    PairLink,
+    check_axes,
     check_name,
     worst_link,
 )
 
-__all__ = ["GROUP_LEVELS", "PairLink", "Topology"]
+__all__ = ["GROUP_LEVELS", "Topology", "presets"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,87 +68,11 @@ GROUP_LEVELS = ("region", "node", "kind")
 """The levels :meth:`Topology.groups` accepts."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PairLink:
-    """A per-pair link override: the link between two named regions or two named nodes.
-
-    ``between`` names two regions or two nodes (not one of each). Naming the same region twice sets
-    the link between nodes inside that region; naming the same node twice sets the link between
-    devices inside that node (e.g. a V100 node's NVLink2 in a cluster whose default is NVLink3).
-    The pair is unordered and stored sorted.
-
-    >>> PairLink(between=("virginia", "oregon"), link=LinkSpec(bandwidth=98.75e6, latency=0.067)).between
-    ('oregon', 'virginia')
-
-    Attributes:
-      between: the two region names or the two node names.  # tuple[str, str], sorted
-      link: the link between them.
-    """
-
-    between: tuple[str, str]
-    link: LinkSpec
-
-    def __post_init__(self) -> None:
-        pair = tuple(self.between) if isinstance(self.between, list | tuple) else None
-        if pair is None or len(pair) != 2:
-            raise InvalidTopologyError(
-                f"PairLink.between must be two region or node names, got between={self.between!r}."
-            )
-        for name in pair:
-            check_name(name, "PairLink.between")
-        if not isinstance(self.link, LinkSpec):
-            raise InvalidTopologyError(
-                f"PairLink.link must be a LinkSpec, got link={self.link!r}. "
-                "Use LinkSpec(bandwidth=..., latency=...)."
-            )
-        object.__setattr__(self, "between", tuple(sorted(pair)))
-
-
-def _fmt_rate(bytes_per_s: float) -> str:
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bytes_per_s >= scale:
-            return f"{bytes_per_s / scale:.3g} {unit}"
-    return f"{bytes_per_s:.3g} B/s"
-
-
-def _fmt_time(seconds: float) -> str:
-    if seconds == 0:
-        return "0 s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def _fmt_count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def check_axes(axis_names: Any, shape: Any, where_names: str, where_shape: str) -> None:
-    """Checks mesh axis names (unique Python identifiers) and shape (positive ints), same length."""
-    if not isinstance(axis_names, tuple) or not axis_names:
-        raise InvalidTopologyError(
-            f"{where_names} must be a non-empty sequence of axis names, got {axis_names!r}."
-        )
-    for name in axis_names:
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-            raise InvalidTopologyError(
-                f"{where_names} has {name!r}, which is not a valid Python identifier; mesh axis "
-                "names are used as identifiers (PartitionSpec entries, shard_map axis names). "
-                "Use names like 'data', 'model', 'node', 'gpu'."
-            )
-    if len(set(axis_names)) != len(axis_names):
-        raise InvalidTopologyError(f"{where_names} has repeated names: {list(axis_names)!r}.")
-    if not isinstance(shape, tuple) or len(shape) != len(axis_names):
-        raise InvalidTopologyError(
-            f"{where_shape}={list(shape) if isinstance(shape, tuple) else shape!r} must have one size "
-            f"per axis name, {len(axis_names)} for {list(axis_names)!r}."
-        )
-    for size in shape:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise InvalidTopologyError(
-                f"{where_shape}={list(shape)!r} has {size!r}; axis sizes must be ints >= 1."
-            )
+Preset = Callable[..., "Topology"]
+presets: dict[str, Preset] = {}
+"""Named cluster builders, filled by :mod:`hulkjax.topology.presets` (and by
+``hulkjax.topology.register_preset`` for your own): :meth:`Topology.preset` reads this table and
+imports no builder."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,9 +143,10 @@ class Topology:
         check_axes(self.axis_names, self.shape, "Topology.axis_names", "Topology.shape")
         if math.prod(self.shape) != len(self.devices):
             raise InvalidTopologyError(
-                f"Topology.shape={self.shape} holds {math.prod(self.shape)} devices but the topology "
-                f"'{self.name}' has {len(self.devices)}. Pick a mesh shape whose sizes multiply to "
-                f"{len(self.devices)}."
+                f"Topology.shape={list(self.shape)} multiplies to {math.prod(self.shape)}, but the "
+                f"topology '{self.name}' has {len(self.devices)} devices. Pick a mesh shape whose "
+                f"sizes multiply to {len(self.devices)}.",
+                where="Topology.shape",
             )
         self._check_links()
         object.__setattr__(
@@ -264,36 +194,44 @@ class Topology:
                     f"Topology.devices[{i}].id={dev.id}; ids must be 0..n-1 in order (the id is "
                     "the device's position). Renumber the devices."
                 )
+            if dev.node in region_of_node and region_of_node[dev.node] != dev.region:
+                raise InvalidTopologyError(
+                    f"Topology.devices[{i}].node={dev.node!r} is also a node of region "
+                    f"{region_of_node[dev.node]!r} (this device is in region {dev.region!r}); a node "
+                    "lies in one region, so node names must be unique across regions.",
+                    where=f"Topology.devices[{i}].node",
+                )
             if prev is not None and dev.region != prev.region:
                 done_regions.add(prev.region)
             if prev is not None and dev.node != prev.node:
                 done_nodes.add(prev.node)
             if dev.region in done_regions:
                 raise InvalidTopologyError(
-                    f"Topology.devices[{i}] is in region={dev.region!r}, whose devices ended earlier; "
-                    "devices must be ordered region by region, node by node."
+                    f"Topology.devices[{i}].region={dev.region!r}: that region's devices ended "
+                    "earlier; devices must be ordered region by region, node by node (list each "
+                    "region once).",
+                    where=f"Topology.devices[{i}].region",
                 )
             if dev.node in done_nodes:
                 raise InvalidTopologyError(
-                    f"Topology.devices[{i}] is on node={dev.node!r}, whose devices ended earlier; "
-                    "devices must be ordered region by region, node by node."
-                )
-            if dev.node in region_of_node and region_of_node[dev.node] != dev.region:
-                raise InvalidTopologyError(
-                    f"Topology.devices[{i}]: node={dev.node!r} is in region "
-                    f"{region_of_node[dev.node]!r} and {dev.region!r}; a node lies in one region. "
-                    "Node names must be unique across regions."
+                    f"Topology.devices[{i}].node={dev.node!r}: that node's devices ended earlier; "
+                    "devices must be ordered region by region, node by node (node names are "
+                    "unique).",
+                    where=f"Topology.devices[{i}].node",
                 )
             if dev.node in node_spec and node_spec[dev.node] != dev.spec:
                 raise InvalidTopologyError(
-                    f"Topology.devices[{i}]: node={dev.node!r} mixes device specs "
+                    f"Topology.devices[{i}].spec: node={dev.node!r} mixes device specs "
                     f"{node_spec[dev.node]!r} and {dev.spec!r}; a node holds one kind of device. "
-                    "Split it into two nodes."
+                    "Split it into two nodes.",
+                    where=f"Topology.devices[{i}].spec",
                 )
             if dev.spec.kind in kind_spec and kind_spec[dev.spec.kind] != dev.spec:
                 raise InvalidTopologyError(
-                    f"Topology.devices[{i}]: kind={dev.spec.kind!r} has two different specs, "
-                    f"{kind_spec[dev.spec.kind]!r} and {dev.spec!r}. Give each spec its own kind name."
+                    f"Topology.devices[{i}].spec: kind={dev.spec.kind!r} has two different specs, "
+                    f"{kind_spec[dev.spec.kind]!r} and {dev.spec!r}. Give each spec its own kind "
+                    "name.",
+                    where=f"Topology.devices[{i}].spec",
                 )
             kind_spec[dev.spec.kind] = dev.spec
             node_spec[dev.node] = dev.spec
@@ -303,8 +241,9 @@ class Topology:
         clash = sorted(set(region_of_node) & set(region_of_node.values()))
         if clash:
             raise InvalidTopologyError(
-                f"Topology.devices: {clash!r} names both a region and a node; per-pair links name "
-                "either, so the names must differ. Rename the node (e.g. 'node0')."
+                f"Topology.devices: {clash[0]!r} names both a region and a node; per-pair links "
+                "name either, so the names must differ. Rename the node (e.g. 'node0').",
+                where="Topology.devices",
             )
         node_of.setflags(write=False)
         object.__setattr__(self, "_node_of", node_of)
@@ -329,44 +268,54 @@ class Topology:
         regions = set(self._region_of_node.values())
         nodes = set(self._region_of_node)
         overrides: dict[tuple[str, str], LinkSpec] = {}
+        first: dict[tuple[str, str], int] = {}
         for i, pair in enumerate(self.links):
             if not isinstance(pair, PairLink):
-                raise InvalidTopologyError(f"Topology.links[{i}] must be a PairLink, got {pair!r}.")
+                raise InvalidTopologyError(f"Topology.links[{i}] must be a PairLink, got {pair!r}.",
+                                           where=f"Topology.links[{i}]")
             a, b = pair.between
             if not ({a, b} <= regions or {a, b} <= nodes):
                 raise InvalidTopologyError(
                     f"Topology.links[{i}].between={list(pair.between)!r} must name two regions or two "
                     f"nodes of this topology; regions are {sorted(regions)!r}, nodes are "
-                    f"{sorted(nodes)[:8]!r}{' ...' if len(nodes) > 8 else ''}."
+                    f"{sorted(nodes)[:8]!r}{' ...' if len(nodes) > 8 else ''}.",
+                    where=f"Topology.links[{i}].between",
                 )
             if pair.between in overrides:
                 raise InvalidTopologyError(
-                    f"Topology.links[{i}].between={list(pair.between)!r} is given twice; keep one."
+                    f"Topology.links[{i}].between={list(pair.between)!r} repeats "
+                    f"Topology.links[{first[pair.between]}]; keep one link per pair.",
+                    where=f"Topology.links[{i}].between",
                 )
             overrides[pair.between] = pair.link
+            first[pair.between] = i
         ordered = tuple(sorted(self.links, key=lambda p: p.between))
         object.__setattr__(self, "links", ordered)
         object.__setattr__(self, "_overrides", overrides)
 
         if self.axis_links is not None:
             if not isinstance(self.axis_links, tuple) or len(self.axis_links) != len(self.shape):
+                n = len(self.axis_links) if isinstance(self.axis_links, tuple) else self.axis_links
                 raise InvalidTopologyError(
-                    f"Topology.axis_links must hold one LinkSpec per mesh axis "
-                    f"({len(self.shape)} for {self.axis_names}), got {self.axis_links!r}."
+                    f"Topology.axis_links has {n} entries but the mesh has {len(self.shape)} axes "
+                    f"{list(self.axis_names)}; give one LinkSpec per axis.",
+                    where="Topology.axis_links",
                 )
             for i, link in enumerate(self.axis_links):
                 if not isinstance(link, LinkSpec):
                     raise InvalidTopologyError(
-                        f"Topology.axis_links[{i}] must be a LinkSpec, got {link!r}."
+                        f"Topology.axis_links[{i}] must be a LinkSpec, got {link!r}.",
+                        where=f"Topology.axis_links[{i}]",
                     )
             given = [
                 a for a in ("node_link", "region_link", "wan_link") if getattr(self, a) is not None
             ]
             if given or self.links:
                 raise InvalidTopologyError(
-                    f"Topology '{self.name}' gives axis_links and also hierarchy links "
-                    f"({', '.join(given + (['links'] if self.links else []))}); with per-axis links "
-                    "the hierarchy links are unused. Give one or the other."
+                    f"Topology.axis_links is given, so the hierarchy links (levels, links) must be "
+                    f"empty: with per-axis links they are unused; got "
+                    f"{', '.join(given + (['links'] if self.links else []))}. Give one or the other.",
+                    where="Topology.axis_links",
                 )
             return
         self._check_levels_present(regions)
@@ -793,20 +742,28 @@ class Topology:
         >>> Topology.preset("dgx-h100", nodes=2).num_devices
         16
         """
-        from hulkjax.topology import presets
-
-        return presets.build(name, **kwargs)
+        builder = presets.get(name)
+        if builder is None:
+            close = difflib.get_close_matches(str(name), list(presets), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise InvalidTopologyError(
+                f"unknown topology preset {name!r}; valid presets are {sorted(presets)!r}.{hint} "
+                "For anything else use Topology.grid(...) or write a JSON file (Topology.load).")
+        params = inspect.signature(builder).parameters
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            raise InvalidTopologyError(
+                f"preset {name!r} got unknown argument {unknown[0]!r}; it takes {list(params)!r}.")
+        return builder(**kwargs)
 
     @staticmethod
     def presets() -> list[str]:
         """Names accepted by :meth:`preset`, sorted.
 
-        >>> Topology.presets()
-        ['dgx-h100', 'geo', 'hetero', 'tpu-v5e']
+        >>> Topology.presets()[:2]
+        ['dgx-h100', 'geo']
         """
-        from hulkjax.topology import presets
-
-        return presets.names()
+        return sorted(presets)
 
     # ------------------------------------------------------------------ JSON
 
@@ -816,8 +773,6 @@ class Topology:
         >>> Topology.grid(2, "data").to_dict()["mesh"]["shape"]
         [2]
         """
-        from hulkjax.topology import schema
-
         return schema.to_dict(self)
 
     @classmethod
@@ -836,9 +791,11 @@ class Topology:
         >>> Topology.from_dict(topo.to_dict()) == topo
         True
         """
-        from hulkjax.topology import schema
-
-        return cls(**schema.from_dict(data, source=source))
+        kwargs, locate = schema.from_dict(data, source=source)
+        try:
+            return cls(**kwargs)
+        except InvalidTopologyError as e:
+            raise locate(e) from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the JSON form to ``path`` (UTF-8, indented).
@@ -896,13 +853,13 @@ class Topology:
             kinds[dev.spec.kind] = kinds.get(dev.spec.kind, 0) + 1
         mix = " + ".join(f"{n} x {k}" for k, n in kinds.items())
         lines = [
-            f"topology '{self.name}': {_fmt_count(self.num_devices, 'device')} ({mix}) in "
-            f"{_fmt_count(len(self.regions), 'region')}, {_fmt_count(len(self.nodes), 'node')}"
+            f"topology '{self.name}': {format_count(self.num_devices, 'device')} ({mix}) in "
+            f"{format_count(len(self.regions), 'region')}, {format_count(len(self.nodes), 'node')}"
         ]
         for spec in self.device_specs():
             lines.append(
                 f"  {spec.kind}: {spec.peak_flops / 1e12:.4g} TFLOP/s, {spec.memory / 1e9:.4g} GB, "
-                f"HBM {_fmt_rate(spec.hbm_bandwidth)}"
+                f"HBM {format_rate(spec.hbm_bandwidth)}"
             )
         shape = " x ".join(f"{a}={s}" for a, s in zip(self.axis_names, self.shape))
         lines.append(f"  mesh: {shape}")
@@ -913,8 +870,8 @@ class Topology:
         ):
             where = "per-axis link" if self.axis_links is not None else scope_words[scope]
             lines.append(
-                f"    {axis:<{width}}  size {size:<4} {_fmt_rate(link.bandwidth)}, "
-                f"latency {_fmt_time(link.latency)} ({where})"
+                f"    {axis:<{width}}  size {size:<4} {format_rate(link.bandwidth)}, "
+                f"latency {format_time(link.latency)} ({where})"
             )
         if len(self.regions) > 1:
             lines.append(
@@ -927,7 +884,7 @@ class Topology:
             a, b = pair.between
             lines.append(
                 f"    {f'inside {a}' if a == b else f'{a} <-> {b}'}: "
-                f"{_fmt_rate(pair.link.bandwidth)}, latency {_fmt_time(pair.link.latency)}"
+                f"{format_rate(pair.link.bandwidth)}, latency {format_time(pair.link.latency)}"
             )
         return "\n".join(lines)
 
@@ -952,6 +909,26 @@ def _rebuild_topology(kwargs: dict[str, Any]) -> Topology:
 
 def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
+
+
+def resolve(topology: Any, *, nodes: int | None = None) -> Topology:
+    """A :class:`Topology` from what users pass: a topology, a preset name, or a JSON path.
+
+    The one place the API, the command line and ``launch`` turn a name into a topology.
+
+    >>> resolve("dgx-h100", nodes=2).num_devices
+    16
+    """
+    if isinstance(topology, Topology):
+        return topology
+    if isinstance(topology, str | os.PathLike):
+        text = os.fspath(topology)
+        if text.endswith(".json"):
+            return Topology.load(text)
+        return Topology.preset(text, **({} if nodes is None else {"nodes": nodes}))
+    raise InvalidTopologyError(
+        f"topology must be a hulkjax.Topology, a preset name or a .json path; got "
+        f"{type(topology).__name__} {topology!r}. Try hj.Topology.preset('dgx-h100').")
 
 
 def resolve_device(device: Any, where: str) -> DeviceSpec:

@@ -1,8 +1,8 @@
 """Named clusters built from public hardware and network numbers: ``Topology.preset(name, **kw)``.
 
-Where this sits: ``Topology.preset`` / ``Topology.presets`` call :func:`build` / :func:`names`; each
-preset is a function registered with :func:`register_preset` that returns a
-:class:`~hulkjax.topology.Topology`. Numbers come from vendor specifications and published
+Where this sits: each preset is a function registered with :func:`register_preset` into the table
+:meth:`Topology.preset` reads (``hulkjax.topology.model.presets``; the model imports no preset), and
+returns a :class:`~hulkjax.topology.Topology`. Numbers come from vendor specifications and published
 measurements collected in ``/work/shared/reference/topologies.md``; each preset says which it uses.
 Latencies that no source gives are marked as estimates.
 
@@ -14,22 +14,26 @@ Presets do not create size-1 mesh axes (``dgx-h100`` with one node has the singl
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hulkjax.errors import InvalidTopologyError
-from hulkjax.topology.model import PairLink, Topology, resolve_device
-from hulkjax.topology.specs import DEVICE_SPECS, INTRA_NODE_LINKS, Device, DeviceSpec, LinkSpec
+from hulkjax.topology.model import Topology, resolve_device
+from hulkjax.topology.model import presets as preset_builders
+from hulkjax.topology.specs import (
+    DEVICE_SPECS,
+    INTRA_NODE_LINKS,
+    Device,
+    DeviceSpec,
+    LinkSpec,
+    PairLink,
+)
 
-__all__ = ["GEO_WAN_MEASUREMENTS", "build", "names", "preset_builders", "register_preset"]
+__all__ = ["GEO_WAN_MEASUREMENTS", "names", "preset_builders", "register_preset"]
 
 logger = logging.getLogger(__name__)
-
-preset_builders: dict[str, Callable[..., Topology]] = {}
-"""The preset table: name -> function(**kwargs) -> Topology."""
 
 
 def register_preset(name: str) -> Callable[[Callable[..., Topology]], Callable[..., Topology]]:
@@ -53,23 +57,6 @@ def register_preset(name: str) -> Callable[[Callable[..., Topology]], Callable[.
 def names() -> list[str]:
     """Registered preset names, sorted."""
     return sorted(preset_builders)
-
-
-def build(name: str, **kwargs: Any) -> Topology:
-    """Builds preset ``name`` with ``kwargs``; bad names and arguments raise InvalidTopologyError."""
-    if name not in preset_builders:
-        raise InvalidTopologyError(
-            f"unknown topology preset {name!r}; valid presets are {names()!r}. "
-            "For anything else use Topology.grid(...) or write a JSON file (Topology.load)."
-        )
-    fn = preset_builders[name]
-    params = inspect.signature(fn).parameters
-    unknown = [k for k in kwargs if k not in params]
-    if unknown:
-        raise InvalidTopologyError(
-            f"preset {name!r} got unknown argument {unknown[0]!r}; it takes {list(params)!r}."
-        )
-    return fn(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------- helpers

@@ -1,8 +1,11 @@
-"""The JSON form of a :class:`~hulkjax.topology.Topology`, and its validation.
+"""The JSON form of a :class:`~hulkjax.topology.Topology`.
 
 Where this sits: ``Topology.save/load/to_dict/from_dict/fingerprint`` call :func:`to_dict` and
-:func:`from_dict` here. Validation reports the JSON path of the bad field (``levels.node.bandwidth``,
-``devices.hierarchy[0].nodes[1].kind``) and its value, prefixed with the file name when loading a file.
+:func:`from_dict` here. This module checks only the JSON's structure (objects, fields, types, names
+that refer to each other); every value is checked once, by the constructors (``DeviceSpec``,
+``LinkSpec``, ``PairLink``, ``Topology``), and their errors are re-raised here naming the JSON path
+of the bad field (``levels.node.bandwidth``, ``devices.hierarchy[0].nodes[1].kind``) and its value,
+prefixed with the file name when loading a file.
 
 Schema (version 1). Units: FLOP/s, bytes, bytes/s (per direction per device), seconds::
 
@@ -41,21 +44,12 @@ Unknown fields anywhere are errors (a typo such as ``"bandwith"`` must not pass 
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Callable
+from typing import Any
 
 from hulkjax.errors import InvalidTopologyError
-from hulkjax.topology.specs import (
-    DEVICE_SPECS,
-    Device,
-    DeviceSpec,
-    LinkSpec,
-    check_nonnegative,
-    check_positive,
-)
-
-if TYPE_CHECKING:
-    from hulkjax.topology.model import Topology
+from hulkjax.topology.specs import DEVICE_SPECS, Device, DeviceSpec, LinkSpec, PairLink
 
 __all__ = ["SCHEMA_VERSION", "from_dict", "to_dict"]
 
@@ -74,11 +68,13 @@ class _Checker:
     def fail(self, message: str) -> None:
         raise InvalidTopologyError(self.prefix + message)
 
-    def wrap(self, fn: Any, *args: Any) -> Any:
+    def build(self, cls: Any, path: str, **kwargs: Any) -> Any:
+        """``cls(**kwargs)``, its error naming the JSON path instead of ``<cls>.<field>``."""
         try:
-            return fn(*args)
+            return cls(**kwargs)
         except InvalidTopologyError as e:
-            raise InvalidTopologyError(self.prefix + str(e)) from None
+            message = str(e).replace(f"{cls.__name__}.", f"{path}.")
+            raise InvalidTopologyError(self.prefix + message, where=path) from None
 
     def obj(
         self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
@@ -121,29 +117,18 @@ class _Checker:
 
     def link(self, value: Any, path: str, extra: tuple[str, ...] = ()) -> LinkSpec:
         obj = self.obj(value, path, ("bandwidth", "latency"), extra)
-        bw = self.wrap(
-            check_positive,
-            obj["bandwidth"],
-            f"{path}.bandwidth",
-            "bytes/s per direction per device",
-            "Write bytes per second, e.g. 5e10 for 400 Gb/s.",
-        )
-        lat = self.wrap(
-            check_nonnegative,
-            obj["latency"],
-            f"{path}.latency",
-            "seconds",
-            "Write seconds, e.g. 5e-6.",
-        )
-        return LinkSpec(bandwidth=bw, latency=lat)
+        return self.build(LinkSpec, path, bandwidth=obj["bandwidth"], latency=obj["latency"])
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
-    """Validates a topology's JSON form and returns the ``Topology(...)`` keyword arguments.
+def from_dict(data: Any, source: str | None = None) -> tuple[dict[str, Any], Callable]:
+    """Checks a topology's JSON structure and returns ``(kwargs, locate)``: the ``Topology(...)``
+    keyword arguments, and ``locate(error)``, which re-words an error of the ``Topology``
+    constructor with the JSON path of the field it names (``Topology.shape`` -> ``mesh.shape``,
+    ``Topology.devices[5].node`` -> ``devices.hierarchy[1].nodes[0].name``).
 
     Args:
       data: the parsed JSON object.
@@ -152,7 +137,7 @@ def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
     Raises:
       InvalidTopologyError: naming the JSON path of the first bad field and its value.
 
-    >>> kw = from_dict({"name": "one", "devices": {"hierarchy": [{"region": "r", "nodes": [
+    >>> kw, _ = from_dict({"name": "one", "devices": {"hierarchy": [{"region": "r", "nodes": [
     ...     {"name": "n", "kind": "H100", "count": 1}]}]}, "mesh": {"axis_names": ["gpu"], "shape": [1]}})
     >>> kw["shape"], kw["devices"][0].spec.kind
     ((1,), 'H100')
@@ -175,42 +160,28 @@ def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
         path = f"devices.kinds.{kind}"
         c.string(kind, "devices.kinds key")
         c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"))
-        values = {
-            key: c.wrap(
-                check_positive,
-                spec[key],
-                f"{path}.{key}",
-                unit,
-                f"Give the vendor number for {kind!r}.",
-            )
-            for key, unit in (
-                ("peak_flops", "FLOP/s"),
-                ("memory", "bytes"),
-                ("hbm_bandwidth", "bytes/s"),
-            )
-        }
-        kinds[kind] = DeviceSpec(kind=kind, **values)
+        kinds[kind] = c.build(DeviceSpec, path, kind=kind, **spec)
 
     devices: list[Device] = []
+    device_paths: list[tuple[int, int]] = []  # device id -> (region index, node index)
     regions: list[str] = []
-    nodes: dict[str, str] = {}  # node -> region
-    node_sizes: dict[str, int] = {}
     hierarchy = c.array(devs["hierarchy"], "devices.hierarchy")
     for r, region_obj in enumerate(hierarchy):
         rpath = f"devices.hierarchy[{r}]"
         c.obj(region_obj, rpath, ("region", "nodes"))
         region = c.string(region_obj["region"], f"{rpath}.region")
-        if region in regions:
+        if region in regions:  # the list form's own rule: the device order cannot show it
             c.fail(f"{rpath}.region={region!r} is listed twice; merge its nodes into one entry.")
         regions.append(region)
+        in_region: set[str] = set()
         for n, node_obj in enumerate(c.array(region_obj["nodes"], f"{rpath}.nodes")):
             npath = f"{rpath}.nodes[{n}]"
             c.obj(node_obj, npath, ("name", "kind", "count"))
             node = c.string(node_obj["name"], f"{npath}.name")
-            if node in nodes:
-                c.fail(
-                    f"{npath}.name={node!r} is already a node in region {nodes[node]!r}; node names must be unique."
-                )
+            if node in in_region:  # the list form's own rule (a, a would read as one node)
+                c.fail(f"{npath}.name={node!r} is listed twice in region {region!r}; node names "
+                       "must be unique.")
+            in_region.add(node)
             kind = c.string(node_obj["kind"], f"{npath}.kind")
             if kind not in kinds:
                 c.fail(
@@ -218,19 +189,11 @@ def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
                     f"or use one of {sorted(kinds)!r}."
                 )
             count = c.positive_int(node_obj["count"], f"{npath}.count")
-            nodes[node] = region
-            node_sizes[node] = count
             first = len(devices)
-            devices.extend(
-                Device(id=first + i, spec=kinds[kind], region=region, node=node)
-                for i in range(count)
-            )
-    clash = sorted(set(nodes) & set(regions))
-    if clash:
-        c.fail(
-            f"devices.hierarchy: {clash[0]!r} names both a region and a node; links name either, "
-            "so the names must differ. Rename the node (e.g. 'node0')."
-        )
+            for i in range(count):
+                devices.append(c.build(Device, npath, id=first + i, spec=kinds[kind],
+                                       region=region, node=node))
+                device_paths.append((r, n))
 
     # levels, links
     levels_obj = top.get("levels", {})
@@ -240,79 +203,24 @@ def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
         for level in _LEVELS
         if level in levels_obj
     }
-
-    from hulkjax.topology.model import PairLink, check_axes
-
     pairs: list[PairLink] = []
-    seen: dict[tuple[str, str], int] = {}
     for i, entry in enumerate(c.array(top.get("links", []), "links", nonempty=False)):
         path = f"links[{i}]"
         c.obj(entry, path, ("between", "bandwidth", "latency"))
-        between = entry["between"]
-        if (
-            not isinstance(between, list)
-            or len(between) != 2
-            or not all(isinstance(x, str) for x in between)
-        ):
-            c.fail(f"{path}.between must be two region or node names, got between={between!r}.")
-        a, b = between
-        if not ({a, b} <= set(regions) or {a, b} <= set(nodes)):
-            c.fail(
-                f"{path}.between={between!r} must name two regions or two nodes of this topology; "
-                f"regions are {regions!r}, nodes are {list(nodes)[:8]!r}{' ...' if len(nodes) > 8 else ''}."
-            )
-        key = (min(a, b), max(a, b))
-        if key in seen:
-            c.fail(
-                f"{path}.between={between!r} repeats links[{seen[key]}]; keep one link per pair."
-            )
-        seen[key] = i
         link = c.link({"bandwidth": entry["bandwidth"], "latency": entry["latency"]}, path)
-        pairs.append(PairLink(between=(a, b), link=link))
+        between = entry["between"]
+        if not isinstance(between, list):
+            c.fail(f"{path}.between must be a JSON array of two names, got between={between!r}.")
+        pairs.append(c.build(PairLink, path, between=tuple(between), link=link))
 
     # mesh
     mesh = c.obj(top["mesh"], "mesh", ("axis_names", "shape"), ("axis_links",))
     axis_names = tuple(c.array(mesh["axis_names"], "mesh.axis_names"))
     shape = tuple(c.array(mesh["shape"], "mesh.shape"))
-    c.wrap(check_axes, axis_names, shape, "mesh.axis_names", "mesh.shape")
-    if math.prod(shape) != len(devices):
-        c.fail(
-            f"mesh.shape={list(shape)!r} multiplies to {math.prod(shape)} but devices.hierarchy "
-            f"has {len(devices)} devices. Pick sizes whose product is {len(devices)}."
-        )
     axis_links = None
     if "axis_links" in mesh:
         raw = c.array(mesh["axis_links"], "mesh.axis_links")
-        if len(raw) != len(axis_names):
-            c.fail(
-                f"mesh.axis_links has {len(raw)} entries but mesh.axis_names has {len(axis_names)}; "
-                "give one link per axis."
-            )
         axis_links = tuple(c.link(x, f"mesh.axis_links[{i}]") for i, x in enumerate(raw))
-        if levels or pairs:
-            c.fail(
-                "mesh.axis_links is given, so levels and links must be empty (per-axis links "
-                f"replace the hierarchy's); got levels={sorted(levels)!r}, {len(pairs)} links."
-            )
-    else:
-        multi = next((n for n, k in node_sizes.items() if k > 1), None)
-        if multi is not None and "node" not in levels:
-            c.fail(
-                f"levels.node is missing but node {multi!r} holds {node_sizes[multi]} devices; give "
-                'the link inside a node, e.g. "node": {"bandwidth": 4.5e11, "latency": 1e-6}.'
-            )
-        per_region = [list(nodes.values()).count(r) for r in regions]
-        if max(per_region) > 1 and "region" not in levels:
-            r = regions[per_region.index(max(per_region))]
-            c.fail(
-                f"levels.region is missing but region {r!r} holds {max(per_region)} nodes; give the "
-                'link between its nodes, e.g. "region": {"bandwidth": 5e10, "latency": 5e-6}.'
-            )
-        if len(regions) > 1 and "wan" not in levels:
-            c.fail(
-                f"levels.wan is missing but there are {len(regions)} regions {regions!r}; give the "
-                'default link between regions, e.g. "wan": {"bandwidth": 1.25e8, "latency": 0.05}.'
-            )
 
     kwargs: dict[str, Any] = dict(
         name=name,
@@ -324,14 +232,44 @@ def from_dict(data: Any, source: str | None = None) -> dict[str, Any]:
     )
     for level, link in levels.items():
         kwargs[_LEVEL_FIELDS[level]] = link
-    return kwargs
+
+    def locate(error: InvalidTopologyError) -> InvalidTopologyError:
+        return InvalidTopologyError(c.prefix + _json_words(str(error), device_paths),
+                                    where=error.where)
+
+    return kwargs, locate
+
+
+_DEVICE_FIELD = {"node": "nodes[{n}].name", "region": "region", "spec": "nodes[{n}].kind"}
+_TOPOLOGY_WORDS = [
+    (re.compile(r"Topology\.(node|region|wan)_link \(levels\.\w+\)"), r"levels.\1"),
+    (re.compile(r"Topology\.(shape|axis_names|axis_links)"), r"mesh.\1"),
+    (re.compile(r"Topology\.links\["), "links["),
+    (re.compile(r"Topology\.name"), "name"),
+]
+
+
+def _json_words(message: str, device_paths: list[tuple[int, int]]) -> str:
+    """A ``Topology`` constructor message with its field names as JSON paths."""
+
+    def device(m: re.Match) -> str:
+        r, n = device_paths[int(m.group(1))]
+        field = m.group(2)
+        where = _DEVICE_FIELD[field].format(n=n) if field else f"nodes[{n}]"
+        return f"devices.hierarchy[{r}].{where}"
+
+    message = re.sub(r"Topology\.devices\[(\d+)\](?:\.(node|region|spec))?", device, message)
+    message = message.replace("Topology.devices", "devices.hierarchy")
+    for pattern, words in _TOPOLOGY_WORDS:
+        message = pattern.sub(words, message)
+    return message
 
 
 def _link_dict(link: LinkSpec) -> dict[str, float]:
     return {"bandwidth": link.bandwidth, "latency": link.latency}
 
 
-def to_dict(topo: Topology) -> dict[str, Any]:
+def to_dict(topo: Any) -> dict[str, Any]:
     """The JSON form of ``topo`` (plain dicts, lists, strings and numbers).
 
     Every device kind used is written out in ``devices.kinds``, so a file does not depend on the

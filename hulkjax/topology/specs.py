@@ -2,26 +2,30 @@
 
 Where this sits::
 
-    specs.py   DeviceSpec, LinkSpec, Device, DEVICE_SPECS   <- you are here
+    specs.py   DeviceSpec, LinkSpec, Device, PairLink, DEVICE_SPECS   <- you are here
        |
-    model.py   Topology (devices + hierarchy + links + logical mesh)
-       |            \\
-    schema.py  JSON   presets.py  dgx-h100, tpu-v5e, geo, hetero
+    schema.py  the JSON form: structure only, semantic errors wrapped with the JSON path
+       |
+    model.py   Topology (devices + hierarchy + links + logical mesh): every semantic check
+       |
+    presets.py dgx-h100, tpu-v5e, geo, hetero (registered into Topology's preset table)
 
 Every number is in SI base units: FLOP/s, bytes, bytes/s, seconds. Values are checked when an object is
-built; a bad value raises :class:`~hulkjax.errors.InvalidTopologyError` naming the field, showing the
-value, and saying how to fix it.
+built, here and in :class:`~hulkjax.topology.Topology` only; a bad value raises
+:class:`~hulkjax.errors.InvalidTopologyError` naming the field (``where``), showing the value, and
+saying how to fix it.
 """
 
 from __future__ import annotations
 
+import keyword
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from hulkjax.errors import InvalidTopologyError
 
-__all__ = ["DEVICE_SPECS", "Device", "DeviceSpec", "LinkSpec"]
+__all__ = ["DEVICE_SPECS", "Device", "DeviceSpec", "LinkSpec", "PairLink", "check_axes"]
 
 
 def _is_number(value: Any) -> bool:
@@ -40,7 +44,8 @@ def check_positive(value: Any, where: str, unit: str, hint: str = "") -> float:
     if not _is_number(value) or not math.isfinite(value) or value <= 0:
         raise InvalidTopologyError(
             f"{where} must be a finite number > 0 ({unit}), got {where.rsplit('.', 1)[-1]}={value!r}."
-            f"{' ' + hint if hint else ''}"
+            f"{' ' + hint if hint else ''}",
+            where=where,
         )
     return float(value)
 
@@ -50,7 +55,8 @@ def check_nonnegative(value: Any, where: str, unit: str, hint: str = "") -> floa
     if not _is_number(value) or not math.isfinite(value) or value < 0:
         raise InvalidTopologyError(
             f"{where} must be a finite number >= 0 ({unit}), got {where.rsplit('.', 1)[-1]}={value!r}."
-            f"{' ' + hint if hint else ''}"
+            f"{' ' + hint if hint else ''}",
+            where=where,
         )
     return float(value)
 
@@ -59,9 +65,42 @@ def check_name(value: Any, where: str) -> str:
     """Returns ``value`` if it is a non-empty string, else raises InvalidTopologyError."""
     if not isinstance(value, str) or not value:
         raise InvalidTopologyError(
-            f"{where} must be a non-empty string, got {where.rsplit('.', 1)[-1]}={value!r}."
+            f"{where} must be a non-empty string, got {where.rsplit('.', 1)[-1]}={value!r}.",
+            where=where,
         )
     return value
+
+
+def check_axes(axis_names: Any, shape: Any, where_names: str, where_shape: str) -> None:
+    """Checks mesh axis names (unique Python identifiers) and shape (positive ints), same length."""
+    if not isinstance(axis_names, tuple) or not axis_names:
+        raise InvalidTopologyError(
+            f"{where_names} must be a non-empty sequence of axis names, got {axis_names!r}.",
+            where=where_names,
+        )
+    for name in axis_names:
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise InvalidTopologyError(
+                f"{where_names} has {name!r}, which is not a valid Python identifier; mesh axis "
+                "names are used as identifiers (PartitionSpec entries, shard_map axis names). "
+                "Use names like 'data', 'model', 'node', 'gpu'.",
+                where=where_names,
+            )
+    if len(set(axis_names)) != len(axis_names):
+        raise InvalidTopologyError(f"{where_names} has repeated names: {list(axis_names)!r}.",
+                                   where=where_names)
+    if not isinstance(shape, tuple) or len(shape) != len(axis_names):
+        raise InvalidTopologyError(
+            f"{where_shape}={list(shape) if isinstance(shape, tuple) else shape!r} must have one size "
+            f"per axis name, {len(axis_names)} for {list(axis_names)!r}.",
+            where=where_shape,
+        )
+    for size in shape:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise InvalidTopologyError(
+                f"{where_shape}={list(shape)!r} has {size!r}; axis sizes must be ints >= 1.",
+                where=where_shape,
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +191,44 @@ def worst_link(links: Any) -> LinkSpec:
         bandwidth=min(link.bandwidth for link in links),
         latency=max(link.latency for link in links),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairLink:
+    """A per-pair link override: the link between two named regions or two named nodes.
+
+    ``between`` names two regions or two nodes (not one of each). Naming the same region twice sets
+    the link between nodes inside that region; naming the same node twice sets the link between
+    devices inside that node (e.g. a V100 node's NVLink2 in a cluster whose default is NVLink3).
+    The pair is unordered and stored sorted.
+
+    >>> PairLink(between=("virginia", "oregon"), link=LinkSpec(bandwidth=98.75e6, latency=0.067)).between
+    ('oregon', 'virginia')
+
+    Attributes:
+      between: the two region names or the two node names.  # tuple[str, str], sorted
+      link: the link between them.
+    """
+
+    between: tuple[str, str]
+    link: LinkSpec
+
+    def __post_init__(self) -> None:
+        pair = tuple(self.between) if isinstance(self.between, list | tuple) else None
+        if pair is None or len(pair) != 2:
+            raise InvalidTopologyError(
+                f"PairLink.between must be two region or node names, got between={self.between!r}.",
+                where="PairLink.between",
+            )
+        for name in pair:
+            check_name(name, "PairLink.between")
+        if not isinstance(self.link, LinkSpec):
+            raise InvalidTopologyError(
+                f"PairLink.link must be a LinkSpec, got link={self.link!r}. "
+                "Use LinkSpec(bandwidth=..., latency=...).",
+                where="PairLink.link",
+            )
+        object.__setattr__(self, "between", tuple(sorted(pair)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

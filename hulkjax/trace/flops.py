@@ -4,6 +4,8 @@ A primitive without an entry costs 0 FLOPs (data movement only). ``scan``/``whil
 the table: the tracer costs them from their bodies.
 
 >>> from jax.extend.core import primitives as P
+
+from hulkjax.trace.primitives import ELEMENTWISE, PER_INPUT_ELEMENT
 >>> flops_of(P.dot_general_p, [(8, 16), (16, 32)], [(8, 32)],
 ...          {"dimension_numbers": (((1,), (0,)), ((), ()))})
 8192.0
@@ -16,6 +18,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from jax.extend.core import primitives as P
 
+from hulkjax.trace.primitives import ELEMENTWISE, PER_INPUT_ELEMENT
+
 Shape = tuple[int, ...]
 FlopsRule = Callable[[Sequence[Shape], Sequence[Shape], dict], float]
 
@@ -27,7 +31,11 @@ def _size(shape: Shape) -> float:
 
 
 def register_flops(*prims) -> Callable[[FlopsRule], FlopsRule]:
-    """Register one FLOPs rule ``(in_shapes, out_shapes, params) -> float`` for primitives."""
+    """Register one FLOPs rule ``(in_shapes, out_shapes, params) -> float`` for primitives.
+
+    Public: a primitive hulkjax does not know costs 0 FLOPs (memory traffic only) until its FLOPs
+    are registered here (``hulkjax.rules.register_flops`` re-exports it).
+    """
 
     def deco(rule: FlopsRule) -> FlopsRule:
         for p in prims:
@@ -53,30 +61,12 @@ def _conv_flops(ins, outs, params):
     return 2.0 * _size(outs[0]) * per_output
 
 
-# One FLOP per output element: arithmetic, comparisons, transcendentals, selects.
-_ELEMENTWISE = [
-    "abs", "acos", "acosh", "add", "add_jaxvals", "asin", "asinh", "atan", "atan2", "atanh",
-    "cbrt", "ceil", "clamp", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc",
-    "exp", "exp2", "expm1", "floor", "ge", "gt", "integer_pow", "is_finite", "le", "lgamma",
-    "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "pow", "rem",
-    "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh",
-    "and", "or", "not", "xor",
-]
-ELEMENTWISE_PRIMITIVES = tuple(getattr(P, f"{n}_p") for n in _ELEMENTWISE if hasattr(P, f"{n}_p"))
-
-
-@register_flops(*ELEMENTWISE_PRIMITIVES)
+@register_flops(*ELEMENTWISE)
 def _elementwise_flops(ins, outs, params):
     return _size(outs[0])
 
 
-# One FLOP per input element: reductions and scans along an axis.
-_REDUCING = ["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
-             "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_and", "reduce_or"]
-REDUCTION_PRIMITIVES = tuple(getattr(P, f"{n}_p") for n in _REDUCING if hasattr(P, f"{n}_p"))
-
-
-@register_flops(*REDUCTION_PRIMITIVES)
+@register_flops(*PER_INPUT_ELEMENT)
 def _reduction_flops(ins, outs, params):
     return _size(ins[0])
 

@@ -26,7 +26,8 @@ import jax
 from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
-from hulkjax.trace.walk import LOOP_PRIMITIVES, count_nodes, inlined_body
+from hulkjax.trace.primitives import LOOPS
+from hulkjax.trace.walk import count_nodes, inlined_body
 
 OperandHook = Callable[[int, int, Any], Any]  # (node id, operand index, value) -> value
 ResultHook = Callable[[int, list], list]  # (node id, results) -> results
@@ -91,7 +92,7 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None)
                 invals = [x if isinstance(a, jex_core.Literal) else on_operand(next_id, k, x)
                           for k, (a, x) in enumerate(zip(eqn.invars, invals))]
             params = eqn.params
-            if on_body is not None and eqn.primitive in LOOP_PRIMITIVES:
+            if on_body is not None and eqn.primitive in LOOPS:
                 hooks = on_body(next_id)
                 if hooks:
                     params = _hooked_loop_params(eqn, hooks)

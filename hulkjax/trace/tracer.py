@@ -18,8 +18,9 @@ from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
 from hulkjax.errors import UnsupportedStepError
-from hulkjax.trace.flops import ELEMENTWISE_PRIMITIVES, flops_of
+from hulkjax.trace.flops import flops_of
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, Value, dtype_name
+from hulkjax.trace.primitives import PASS_THROUGH, SAME_SHAPE_UPDATES
 from hulkjax.trace.walk import inlined_body, sub_jaxprs
 
 
@@ -267,10 +268,6 @@ def _check_leaf(path: str, leaf) -> None:
 
 # ---- input roles, from the data flow --------------------------------------------------------
 
-_PASS_THROUGH = frozenset([P.convert_element_type_p, P.copy_p, P.reshape_p, P.squeeze_p,
-                           P.transpose_p])
-_SAME_SHAPE_OPS = frozenset(ELEMENTWISE_PRIMITIVES) | {P.convert_element_type_p, P.copy_p,
-                                                       P.add_jaxvals_p}
 
 
 def _input_roles(g: OpGraph) -> None:
@@ -315,7 +312,7 @@ def _carried_to_output(g: OpGraph, vid: int, outs: dict[int, int], shape) -> int
         v = todo.pop()
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive not in _SAME_SHAPE_OPS:
+            if node.primitive not in SAME_SHAPE_UPDATES:
                 continue
             for o in node.outputs:
                 if g.values[o].shape == shape and o not in seen:
@@ -332,7 +329,7 @@ def _pass_through_closure(g: OpGraph, vid: int) -> list[int]:
         v = todo.pop()
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive in _PASS_THROUGH:
+            if node.primitive in PASS_THROUGH:
                 out.extend(node.outputs)
                 todo.extend(node.outputs)
     return out
@@ -345,7 +342,7 @@ def _owner_param(g: OpGraph, vid: int, param_of: dict[int, int]) -> int | None:
         v = todo.pop()
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive not in _SAME_SHAPE_OPS:
+            if node.primitive not in SAME_SHAPE_UPDATES:
                 continue
             for u in node.inputs:
                 if u is not None and u in param_of and g.values[u].shape == shape:
@@ -363,13 +360,13 @@ def _feeds_computation(g: OpGraph, vid: int, shape) -> bool:
         v = todo.pop()
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive in _PASS_THROUGH:
+            if node.primitive in PASS_THROUGH:
                 for o in node.outputs:
                     if o not in seen:
                         seen.add(o)
                         todo.append(o)
                 continue
-            same = node.primitive in _SAME_SHAPE_OPS and all(
+            same = node.primitive in SAME_SHAPE_UPDATES and all(
                 g.values[o].shape == g.values[v].shape for o in node.outputs)
             if not same:
                 return True

@@ -14,17 +14,7 @@ from typing import Any
 from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
-# primitive -> the parameter holding the body to inline
-INLINED_BODIES: dict[Any, str] = {
-    P.jit_p: "jaxpr",
-    P.closed_call_p: "call_jaxpr",
-    P.custom_jvp_call_p: "call_jaxpr",
-    P.custom_vjp_call_p: "call_jaxpr",
-    P.remat_p: "jaxpr",
-}
-
-# Control flow kept as one node, costed from its bodies.
-LOOP_PRIMITIVES = (P.scan_p, P.while_p, P.cond_p)
+from hulkjax.trace.primitives import INLINED_BODIES
 
 
 def inlined_body(eqn) -> tuple[Any, tuple] | None:

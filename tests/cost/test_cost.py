@@ -7,7 +7,7 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.cost import Cost, CostModel, collective_time, reshard_comms
-from hulkjax.rules.sharding import Comm
+from hulkjax.plan import Comm
 
 SLOW, FAST = 1e9, 4e9
 TOPO = hj.Topology.grid((2, 4), ("slow", "fast"), bandwidth=(SLOW, FAST), latency=(1e-5, 1e-6))

@@ -18,9 +18,9 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.emit.hlo import summarize
-from hulkjax.emit.launch import launch, process_layout, tree_error
+from hulkjax.launch import launch, process_layout, tree_error
 from hulkjax.errors import ProcessLayoutError, WorkerFailedError
-from hulkjax.strategies.plan import Plan
+from hulkjax.plan import Plan
 
 # Process p holds row p of the mesh: 'proc' crosses processes, 'dev' stays inside one.
 TOPO = hj.Topology.grid((2, 2), ("proc", "dev"), bandwidth=(1e9, 100e9), latency=(5e-6, 1e-6))

@@ -8,8 +8,9 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
-from hulkjax.gnn.model import PlannerNet
-from hulkjax.gnn.train import load
+from hulkjax.gnn.weights import load
+from hulkjax.training.batching import to_graphs_tuple
+from hulkjax.training.model import PlannerNet
 from hulkjax.strategies.realize import cost_model
 from tests.helpers import TWO_D_TOPOLOGY
 
@@ -25,8 +26,10 @@ def _joined(model, topology):
 ])
 def test_numpy_forward_matches_the_flax_network(model, topology):
     jg = _joined(model, topology)
-    arrs = F.to_graphs_tuple(jg)
-    cases = [(PlannerNet(hidden=16, layers=2), None), load()]
+    arrs = to_graphs_tuple(jg)
+    shipped = load()
+    cases = [(PlannerNet(hidden=16, layers=2), None),
+             (PlannerNet(hidden=shipped.hidden, layers=shipped.layers), shipped.params)]
     cases[0] = (cases[0][0], cases[0][0].init(jax.random.key(3), *arrs))
     for net, params in cases:
         want = np.asarray(jax.jit(net.apply)(params, *arrs))[:jg.num_groups, :jg.cand_mask.shape[1]]
@@ -39,6 +42,6 @@ def test_numpy_forward_matches_the_flax_network(model, topology):
 def test_weights_of_another_network_fail_clearly():
     jg = _joined("mlp", TWO_D_TOPOLOGY)
     net = PlannerNet(hidden=8, layers=1)
-    params = net.init(jax.random.key(0), *F.to_graphs_tuple(jg))
+    params = net.init(jax.random.key(0), *to_graphs_tuple(jg))
     with pytest.raises(hj.HulkjaxError, match="train-gnn"):
         log_probs(params, jg, layers=2)  # a layer the weights do not have

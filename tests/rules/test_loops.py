@@ -12,7 +12,7 @@ from hulkjax.cost import CostModel
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import UnsupportedPrimitiveError, UnsupportedPrimitiveWarning
 from hulkjax.rules.loops import LoopResolution
-from hulkjax.rules.sharding import Comm
+from hulkjax.plan import Comm
 from hulkjax.trace.graph import PARAMETER
 from tests.helpers import TWO_D_TOPOLOGY
 

@@ -7,7 +7,8 @@ from rich.console import Console
 
 import hulkjax as hj
 from hulkjax.errors import HulkjaxError
-from hulkjax.strategies.explain import explain, explanation, format_spec, layer_label
+from hulkjax.explain import explain, explanation, layer_label
+from hulkjax.formatting import format_spec
 from tests.viz.conftest import TWO_NODES
 
 
@@ -48,7 +49,7 @@ def test_text_has_a_row_per_layer_with_layouts_links_and_times(gpt2_plans):
     assert re.search(r"AR node \(region\) x\d+", text)  # gradients over the slow axis
     assert re.search(r"AR gpu \(node\) x\d+", text)  # Megatron partial sums over the fast one
     assert "all-reduce over node (region links)" in text
-    from hulkjax.strategies.explain import format_time
+    from hulkjax.formatting import format_time
 
     assert f"predicted step {format_time(plan.cost.step_time)} = compute" in text
     assert "total" in lines[next(i for i, ln in enumerate(lines) if ln.startswith("total"))]

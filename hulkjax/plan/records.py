@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,10 @@ import jax
 from jax.sharding import PartitionSpec
 
 from hulkjax.errors import InvalidPlanError
+from hulkjax.formatting import format_bytes, format_spec, format_time
+from hulkjax.plan.cost import Cost
+from hulkjax.topology import Topology
+from hulkjax.trace.graph import dtype_size
 
 PLAN_FORMAT = 1
 
@@ -110,12 +116,18 @@ class Plan:
       stages: ``None`` for SPMD plans; ``[(device group, node ids), ...]`` for staged plans.
       planning_time: seconds spent planning (tracing excluded).  # float
       notes: what the planner wants a person to know (fallbacks, unsharded dims).  # list of str
-      loop_bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
-        ``scan`` / ``while`` / ``cond`` nodes; ``None`` until derived from the assignment (read it
-        as :attr:`bodies`).
+      bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
+        ``scan`` / ``while`` / ``cond`` nodes, filled in by the planner (saved with the plan).
+      source: which of a search's candidates the planner returned (``auto``: ``"shortlist
+        optimum"``, a baseline's name, ...); ``""`` when there was no choice.  # str
+      solver: the solver's report (``ilp``: an ``ILPResult`` with status, objective, bound and
+        gap); ``None`` for planners without a solver. Not saved.
       in_tree / out_tree: pytree structures of the step's arguments / results. Not saved (pickled
         structures would run code on load): a loaded plan keys ``in_specs`` by path until
         ``emit`` binds it to real arguments.
+      graph: the :class:`~hulkjax.trace.OpGraph` the plan was made on. Not saved.
+      assignment: the cost model's candidate per group (what :mod:`hulkjax.explain` and
+        ``hj.estimate`` read back). Not saved.
     """
 
     strategy: str
@@ -132,29 +144,13 @@ class Plan:
     stages: Any = None
     planning_time: float = 0.0
     notes: list[str] = field(default_factory=list)
-    loop_bodies: dict[int, tuple[BodyPlan, ...]] | None = None
+    bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
+    source: str = ""
+    solver: Any = field(default=None, repr=False)
     in_tree: Any = None
     out_tree: Any = None
     graph: Any = field(default=None, repr=False)  # the OpGraph it was made on (not saved)
     assignment: Any = field(default=None, repr=False)  # cost-model candidate per group (not saved)
-
-    @property
-    def bodies(self) -> dict[int, tuple[BodyPlan, ...]]:
-        """Layouts inside loop bodies, ``{loop node id: (BodyPlan per sub-graph, ...)}``.
-
-        Derived on first use from the assignment on the graph the plan was made on (the cost
-        model's loop candidates); loaded plans carry them.
-        """
-        if self.loop_bodies is None:
-            self.loop_bodies = {}
-            g, topo, a = self.graph, self.topology, self.assignment
-            if g is not None and topo is not None and a is not None and any(
-                    n.subgraphs for n in g.nodes):
-                from hulkjax.rules.loops import body_plans
-                from hulkjax.strategies.realize import cost_model
-
-                self.loop_bodies = body_plans(cost_model(g, topo), a)
-        return self.loop_bodies
 
     # ---- pytree views ---------------------------------------------------------------------
     @property
@@ -181,10 +177,15 @@ class Plan:
         raise KeyError(f"no leaf {path!r} in plan; arguments start {[t.path for t in self.inputs[:5]]}")
 
     def summary(self, *, max_rows: int = 40) -> str:
-        """A plain-text table: how each argument leaf is laid out, and the planned intermediates."""
-        from hulkjax.strategies.explain import plan_summary
-
-        return plan_summary(self, max_rows=max_rows)
+        """Plain text: the per-layer explanation (when :mod:`hulkjax.explain` is loaded, as
+        ``import hulkjax`` does), then the arguments grouped by role and layout, the predicted cost
+        and collectives, and the notes."""
+        lines = [f"Plan {self.strategy!r} on mesh ({_mesh_text(self)}), planned in "
+                 f"{self.planning_time:.2f} s"]
+        for section in summary_sections:
+            lines += section(self, max_rows)
+        lines += record_summary(self, max_rows=max_rows)
+        return "\n".join(lines)
 
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -215,16 +216,8 @@ class Plan:
             if d.get("format") != PLAN_FORMAT:
                 raise InvalidPlanError(f"plan format {d.get('format')!r} is not supported "
                                        f"(this hulkjax reads format {PLAN_FORMAT}); re-plan.")
-            topo = None
-            if d.get("topology") is not None:
-                from hulkjax.topology import Topology
-
-                topo = Topology.from_dict(d["topology"])
-            cost = None
-            if d.get("cost") is not None:
-                from hulkjax.cost import Cost
-
-                cost = Cost.from_dict(d["cost"])
+            topo = None if d.get("topology") is None else Topology.from_dict(d["topology"])
+            cost = None if d.get("cost") is None else Cost.from_dict(d["cost"])
             return cls(
                 strategy=d["strategy"],
                 axis_names=tuple(d["axis_names"]),
@@ -240,7 +233,7 @@ class Plan:
                 stages=d.get("stages"),
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
-                loop_bodies=bodies_from_json(d.get("bodies", [])),
+                bodies=bodies_from_json(d.get("bodies", [])),
             )
         except InvalidPlanError:
             raise
@@ -282,3 +275,57 @@ def _tensor_to_json(t: TensorPlan) -> dict:
 def _tensor_from_json(d: dict) -> TensorPlan:
     return TensorPlan(path=d["path"], shape=tuple(int(x) for x in d["shape"]), dtype=d["dtype"],
                       role=d["role"], spec=spec_from_json(d["spec"]))
+
+
+# ---- the plain-text summary -----------------------------------------------------------------
+SummarySection = Callable[["Plan", int], list]
+summary_sections: list[SummarySection] = []
+"""Sections :meth:`Plan.summary` prints before the record's own lines. Higher layers add theirs
+(:mod:`hulkjax.explain` adds the per-layer table) with :func:`register_summary_section`: the record
+does not import them."""
+
+
+def register_summary_section(section: SummarySection) -> SummarySection:
+    """Add ``section(plan, max_rows) -> [line, ...]`` to :meth:`Plan.summary` (once)."""
+    if section not in summary_sections:
+        summary_sections.append(section)
+    return section
+
+
+def _mesh_text(plan: Plan) -> str:
+    return " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
+
+
+def record_summary(plan: Plan, *, max_rows: int = 40) -> list[str]:
+    """The record's part of the summary: arguments grouped by role and layout (leaves with the same
+    role and spec counted together, so a GPT-2 plan reads as a dozen lines), constraints, the
+    predicted cost and collectives, and the notes."""
+    lines = []
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for t in plan.inputs:
+        groups[(t.role, format_spec(t.spec))].append(t)
+    lines.append(f"{'role':<10} {'layout':<22} {'leaves':>6} {'bytes':>10}  example")
+    for (role, spec), ts in sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1])))[:max_rows]:
+        total_b = sum(_size(t.shape) * dtype_size(t.dtype) for t in ts)
+        lines.append(f"{role:<10} {spec:<22} {len(ts):>6} {format_bytes(total_b):>10}  {ts[0].path}")
+    if plan.operand_specs or plan.result_specs:
+        lines.append(f"constraints: {len(plan.operand_specs)} operand, "
+                     f"{len(plan.result_specs)} intermediate")
+    if plan.cost is not None:
+        lines.append(str(plan.cost))
+        for c in plan.cost.collectives:
+            links = "+".join(dict.fromkeys(plan.cost.link_class.get(x, "?") for x in c.axes))
+            lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({links} links): {c.count} x, "
+                         f"{format_bytes(c.bytes)}, {format_time(c.time)}")
+    for note in plan.notes[:10]:
+        lines.append(f"note: {note}")
+    if len(plan.notes) > 10:
+        lines.append(f"note: ... and {len(plan.notes) - 10} more")
+    return lines
+
+
+def _size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -4,7 +4,7 @@ Cross-entropy of the ILP's candidate per group (groups with a single candidate c
 optax AdamW, a fixed seed, a tqdm progress bar, validation each epoch on held-out graphs: the
 cost ratio of the network's own choice (argmax, no search) and of ``auto`` (network + search) to
 the ILP optimum. Checkpoints go to ``out_dir``; the final weights are what ships in
-``hulkjax/gnn/weights/``.
+``hulkjax/gnn/weights/`` (read at planning time by :mod:`hulkjax.gnn.weights`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import numpy as np
 import optax
 from flax import serialization
 
-from hulkjax.gnn.features import MAX_CANDIDATES, to_graphs_tuple
-from hulkjax.gnn.model import PlannerNet
+from hulkjax.gnn import features as F
+from hulkjax.gnn.weights import CONFIG, WEIGHTS_DIR
+from hulkjax.strategies.auto import search
+from hulkjax.strategies.realize import cost_model
+from hulkjax.training import data
+from hulkjax.training.batching import to_graphs_tuple
+from hulkjax.training.model import PlannerNet
 
-log = logging.getLogger("hulkjax.gnn")
-
-WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
-CONFIG = {"hidden": 64, "layers": 4, "features_version": 1}
+log = logging.getLogger("hulkjax.training")
 
 
 def _batch(sample):
@@ -57,7 +59,7 @@ def train(samples, *, val=(), epochs: int = 30, lr: float = 2e-3, seed: int = 0,
     """Fit the network; returns ``(params, history)``.
 
     Args:
-      samples: training :class:`hulkjax.gnn.data.Sample` s.
+      samples: training :class:`hulkjax.training.data.Sample` s.
       val: held-out samples (validation loss each epoch).
       eval_fn: optional ``params -> dict`` of extra validation metrics (cost ratios), run each epoch.
       out_dir: where to write ``checkpoint.msgpack`` and ``history.json`` each epoch.
@@ -120,29 +122,7 @@ def save(params, directory: str, *, history=None, name: str = "planner") -> str:
     return path
 
 
-_loaded: dict = {}
-
-
-def load(directory: str | None = None, name: str = "planner"):
-    """``(net, params)`` from ``directory`` (default: the weights shipped in the package), or
-    ``None`` if there are none. Loaded once per process."""
-    directory = directory or WEIGHTS_DIR
-    key = (directory, name)
-    if key in _loaded:
-        return _loaded[key]
-    path = os.path.join(directory, f"{name}.msgpack")
-    if not os.path.exists(path):
-        return None
-    with open(os.path.join(directory, f"{name}.json")) as f:
-        meta = json.load(f)
-    net = PlannerNet(hidden=meta["hidden"], layers=meta["layers"])
-    with open(path, "rb") as f:
-        params = serialization.msgpack_restore(f.read())
-    _loaded[key] = (net, params)
-    return _loaded[key]
-
-
-__all__ = ["train", "save", "load", "MAX_CANDIDATES"]
+__all__ = ["train", "save", "run", "validate"]
 
 
 def run(*, samples: int = 240, val_samples: int = 24, epochs: int = 30, seed: int = 0,
@@ -153,8 +133,6 @@ def run(*, samples: int = 240, val_samples: int = 24, epochs: int = 30, seed: in
     Returns the history; weights go to ``out_dir`` (default: the package's weights directory).
     """
     from tqdm.auto import tqdm
-
-    from hulkjax.gnn import data
 
     specs = data.sample_specs(samples, seed=seed + 1)
     val_specs = data.sample_specs(val_samples, seed=seed + 2)
@@ -183,10 +161,6 @@ def run(*, samples: int = 240, val_samples: int = 24, epochs: int = 30, seed: in
 def validate(params, val_models, *, hidden: int, layers: int) -> dict:
     """Median cost ratios to the ILP on held-out graphs: the network's argmax alone, and with
     search (``auto``'s search step, without the baselines)."""
-    from hulkjax.gnn import features as F
-    from hulkjax.strategies.auto import search
-    from hulkjax.strategies.realize import cost_model
-
     net = PlannerNet(hidden=hidden, layers=layers)
     argmax_r, search_r = [], []
     for sample, graph, topo in val_models:

@@ -6,9 +6,12 @@ import pytest
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.gnn import data
 from hulkjax.gnn import features as F
-from hulkjax.gnn.train import load, make_loss, train
+from hulkjax.gnn.weights import load
+from hulkjax.training import data
+from hulkjax.training.batching import to_graphs_tuple
+from hulkjax.training.model import PlannerNet
+from hulkjax.training.train import make_loss, train
 from hulkjax.strategies.realize import cost_model
 
 TWO_D = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
@@ -42,7 +45,7 @@ def test_features_cover_groups_axes_and_candidates():
 def test_padding_buckets_keep_the_real_graph():
     cm = _cm("mlp")
     jg = F.build(cm)
-    graph, roles, extra, mask, axis_index, axis_mask = F.to_graphs_tuple(jg)
+    graph, roles, extra, mask, axis_index, axis_mask = to_graphs_tuple(jg)
     n = jg.num_groups + 2
     assert graph.nodes.shape[0] >= n + 1 and graph.nodes.shape[0] & (graph.nodes.shape[0] - 1) == 0
     assert int(graph.n_node[0]) == n
@@ -67,7 +70,7 @@ def test_a_tiny_training_run_lowers_its_loss(tmp_path, monkeypatch):
 def test_shipped_weights_load_and_give_distributions():
     loaded = load()
     assert loaded is not None, "hulkjax/gnn/weights/planner.msgpack must ship with the package"
-    net, params = loaded
+    params = loaded.params
     cm = _cm("transformer-block")
     from hulkjax.strategies.auto import prior
 
@@ -94,10 +97,8 @@ def test_auto_is_never_worse_than_a_baseline_and_the_prior_helps(model):
 def test_loss_ignores_groups_without_a_choice():
     cm = _cm("mlp")
     jg = F.build(cm)
-    from hulkjax.gnn.model import PlannerNet
-
     net = PlannerNet(hidden=8, layers=1)
-    arrs = F.to_graphs_tuple(jg)
+    arrs = to_graphs_tuple(jg)
     params = net.init(jax.random.key(0), *arrs)
     n = arrs[0].nodes.shape[0]
     label = np.zeros(n, np.int32)

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-log = logging.getLogger("hulkjax.gnn")
+from hulkjax import zoo
+from hulkjax.errors import InfeasiblePlanError
+from hulkjax.gnn.features import JoinedGraph, build
+from hulkjax.strategies.baselines import baseline_assignments
+from hulkjax.strategies.ilp import solve
+from hulkjax.strategies.realize import cost_model
+from hulkjax.topology import DEVICE_SPECS, DeviceSpec, Topology
+from hulkjax.trace import trace
+
+log = logging.getLogger("hulkjax.training")
 
 FAMILIES = ("mlp", "transformer-block", "cnn", "moe")
 HELD_OUT_FAMILIES = ("gpt2", "bert", "vit")
@@ -103,8 +112,7 @@ def sample_specs(n: int, *, seed: int = 0, families=FAMILIES, topologies=None) -
 
 
 def make_topology(spec: dict):
-    from hulkjax.topology import DEVICE_SPECS, DeviceSpec, Topology
-
+    """The spec's topology (a preset, or a grid of scaled device specs)."""
     if "preset" in spec:
         kw = {k: v for k, v in spec.items() if k != "preset"}
         return Topology.preset(spec["preset"], **kw)
@@ -119,9 +127,6 @@ def make_topology(spec: dict):
 
 def make_graph(spec: dict):
     """Trace the spec's model abstractly."""
-    from hulkjax import zoo
-    from hulkjax.trace import trace
-
     kw = dict(spec["model"])
     if "features" in kw:
         kw["features"] = tuple(kw["features"])
@@ -146,15 +151,12 @@ def key(spec: dict) -> str:
 
 def label(spec: dict, *, time_limit: float = 30.0):
     """Cost model and ILP solution of a spec (``None`` if infeasible)."""
-    from hulkjax.errors import InfeasiblePlanError
-    from hulkjax.strategies.ilp import _baseline_assignments, solve
-    from hulkjax.strategies.realize import cost_model
-
     g = make_graph(spec)
     topo = make_topology(spec["topology"])
     cm = cost_model(g, topo)
     try:
-        res = solve(cm, seeds=_baseline_assignments(g, topo, cm), time_limit=time_limit)
+        res = solve(cm, seeds=list(baseline_assignments(g, topo).values()),
+                    time_limit=time_limit)
     except InfeasiblePlanError:
         return cm, None
     return cm, res
@@ -162,8 +164,6 @@ def label(spec: dict, *, time_limit: float = 30.0):
 
 def load_or_make(spec: dict, *, directory: str | None = None) -> Sample | None:
     """The sample of a spec, from the cache or generated (and cached)."""
-    from hulkjax.gnn.features import JoinedGraph, build
-
     directory = directory or cache_dir()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, key(spec) + ".npz")

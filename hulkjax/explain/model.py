@@ -1,29 +1,24 @@
-"""What a plan does, layer by layer: layouts, collectives on each link class, time and memory.
-
-Where this sits::
-
-    Plan (graph + assignment + topology) --> CostModel tables --> explanation(plan): Explanation
-                                                                        |
-                      explain(plan, fmt="text" | "markdown" | "rich")   +--> Plan.summary()
-                                                                        +--> hulkjax explain (CLI)
+"""What a plan does, layer by layer: the data behind :func:`hulkjax.explain.explain`.
 
 Every operator's predicted compute, every collective the cost model charges (the operator's own
-partial sums, layout changes inside a cost-model group and on edges between groups) and every byte of
-per-device memory is attributed to one layer, so the rows add up to ``plan.cost``: the *total* row
-equals ``cost.step_time`` and ``cost.peak_memory``.
+partial sums, layout changes inside a cost-model group and on edges between groups) and every byte
+of per-device memory is read from the cost model's own records (:meth:`CostModel.breakdown`) and
+attributed to one layer, so the rows add up to ``plan.cost``: the *total* row equals
+``cost.step_time`` and ``cost.peak_memory``. Nothing here re-derives a number.
 
 A node's layer is its ``Node.layer`` (the module scope, e.g. ``"GPT2/h_3/attn"``) with einsum scopes
 folded into their module (``".../bqhd,bkhd->bhqk"`` -> ``".../attn"``). Operators without a scope
 (optimizer updates, the loss) take the layer of the operand they follow (the cost model's lead), or
 of their cost-model group for graph inputs, so a parameter's update is charged to the parameter's
-layer. Repeated layers with identical rows (``h_0`` ... ``h_11``)
-are shown once as ``GPT2/h_{0..11}/attn (x12)`` with totals over the repeats.
+layer. Repeated layers with identical rows (``h_0`` ... ``h_11``) are shown once as
+``GPT2/h_{0..11}/attn (x12)`` with totals over the repeats.
 
 >>> import hulkjax as hj, jax.numpy as jnp
 >>> plan = hj.plan(lambda w, x: (x @ w).sum(), jnp.ones((64, 64)), jnp.ones((128, 64)),
 ...                topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
->>> print(explain(plan, fmt="text").splitlines()[0])
-Plan 'dp' on grid-8 (mesh d=8)
+>>> e = explanation(plan)
+>>> abs(e.total_time - plan.cost.step_time) < 1e-12
+True
 """
 
 from __future__ import annotations
@@ -32,68 +27,15 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-_SHORT_KIND = {"all-reduce": "AR", "all-gather": "AG", "reduce-scatter": "RS", "all-to-all": "A2A",
-               "collective-permute": "CP"}
-_LINK_WORDS = {"node": "links inside a node", "region": "links between nodes of a region",
-               "wan": "WAN links between regions"}
+from hulkjax.cost.model import FREE, INPUT, LEADER
+from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes, format_shape, format_spec, format_time
+from hulkjax.strategies.realize import assignment_for_inputs, cost_model
+from hulkjax.strategies.search import propagate
+from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
+
 _MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "data")
 BATCH, OPTIMIZER_ROW, CONSTANTS, UNSCOPED = "(batch)", "(optimizer)", "(constants)", "(outside modules)"
 
-
-# ---- small formatters (also used by Cost.__str__, the CLI and the ILP's errors) ---------------
-def format_spec(spec) -> str:
-    """``PartitionSpec(None, 'model')`` -> ``"[-, model]"``; replicated -> ``"replicated"``.
-
-    Also takes the cost model's specs (a tuple of axis tuples per dimension).
-
-    >>> from jax.sharding import PartitionSpec as P
-    >>> format_spec(P(None, ("node", "gpu"))), format_spec(((), ("gpu",))), format_spec(P())
-    ('[-, node+gpu]', '[-, gpu]', 'replicated')
-    """
-    entries = list(spec)
-    if not any(e for e in entries):
-        return "replicated"
-    parts = []
-    for e in entries:
-        if not e:
-            parts.append("-")
-        elif isinstance(e, tuple):
-            parts.append("+".join(e))
-        else:
-            parts.append(str(e))
-    return "[" + ", ".join(parts) + "]"
-
-
-def format_bytes(n: float) -> str:
-    """Decimal units: ``format_bytes(1.5e9) == "1.5 GB"``."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
-
-
-def format_time(seconds: float) -> str:
-    """``format_time(0.0123) == "12.3 ms"``; adapts the unit (s, ms, us)."""
-    if seconds == 0:
-        return "0"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def format_rate(bytes_per_s: float) -> str:
-    """``format_rate(5e10) == "50 GB/s"``."""
-    return format_bytes(bytes_per_s) + "/s"
-
-
-def format_shape(shape) -> str:
-    """``(8, 16, 64)`` -> ``"8x16x64"``; scalars -> ``"scalar"``."""
-    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
-
-
-# ---- the data ------------------------------------------------------------------------------
 @dataclass
 class CollectiveUse:
     """Collectives of one kind over one set of mesh axes inside one layer.
@@ -116,7 +58,7 @@ class CollectiveUse:
 
     def short(self) -> str:
         """``"AR node (region) x3, 256 B, 12 us"``."""
-        return (f"{_SHORT_KIND.get(self.kind, self.kind)} {'+'.join(self.axes)} "
+        return (f"{SHORT_COLLECTIVES.get(self.kind, self.kind)} {'+'.join(self.axes)} "
                 f"({'+'.join(dict.fromkeys(self.links))}) x{self.count}, "
                 f"{format_bytes(self.bytes)}, {format_time(self.time)}")
 
@@ -214,6 +156,7 @@ class Explanation:
         return float(sum(r.memory_total for r in self.rows))
 
 
+
 # ---- building it ---------------------------------------------------------------------------
 def layer_label(layer: str, depth: int | None = None) -> str:
     """The module path of a ``Node.layer``: einsum scopes folded, cut to ``depth`` components.
@@ -230,9 +173,6 @@ def layer_label(layer: str, depth: int | None = None) -> str:
 def _plan_assignment(plan, cm):
     if plan.assignment is not None:
         return list(plan.assignment)
-    from hulkjax.strategies.realize import assignment_for_inputs
-    from hulkjax.strategies.search import propagate
-
     return propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
 
 
@@ -253,9 +193,6 @@ class _Acc:
 
 def _group_layers(cm, depth) -> dict[int, str]:
     """A layer label for every cost-model group (what its unscoped operators are charged to)."""
-    from hulkjax.cost.model import FREE, INPUT, LEADER
-    from hulkjax.trace.graph import DATA, PARAMETER
-
     g = cm.graph
     out: dict[int, str] = {}
     for grp in cm.groups:
@@ -328,19 +265,12 @@ class Attribution:
 
 
 def attribute(plan, depth: int | None = None) -> Attribution:
-    """Per-operator compute, collectives and memory of a plan (needs ``plan.graph``)."""
-    from hulkjax.cost.comm import collective_time
-    from hulkjax.cost.model import INPUT, LEADER
-    from hulkjax.rules.loops import LoopResolution
-    from hulkjax.rules.specs import local_shape
-    from hulkjax.strategies.realize import cost_model
-    from hulkjax.trace.graph import OPTIMIZER, PARAMETER, dtype_size
-
+    """Per-operator compute, collectives and memory of a plan (needs ``plan.graph``), from the
+    cost model's records (:meth:`~hulkjax.cost.CostModel.breakdown`)."""
     g, topo = plan.graph, plan.topology
     cm = cost_model(g, topo)
     a = _plan_assignment(plan, cm)
     order = tuple(topo.axis_names)
-    sizes = dict(zip(topo.axis_names, topo.shape))
     group_layer = _group_layers(cm, depth)
     node_layer: dict[int, str] = {}
     for n in g.nodes:  # unscoped operators take the layer of the operand they follow
@@ -351,77 +281,20 @@ def attribute(plan, depth: int | None = None) -> Attribution:
             p = None if v is None else g.values[v].producer
             label = node_layer[p] if p is not None else group_layer[cm.group_of_node[n.id]]
         node_layer[n.id] = label
-    saved = _saved_activations(g)
-    times: dict = {}
 
-    def charges(comms):
-        out = []
-        for c in comms:
-            key = (c.kind, c.bytes, c.axes)
-            t = times.get(key)
-            if t is None:
-                t = times[key] = sum(collective_time(c.kind, c.bytes, c.axes, topo).values())
-            out.append(Charge(c.kind, tuple(sorted(c.axes, key=order.index)), c.bytes, t))
-        return out
+    def charge(c) -> Charge:
+        return Charge(c.kind, tuple(sorted(c.axes, key=order.index)), c.bytes, cm.comm_time(c))
 
-    def nbytes(vid, spec):
-        v = g.values[vid]
-        n = 1
-        for d in local_shape(v.shape, spec, sizes):
-            n *= d
-        return float(n) * dtype_size(v.dtype)
-
-    # Per-node shares of CostModel.local() / evaluate(), recomputed with the model's own helpers
-    # (_compute, _reshard); tests/viz/test_explain.py checks that the rows add up to plan.cost.
-    compute = [0.0] * len(g.nodes)
-    own: dict[int, list[Charge]] = {}
-    moves: list = []
-    memory: list = []
-    specs: dict = {}
-    for grp in cm.groups:
-        loc = cm.local(grp.id, a[grp.id])
-        specs.update(loc.specs)
-        if grp.kind == INPUT:
-            kinds = {PARAMETER: ("parameters", "gradients"), OPTIMIZER: ("optimizer",)}
-            for i in grp.inputs:
-                vid = g.inputs[i]
-                for kind in kinds.get(g.input_roles[i], ("data",)):
-                    memory.append((None, grp.id, kind, nbytes(vid, loc.specs[vid])))
-        nodes = ([grp.leader] if grp.kind == LEADER else []) + list(grp.members)
-        for nid in nodes:
-            node, r = g.nodes[nid], loc.res[nid]
-            if isinstance(r, LoopResolution):  # a loop: its body's plan, times its trip count
-                compute[nid] = r.compute
-                memory.append((nid, grp.id, "activations", r.memory))
-            else:
-                compute[nid] = cm._compute(node, r.shards)
-            own[nid] = charges(r.comms)
-            if nid == grp.leader:
-                continue
-            for k, v in enumerate(node.inputs):  # layout changes inside the group (as local())
-                if v is not None and v in loc.specs and r.in_specs[k] is not None:
-                    for ch in charges(cm._reshard(v, loc.specs[v], r.in_specs[k])):
-                        moves.append((v, nid, grp.id, ch))
-        for vid, spec in loc.specs.items():
-            if vid in saved:
-                memory.append((g.values[vid].producer, grp.id, "activations", nbytes(vid, spec)))
-    for (gp, gc), items in cm.edge_items():  # layout changes between groups
-        src_loc = cm.local(gp, a[gp])
-        for v, nid, k in items:
-            dst = cm.required(gc, a[gc], nid, k)
-            src = src_loc.specs.get(v)
-            if src is not None and dst is not None:
-                for ch in charges(cm._reshard(v, src, dst)):
-                    moves.append((v, nid, gc, ch))
+    b = cm.breakdown(a)
+    own = {nid: [charge(c) for c in comms] for nid, comms in b.own.items()}
+    moves = [(m.value, m.node, m.group, charge(m.comm)) for m in b.moves]
+    memory = [(u.node, u.group, u.kind, u.bytes) for u in b.memory]
     return Attribution(graph=g, topology=topo, cm=cm, assignment=a, group_layer=group_layer,
-                       node_layer=node_layer, specs=specs, compute=compute, own=own, moves=moves,
-                       memory=memory)
+                       node_layer=node_layer, specs=b.specs, compute=b.compute, own=own,
+                       moves=moves, memory=memory)
 
 
 def _layer_accumulators(plan, depth):
-    from hulkjax.cost.model import INPUT, LEADER
-    from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
-
     at = attribute(plan, depth)
     g, cm, topo = at.graph, at.cm, at.topology
     link_class = {ax: topo.axis_scope(ax) for ax in topo.axis_names}
@@ -494,19 +367,6 @@ def _leaf_name(path: str) -> str:
     """``"state/params/dense_0/kernel/value"`` (flax.nnx) -> ``"kernel"``."""
     parts = [p for p in path.split("/") if p not in ("value", "raw_value")]
     return parts[-1] if parts else path
-
-
-def _saved_activations(g) -> set[int]:
-    """Forward values a backward operator reads (what the step keeps alive for the backward pass)."""
-    saved = set()
-    for n in g.nodes:
-        if n.backward:
-            for v in n.inputs:
-                if v is not None:
-                    p = g.values[v].producer
-                    if p is not None and not g.nodes[p].backward:
-                        saved.add(v)
-    return saved
 
 
 _NUM = re.compile(r"^(.*?)(\d+)$")
@@ -655,281 +515,3 @@ def _stage_devices(stage) -> str:
 
 
 # ---- rendering -----------------------------------------------------------------------------
-_COLUMNS = ("layer", "parameters / data", "optimizer state", "activations (fwd results)",
-            "collectives (link class)", "compute", "comm", "time (share)", "memory / device")
-
-
-_ENTRY = re.compile(r"^(?:(\S+) )?(\S+) (replicated|\[.*\])$")
-
-
-def _compact(entries: list[str], what: str, limit: int = 4) -> list[str]:
-    """More than ``limit`` entries (a coarse layer): one line per layout, with counts."""
-    if len(entries) <= limit:
-        return entries
-    by_spec: dict[str, int] = {}
-    for entry in entries:
-        m = _ENTRY.match(entry)
-        spec = m.group(3) if m else entry
-        by_spec[spec] = by_spec.get(spec, 0) + 1
-    return [f"{len(entries)} {what}:"] + [f"  {n} x {spec}" for spec, n in by_spec.items()]
-
-
-def _cells(r: LayerRow, step: float, stages: bool) -> list[list[str]]:
-    share = f" ({r.time / step:.1%})" if step > 0 else ""
-    cells = [[r.label], _compact(r.parameters, "leaves") or ["-"], r.optimizer or ["-"],
-             _compact(r.activations, "results") or ["-"],
-             [c.short() for c in r.collectives] or ["-"], [format_time(r.compute)],
-             [format_time(r.comm)], [format_time(r.time) + share],
-             [format_bytes(r.memory_total)]]
-    if stages:
-        cells.insert(1, [",".join(map(str, r.stages)) or "-"])
-    return cells
-
-
-def _header_lines(e: Explanation) -> list[str]:
-    lines = [f"Plan {e.strategy!r} on {e.topology_name} (mesh {e.mesh})"]
-    for x in e.axes:
-        where = ("its own per-axis link" if x.per_axis
-                 else _LINK_WORDS.get(x.link_class, x.link_class))
-        lines.append(f"  axis {x.name} (size {x.size}): {x.link_class} links, "
-                     f"{format_rate(x.bandwidth)}, latency {format_time(x.latency)} ({where})")
-    c = e.cost
-    if c is not None:
-        per = ", ".join(f"{x.name}/{x.link_class} {format_time(x.comm_time)}"
-                        for x in e.axes if x.comm_time)
-        lines.append(f"predicted step {format_time(c.step_time)} = compute "
-                     f"{format_time(c.compute_time)} + communication {format_time(c.comm_time)}"
-                     f"{' (' + per + ')' if per else ''}; efficiency {c.efficiency:.1%}")
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in c.memory_breakdown.items() if v)
-        fits = "fits" if c.fits else "DOES NOT FIT"
-        lines.append(f"memory per device {format_bytes(c.peak_memory)} of "
-                     f"{format_bytes(c.memory_capacity)} ({fits}): {parts}")
-    return lines
-
-
-def _footer_lines(e: Explanation) -> list[str]:
-    lines = []
-    if e.collectives:
-        lines.append("collectives over the whole step (link class in parentheses):")
-        for c in e.collectives:
-            lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({'+'.join(dict.fromkeys(c.links))}"
-                         f" links): {c.count} x, {format_bytes(c.bytes)}, {format_time(c.time)}")
-    if e.stages is not None:
-        lines.append("stages (layers placed on device groups):")
-        for k, (devices, layers) in enumerate(e.stages):
-            lines.append(f"  stage {k} on {devices}: {', '.join(layers) or '-'}")
-    for n in e.notes[:10]:
-        lines.append(f"note: {n}")
-    if len(e.notes) > 10:
-        lines.append(f"note: ... and {len(e.notes) - 10} more")
-    lines.append("AR all-reduce, AG all-gather, RS reduce-scatter, A2A all-to-all; link classes: "
-                 "node = inside a node, region = between nodes, wan = between regions. Times and "
-                 "memory of a repeated layer (xN) are totals over its repeats.")
-    return lines
-
-
-def _table_rows(e: Explanation, max_rows: int | None):
-    stages = e.stages is not None
-    cols = list(_COLUMNS)
-    if stages:
-        cols.insert(1, "stage")
-    step = e.cost.step_time if e.cost is not None else e.total_time
-    rows = [_cells(r, step, stages) for r in e.rows]
-    hidden = 0
-    if max_rows is not None and len(rows) > max_rows:
-        hidden = len(rows) - max_rows
-        rows = rows[:max_rows]
-    total = [["total"], [""], [""], [""], [""],
-             [format_time(sum(r.compute for r in e.rows))],
-             [format_time(sum(r.comm for r in e.rows))],
-             [format_time(e.total_time) + (" (100%)" if step > 0 else "")],
-             [format_bytes(e.total_memory)]]
-    if stages:
-        total.insert(1, [""])
-    return cols, rows, total, hidden
-
-
-def _text_table(cols, rows, total) -> list[str]:
-    widths = [len(c) for c in cols]
-    for row in rows + [total]:
-        for k, cell in enumerate(row):
-            widths[k] = max(widths[k], *(len(s) for s in cell))
-    right = {len(cols) - 4, len(cols) - 3, len(cols) - 2, len(cols) - 1}
-
-    def line(cells):
-        out = []
-        for i in range(max(len(c) for c in cells)):
-            parts = []
-            for k, c in enumerate(cells):
-                s = c[i] if i < len(c) else ""
-                parts.append(s.rjust(widths[k]) if k in right else s.ljust(widths[k]))
-            out.append("  ".join(parts).rstrip())
-        return out
-
-    rule = "  ".join("-" * w for w in widths)
-    out = line([[c] for c in cols]) + [rule]
-    for row in rows:
-        out += line(row)
-    return out + [rule] + line(total)
-
-
-def _markdown_table(cols, rows, total) -> list[str]:
-    def esc(s):
-        return s.replace("|", "\\|")
-
-    def line(cells):
-        return "| " + " | ".join("<br>".join(esc(s) for s in c) for c in cells) + " |"
-
-    right = len(cols) - 4
-    out = [line([[c] for c in cols]),
-           "|" + "|".join("---:" if k >= right else "---" for k in range(len(cols))) + "|"]
-    out += [line(r) for r in rows]
-    out.append(line([[f"**{c[0]}**" if c and c[0] else ""] for c in total]))
-    return out
-
-
-def render_text(e: Explanation, *, max_rows: int | None = None) -> str:
-    """Plain text (fixed-width table), for logs and ``print``."""
-    lines = _header_lines(e)
-    if e.rows:
-        cols, rows, total, hidden = _table_rows(e, max_rows)
-        lines.append("")
-        lines += _text_table(cols, rows, total)
-        if hidden:
-            lines.append(f"... {hidden} more layers (max_rows={max_rows})")
-        lines.append("")
-    if e.per_layer_note:
-        lines.append(f"note: {e.per_layer_note}")
-    return "\n".join(lines + _footer_lines(e))
-
-
-def render_markdown(e: Explanation, *, max_rows: int | None = None) -> str:
-    """GitHub-flavoured markdown (a pipe table; multi-line cells use ``<br>``)."""
-    head = _header_lines(e)
-    lines = [f"### {head[0]}", ""] + [f"- {h.strip()}" for h in head[1:]] + [""]
-    if e.rows:
-        cols, rows, total, hidden = _table_rows(e, max_rows)
-        lines += _markdown_table(cols, rows, total)
-        if hidden:
-            lines.append(f"\n_... {hidden} more layers (max_rows={max_rows})_")
-        lines.append("")
-    if e.per_layer_note:
-        lines += [f"_{e.per_layer_note}_", ""]
-    for f in _footer_lines(e):
-        lines.append(f"- {f.strip()}" if f.startswith("  ") else f)
-    return "\n".join(lines)
-
-
-def render_rich(e: Explanation, *, max_rows: int | None = None):
-    """A ``rich`` renderable (``rich.console.Console().print(...)`` it): header, table, footer."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    head = _header_lines(e)
-    parts = [Text(head[0], style="bold")] + [Text(h) for h in head[1:]]
-    if e.rows:
-        cols, rows, total, hidden = _table_rows(e, max_rows)
-        table = Table(show_lines=True, header_style="bold")
-        n = len(cols)
-        for k, c in enumerate(cols):
-            table.add_column(c, justify="right" if k >= n - 4 else "left", overflow="fold",
-                             no_wrap=k >= n - 4)
-        colour = {"wan": "red", "region": "yellow", "node": "green"}
-        for row in rows:
-            cells = []
-            for k, cell in enumerate(row):
-                text = "\n".join(cell)
-                if cols[k].startswith("collectives"):
-                    t = Text()
-                    for i, s in enumerate(cell):
-                        style = next((v for key, v in colour.items() if f"({key}" in s), "")
-                        t.append(("\n" if i else "") + s, style=style)
-                    cells.append(t)
-                else:
-                    cells.append(text)
-            table.add_row(*cells)
-        table.add_row(*["\n".join(c) for c in total], style="bold")
-        parts.append(table)
-        if hidden:
-            parts.append(Text(f"... {hidden} more layers (max_rows={max_rows})"))
-    if e.per_layer_note:
-        parts.append(Text(e.per_layer_note, style="yellow"))
-    parts += [Text(f) for f in _footer_lines(e)]
-    return Group(*parts)
-
-
-def explain(plan, fmt: str = "text", *, depth: int | None = None, collapse: bool = True,
-            max_rows: int | None = None):
-    """Explain a plan per layer: layouts, collectives per link class, time and memory.
-
-    Args:
-      plan: a :class:`hulkjax.Plan` (from ``hj.plan``, ``hj.compare`` or ``step.plan``).
-      fmt: ``"text"`` (a plain string), ``"markdown"`` (a string with a pipe table) or ``"rich"``
-        (a ``rich`` renderable for ``Console().print``).
-      depth: cut layer labels to this many scope components (coarser rows); ``None``: full.
-      collapse: merge repeated identical layers (``h_{0..11}``) into one row.
-      max_rows: show at most this many layer rows.
-
-    >>> import hulkjax as hj, jax.numpy as jnp
-    >>> plan = hj.plan(lambda w, x: (x @ w).sum(), jnp.ones((64, 64)), jnp.ones((128, 64)),
-    ...                topology=hj.Topology.grid((8,), ("d",)), strategy="fsdp")
-    >>> explain(plan, fmt="markdown").splitlines()[0]
-    "### Plan 'fsdp' on grid-8 (mesh d=8)"
-    """
-    renderers = {"text": render_text, "markdown": render_markdown, "md": render_markdown,
-                 "rich": render_rich}
-    if fmt not in renderers:
-        from hulkjax.errors import HulkjaxError
-
-        raise HulkjaxError(f"explain(fmt={fmt!r}): use one of 'text', 'markdown', 'rich'.")
-    return renderers[fmt](explanation(plan, depth=depth, collapse=collapse), max_rows=max_rows)
-
-
-# ---- Plan.summary --------------------------------------------------------------------------
-def plan_summary(plan, *, max_rows: int = 40) -> str:
-    """``Plan.summary()``: the per-layer explanation, then arguments grouped by role and layout.
-
-    Leaves with the same role and the same spec pattern are counted together, so a GPT-2 plan
-    reads as a dozen lines rather than hundreds. Plans without a graph (loaded from JSON) show the
-    argument groups and the cost only.
-    """
-    from hulkjax.trace.graph import dtype_size
-
-    mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
-    lines = [f"Plan {plan.strategy!r} on mesh ({mesh}), planned in {plan.planning_time:.2f} s"]
-    if plan.graph is not None and plan.topology is not None:
-        e = explanation(plan)
-        cols, rows, total, hidden = _table_rows(e, max_rows)
-        lines += _text_table(cols, rows, total)
-        if hidden:
-            lines.append(f"... {hidden} more layers")
-        lines.append("")
-    groups: dict[tuple[str, str], list] = defaultdict(list)
-    for t in plan.inputs:
-        groups[(t.role, format_spec(t.spec))].append(t)
-    lines.append(f"{'role':<10} {'layout':<22} {'leaves':>6} {'bytes':>10}  example")
-    for (role, spec), ts in sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1])))[:max_rows]:
-        total_b = sum(_size(t.shape) * dtype_size(t.dtype) for t in ts)
-        lines.append(f"{role:<10} {spec:<22} {len(ts):>6} {format_bytes(total_b):>10}  {ts[0].path}")
-    if plan.operand_specs or plan.result_specs:
-        lines.append(f"constraints: {len(plan.operand_specs)} operand, "
-                     f"{len(plan.result_specs)} intermediate")
-    if plan.cost is not None:
-        lines.append(str(plan.cost))
-        for c in plan.cost.collectives:
-            links = "+".join(dict.fromkeys(plan.cost.link_class.get(x, "?") for x in c.axes))
-            lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({links} links): {c.count} x, "
-                         f"{format_bytes(c.bytes)}, {format_time(c.time)}")
-    for note in plan.notes[:10]:
-        lines.append(f"note: {note}")
-    if len(plan.notes) > 10:
-        lines.append(f"note: ... and {len(plan.notes) - 10} more")
-    return "\n".join(lines)
-
-
-def _size(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

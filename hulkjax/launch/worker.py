@@ -1,0 +1,307 @@
+"""One process of a launch job: join ``jax.distributed``, load the step and the plans, run them.
+
+``python -m hulkjax.launch worker ...`` (spawned by :func:`hulkjax.launch.launch`) and ``hulkjax
+launch --coordinator ...`` (one host of a real cluster) both end in :func:`run_worker`. It must run
+before JAX initializes its backends in the process: importing hulkjax starts none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+
+import jax
+import numpy as np
+
+from hulkjax import api
+from hulkjax.emit.hlo import summarize
+from hulkjax.errors import HulkjaxError, InvalidPlanError, UnsupportedStepError
+from hulkjax.launch.arrays import to_global, tree_error
+from hulkjax.launch.job import REPORT_FORMAT, Job
+from hulkjax.launch.layout import ordered_devices, process_layout
+from hulkjax.loading import LoadedStep, load_step
+from hulkjax.plan.records import Plan
+from hulkjax.topology import Topology
+
+log = logging.getLogger("hulkjax.launch")
+
+
+def check_runnable(model: LoadedStep) -> None:
+    """A user's step must come with concrete arrays: launch runs it (zoo models have ``init``)."""
+    if model.init is not None:
+        return
+    leaves = jax.tree_util.tree_flatten_with_path(model.args)[0]
+    abstract = [jax.tree_util.keystr(p) for p, x in leaves if isinstance(x, jax.ShapeDtypeStruct)]
+    if abstract:
+        raise UnsupportedStepError(
+            f"launch runs the step, but {model.name}() returned jax.ShapeDtypeStruct leaves "
+            f"({', '.join(abstract[:4])}{', ...' if len(abstract) > 4 else ''}), which hold no "
+            f"values. Return concrete arrays for launch (plan and compare accept abstract ones).")
+
+
+def _concrete_args(model: LoadedStep, seed: int) -> tuple:
+    """``(state, batch)`` as host numpy trees (zoo: ``init(seed)``; user steps: what they return)."""
+    check_runnable(model)
+    args = model.init(seed) if model.init is not None else model.args
+
+    def host(x):
+        try:
+            return np.asarray(x)
+        except (TypeError, ValueError):  # PRNG keys stay jax arrays
+            return x
+
+    return jax.tree_util.tree_map(host, args)
+
+
+def _fingerprint(tree) -> int:
+    h = hashlib.sha256()
+    for x in jax.tree_util.tree_leaves(tree):
+        a = np.asarray(x) if isinstance(x, np.ndarray) else np.asarray(jax.random.key_data(x))
+        h.update(str((a.shape, a.dtype.str)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return int.from_bytes(h.digest()[:7], "little")  # fits an int64
+
+
+def _init_distributed(coordinator: str, num_processes: int, process_id: int,
+                      local_devices: int | None, init_timeout: int) -> None:
+    """``jax.distributed.initialize``; on CPU first ask for ``local_devices`` devices."""
+    if local_devices is not None:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", int(local_devices))
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, initialization_timeout=init_timeout)
+
+
+def _broadcast_plan(plan_dict: dict | None) -> dict:
+    """Process 0's plan (a JSON dict) on every process, through the job's own collectives."""
+    from jax.experimental import multihost_utils
+
+    data = b"" if plan_dict is None else json.dumps(plan_dict).encode()
+    n = int(multihost_utils.broadcast_one_to_all(np.array(len(data), np.int64)))
+    buf = np.frombuffer(data, np.uint8) if data else np.zeros(n, np.uint8)
+    buf = multihost_utils.broadcast_one_to_all(buf)
+    return json.loads(np.asarray(buf, np.uint8).tobytes().decode())
+
+
+def _job_plans(job: Job, model: LoadedStep, process_id: int) -> list:
+    if job.plans:
+        return [Plan.load(p) for p in job.plans]
+    plans = []
+    for strategy in job.strategies:
+        d = None
+        if process_id == 0:
+            log.info("process 0: planning %s", strategy)
+            plan = api.plan(model.step, *model.args, topology=Topology.from_dict(job.topology),
+                           strategy=strategy)
+            os.makedirs(job.out, exist_ok=True)
+            plan.save(os.path.join(job.out, f"plan-{strategy}.json"))
+            d = plan.to_dict()
+        plans.append(Plan.from_dict(_broadcast_plan(d)))
+    return plans
+
+
+def _state_and_metrics(out, state, name: str):
+    """``(new_state, metrics)`` from a step's result, or a teaching error."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise UnsupportedStepError(
+            f"launch runs {name}'s step as state, metrics = step(state, batch) again and again, "
+            f"but it returned {type(out).__name__}"
+            f"{f' of length {len(out)}' if isinstance(out, tuple | list) else ''}. Return "
+            f"(new_state, metrics).")
+    if jax.tree_util.tree_structure(out[0]) != jax.tree_util.tree_structure(state):
+        raise UnsupportedStepError(
+            f"{name}'s step returned a new state with another structure than the state it was "
+            f"given ({jax.tree_util.tree_structure(out[0])} vs "
+            f"{jax.tree_util.tree_structure(state)}); launch feeds it back as the next state.")
+    return out
+
+
+def _loss(metrics) -> float | None:
+    """The loss in a step's (gathered, float) metrics: ``metrics["loss"]`` or a scalar metric."""
+    if isinstance(metrics, dict):
+        return metrics.get("loss")
+    return metrics if isinstance(metrics, float) else None
+
+
+def _float_tree(tree):
+    return jax.tree_util.tree_map(lambda x: float(np.asarray(x)) if np.ndim(x) == 0
+                                  else np.asarray(x).tolist(), tree)
+
+
+def run_worker(job: Job, *, coordinator: str, num_processes: int, process_id: int) -> dict | None:
+    """Run this process's part of a launch job (what ``hulkjax launch --coordinator ...`` runs).
+
+    Must be called before JAX initializes its backends in this process. Initializes
+    ``jax.distributed``, loads the model and the plan(s), emits each plan over the job's global
+    devices, runs ``job.steps`` timed steps and gathers the results; process 0 also runs the
+    unsharded step (``job.check``) and writes ``report.json`` to ``job.out``.
+
+    Returns:
+      The report on process 0, ``None`` on the others.
+
+    Raises:
+      ProcessLayoutError: the job's processes x local devices do not match the plan's topology.
+    """
+    t_start = time.perf_counter()
+    _init_distributed(coordinator, num_processes, process_id, job.local_devices, job.init_timeout)
+    from jax.experimental import multihost_utils
+
+    log.info("process %d/%d joined: %d local devices (%s)", process_id, num_processes,
+             jax.local_device_count(), jax.local_devices()[0].platform)
+    model = load_step(job.model, size=job.size, overrides=job.overrides)
+    plans = _job_plans(job, model, process_id)
+    topo = plans[0].topology
+    if topo is None:
+        raise InvalidPlanError(f"plan {job.plans[0]!r} has no topology; re-plan with hj.plan.")
+    for p in plans[1:]:
+        if p.topology_fingerprint != plans[0].topology_fingerprint:
+            raise InvalidPlanError("the job's plans were made for different topologies; launch "
+                                   "plans for one topology per job.")
+    layout = process_layout(topo, num_processes, jax.local_device_count())
+    devices = ordered_devices(layout)
+
+    host_state, host_batch = _concrete_args(model, job.seed)
+    prints = multihost_utils.process_allgather(np.array(_fingerprint((host_state, host_batch)),
+                                                        np.int64))
+    if len(set(np.asarray(prints).ravel().tolist())) != 1:
+        raise UnsupportedStepError(
+            f"the processes computed different initial state/batch (fingerprints "
+            f"{np.asarray(prints).ravel().tolist()}); launch needs the same values on every "
+            f"process. Make the model's init deterministic (a fixed seed, no wall-clock or "
+            f"per-host randomness).")
+
+    runs = []
+    for plan in plans:
+        mesh = topo.mesh(devices)
+        step = api.emit(model.step, plan, mesh=mesh)
+        leaves, treedef = jax.tree_util.tree_flatten((host_state, host_batch))
+        if len(leaves) != len(step.in_shardings):
+            raise InvalidPlanError(f"plan {plan.strategy!r} has {len(step.in_shardings)} inputs, "
+                                   f"the model has {len(leaves)}; re-plan for this model.")
+        t0 = time.perf_counter()
+        state, batch = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(
+            to_global(leaves, step.in_shardings)))
+        step.compile(state, batch)
+        compile_time = time.perf_counter() - t0
+        colls = step.collectives()
+        multihost_utils.sync_global_devices(f"hulkjax-launch-{plan.strategy}")
+        times, metrics = [], []
+        for i in range(job.steps):
+            t0 = time.perf_counter()
+            out = step(state, batch)
+            jax.block_until_ready(out)
+            times.append(time.perf_counter() - t0)
+            state, m = _state_and_metrics(out, state, model.name)
+            metrics.append(m)
+            log.info("process %d: %s step %d: %.3f s", process_id, plan.strategy, i + 1, times[-1])
+        all_times = np.asarray(multihost_utils.process_allgather(np.asarray(times)))
+        metrics = [_float_tree(multihost_utils.process_allgather(m, tiled=True)) for m in metrics]
+        final = (jax.tree_util.tree_map(np.asarray,
+                                        multihost_utils.process_allgather(state, tiled=True))
+                 if job.check else None)
+        del state
+        per_step = all_times.reshape(num_processes, job.steps).max(axis=0)  # the slowest process
+        timed = per_step[1:] if job.steps > 1 else per_step
+        runs.append({
+            "strategy": plan.strategy,
+            "plan": job.plans[len(runs)] if job.plans else f"plan-{plan.strategy}.json",
+            "predicted": None if plan.cost is None else plan.cost.to_dict(),
+            "compile_time": compile_time,
+            "step_times": all_times.reshape(num_processes, job.steps).tolist(),
+            "step_time": float(np.median(timed)),
+            "losses": [_loss(m) for m in metrics],
+            "metrics": metrics,
+            "collectives": [
+                {"kind": kind, "axes": list(axes), "count": v["count"], "bytes": v["bytes"],
+                 "crosses_processes": bool(set(axes) & set(layout.process_axes))}
+                for (kind, axes), v in sorted(summarize(colls).items())],
+            "_final": final,
+        })
+
+    report = None
+    if process_id == 0:
+        check = _check_against_unsharded(model, host_state, host_batch, job, runs) \
+            if job.check else None
+        for i, r in enumerate(runs):
+            r.pop("_final")
+            r["check"] = None if check is None else check[i]
+        report = {
+            "format": REPORT_FORMAT,
+            "model": model.name, "size": job.size, "overrides": job.overrides,
+            "params": model.params,
+            "topology": {"name": topo.name, "fingerprint": topo.fingerprint(),
+                         "axis_names": list(topo.axis_names), "shape": list(topo.shape),
+                         "num_devices": topo.num_devices},
+            "platform": jax.local_devices()[0].platform,
+            "layout": layout.to_dict(),
+            "device_map": [{"topology_id": i, "process": d.process_index, "device_id": d.id}
+                           for i, d in enumerate(devices)],
+            "steps": job.steps, "seed": job.seed,
+            "warmup_steps": 1 if job.steps > 1 else 0,
+            "runs": runs,
+            "worker_wall_time": time.perf_counter() - t_start,
+        }
+        os.makedirs(job.out, exist_ok=True)
+        path = os.path.join(job.out, "report.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(path + ".tmp", path)
+        log.info("process 0: report written to %s", path)
+    return report
+
+
+def _check_against_unsharded(model, host_state, host_batch, job: Job, runs) -> list[dict]:
+    """Run the unsharded step on this process's first device; compare every run with it."""
+    dev = jax.local_devices()[0]
+    step = jax.jit(model.step)
+    state, batch = jax.device_put((host_state, host_batch), dev)
+    ref_metrics = []
+    for _ in range(job.steps):
+        state, m = step(state, batch)
+        ref_metrics.append(_float_tree(jax.device_get(m)))
+    ref_final = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+    out = []
+    for r in runs:
+        metrics = tree_error(r["metrics"], ref_metrics, rtol=job.rtol, atol=job.atol)
+        final = tree_error(r["_final"], ref_final, rtol=job.rtol, atol=job.atol)
+        out.append({
+            "match": metrics["match"] and final["match"],
+            "reference_losses": [_loss(m) for m in ref_metrics],
+            "metrics": metrics, "final_state": final,
+        })
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m hulkjax.launch worker --job ... --coordinator ... --num-processes N --process-id I``."""
+    p = argparse.ArgumentParser(prog="python -m hulkjax.launch",
+                                description="one process of a hulkjax launch job")
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="run one process of the job in job.json")
+    w.add_argument("--job", required=True, help="job.json written by hulkjax.launch.launch")
+    w.add_argument("--coordinator", required=True, help="HOST:PORT of process 0's coordinator")
+    w.add_argument("--num-processes", type=int, required=True)
+    w.add_argument("--process-id", type=int, required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"[process {args.process_id}] %(message)s")
+    try:
+        run_worker(Job.load(args.job), coordinator=args.coordinator,
+                   num_processes=args.num_processes, process_id=args.process_id)
+    except BaseException as e:  # noqa: BLE001 -- report anything, then leave without the
+        # distributed shutdown barrier (it would wait minutes for peers that may be gone).
+        traceback.print_exc(file=sys.stderr)
+        kind = "error" if isinstance(e, HulkjaxError) else "failed"
+        print(f"{kind}: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+    jax.distributed.shutdown()
+    return 0

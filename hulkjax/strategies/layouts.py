@@ -1,0 +1,268 @@
+"""The layouts people write by hand, as recipes over a plan's inputs: split the batch, shard the
+parameters (ZeRO-3), pair columns and rows (Megatron).
+
+Every decision comes from the graph (roles from the data flow, dimensions from dimension numbers
+through :mod:`hulkjax.rules.dims`), never from parameter names. The baselines
+(:mod:`hulkjax.strategies.baselines`) and the loop-body planner (:mod:`hulkjax.strategies.loops`)
+both build on these recipes; nothing here costs anything.
+
+>>> import jax.numpy as jnp, hulkjax as hj
+>>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
+>>> sb = InputLayouts(g, hj.Topology.grid((8,), ("d",)))
+>>> split_batch(sb, ("d",)); sb.input_specs
+[PartitionSpec(), PartitionSpec('d',)]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from jax.extend.core import primitives as P
+from jax.sharding import PartitionSpec
+
+from hulkjax.rules.dims import CONTRACTED, dot_partner, map_dim
+from hulkjax.trace.graph import DATA, PARAMETER, OpGraph
+from hulkjax.trace.primitives import VIEWS
+
+
+class InputLayouts:
+    """A plan's input layouts as a person writes them: one ``PartitionSpec`` per input leaf.
+
+    Shards a dimension over mesh axes only where the sizes divide: ``shard(vid, dim, axes)`` uses
+    the largest ordered subset of ``axes`` whose product divides the dimension (none: replicated).
+    """
+
+    def __init__(self, graph: OpGraph, topology, strategy: str = ""):
+        self.graph = graph
+        self.topology = topology
+        self.strategy = strategy
+        self.sizes = dict(zip(topology.axis_names, topology.shape))
+        self.input_specs: list[PartitionSpec] = [PartitionSpec()] * len(graph.inputs)
+        self.notes: list[str] = []
+        self.param_use = "keep"  # "gather" for ZeRO-3: parameters gathered whole before each use
+
+    def axes_for(self, size: int, axes: Sequence[str]) -> tuple[str, ...]:
+        """The largest ordered subset of ``axes`` whose total size divides ``size``."""
+        best: tuple[str, ...] = ()
+        best_n = 1
+        for r in range(len(axes), 0, -1):
+            for combo in itertools.combinations(axes, r):
+                n = 1
+                for a in combo:
+                    n *= self.sizes[a]
+                if n > best_n and size % n == 0:
+                    best, best_n = combo, n
+        return best
+
+    def dim_spec(self, shape: Sequence[int], dim: int, axes: Sequence[str],
+                 path: str = "") -> PartitionSpec:
+        """A spec sharding ``dim`` of ``shape`` over (a dividing subset of) ``axes``."""
+        if not axes or dim is None or dim >= len(shape):
+            return PartitionSpec()
+        use = self.axes_for(shape[dim], axes)
+        if tuple(use) != tuple(axes):
+            want = 1
+            for a in axes:
+                want *= self.sizes[a]
+            self.notes.append(f"{path or shape}: dim {dim} (size {shape[dim]}) does not divide "
+                              f"{want} over {tuple(axes)}; sharded over {use or 'nothing'}")
+        if not use:
+            return PartitionSpec()
+        entries: list = [None] * len(shape)
+        entries[dim] = use[0] if len(use) == 1 else tuple(use)
+        while entries and entries[-1] is None:
+            entries.pop()
+        return PartitionSpec(*entries)
+
+    def set_input(self, index: int, spec: PartitionSpec) -> None:
+        self.input_specs[index] = spec
+
+
+# ---- the recipes -----------------------------------------------------------------------------
+
+
+def split_batch(sb: InputLayouts, axes: tuple[str, ...]) -> None:
+    """Data parallel: dim 0 of every data input split over (a dividing subset of) ``axes``."""
+    g = sb.graph
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        shape = g.values[vid].shape
+        if role == DATA and shape:
+            sb.set_input(i, sb.dim_spec(shape, 0, axes, g.input_paths[i]))
+
+
+def shard_parameters(sb: InputLayouts, axes: tuple[str, ...]) -> None:
+    """ZeRO-3 layouts: each parameter split over ``axes`` on the dimension most of them divide
+    (the largest such)."""
+    g = sb.graph
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        if role != PARAMETER:
+            continue
+        shape = g.values[vid].shape
+        if not shape:
+            continue
+        dim = max(range(len(shape)), key=lambda d: (len(sb.axes_for(shape[d], axes)), shape[d], -d))
+        sb.set_input(i, sb.dim_spec(shape, dim, axes, g.input_paths[i]))
+
+
+def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
+    """Megatron's column/row alternation, found by following the model-sharded dimension.
+
+    Walking the graph in order, the first matmul (or convolution) that uses a parameter decides it:
+    if the other operand arrives sharded on a dimension this matmul contracts, the parameter is
+    split on the partner dimension (row parallel: partial sums, one all-reduce); if it arrives
+    unsharded, the parameter is split on its outermost free dimension if that divides and the
+    split is closed by a row-parallel matmul before anything reduces over it (column parallel: the
+    result stays split until the row matmul's all-reduce). A parameter met elementwise by a split result (a bias after a column
+    matmul) is split the same way. The split dimension is followed through elementwise ops,
+    reshapes, transposes and attention's batched matmuls by the dimension table in
+    :mod:`hulkjax.rules.dims`. Everything else is left to the compiler's propagation.
+    """
+    g = sb.graph
+    # value -> (param input index, {value dim: param dim}) for views of parameters
+    origin: dict[int, tuple[int, dict[int, int]]] = {}
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        if role == PARAMETER:
+            origin[vid] = (i, {d: d for d in range(len(g.values[vid].shape))})
+    decided: dict[int, int | None] = {}
+    shard: dict[int, int] = {}
+
+    def divisible(size: int) -> bool:  # by the model axes, or by a subset of them
+        return bool(sb.axes_for(size, model_axes))
+
+    def decide(i: int, pdim: int | None) -> None:
+        if i in decided:
+            return
+        shape = g.values[g.inputs[i]].shape
+        if pdim is not None and not divisible(shape[pdim]):
+            pdim = None  # no subset of the model axes divides it: replicated
+        decided[i] = pdim
+
+    def sharded_dim(v: int) -> int | None:
+        if v in origin:
+            i, dims = origin[v]
+            pdim = decided.get(i)
+            if pdim is None:
+                return None
+            return next((vd for vd, pd in dims.items() if pd == pdim), None)
+        return shard.get(v)
+
+    for node in g.nodes:
+        ins = node.inputs
+        if node.primitive in VIEWS and ins and ins[0] in origin:
+            i, dims = origin[ins[0]]
+            mapped = {}
+            for vd, pd in dims.items():
+                r = map_dim(node, g, 0, vd)
+                if isinstance(r, int):
+                    mapped[r] = pd
+            origin[node.outputs[0]] = (i, mapped)
+            continue
+        if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
+            _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible)
+        out_dim = None
+        for k, v in enumerate(ins):
+            if v is None:
+                continue
+            sd = sharded_dim(v)
+            if sd is None:
+                continue
+            r = map_dim(node, g, k, sd)
+            if isinstance(r, int):
+                out_dim = r
+                break
+        if out_dim is None or len(node.outputs) != 1:
+            continue
+        shard[node.outputs[0]] = out_dim
+        if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
+            continue
+        for k, v in enumerate(ins):
+            if v in origin and origin[v][0] not in decided:
+                i, dims = origin[v]
+                for vd, pd in dims.items():
+                    if map_dim(node, g, k, vd) == out_dim:
+                        decide(i, pd)
+                        break
+
+    for i, pdim in decided.items():
+        if pdim is not None:
+            shape = g.values[g.inputs[i]].shape
+            sb.set_input(i, sb.dim_spec(shape, pdim, model_axes, g.input_paths[i]))
+
+
+def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible) -> None:
+    ins = node.inputs
+    param_ops = [k for k in (0, 1) if ins[k] is not None and ins[k] in origin]
+    if len(param_ops) != 1:
+        return
+    k = param_ops[0]
+    a = 1 - k
+    i, dims = origin[ins[k]]
+    if i in decided or ins[a] is None:
+        return
+    adim = sharded_dim(ins[a])
+    pshape = g.values[ins[k]].shape
+    if node.primitive is P.conv_general_dilated_p:
+        if k != 1:
+            return
+        rhs_spec = node.params["dimension_numbers"].rhs_spec
+        lhs_spec = node.params["dimension_numbers"].lhs_spec
+        if adim is None:
+            target = rhs_spec[0]  # output features: column
+        elif adim == lhs_spec[1]:
+            target = rhs_spec[1]  # input features: row
+        else:
+            return
+        if target in dims and divisible(pshape[target]):
+            decide(i, dims[target])
+        return
+    if adim is not None:
+        if map_dim(node, g, a, adim) == CONTRACTED:
+            partner = dot_partner(node, a, adim)
+            if partner in dims:
+                decide(i, dims[partner])  # row parallel
+        return
+    # Column parallel on the outermost free dimension (the heads of a (D, heads, head_dim)
+    # kernel), or not at all: splitting head_dim instead would put the split under attention's
+    # contraction and all-reduce the scores.
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    contract, batch = (lc, lb) if k == 0 else (rc, rb)
+    free = [d for d in range(len(pshape)) if d not in contract and d not in batch]
+    if free and free[0] in dims and divisible(pshape[free[0]]):
+        out_dim = map_dim(node, g, k, free[0])
+        if isinstance(out_dim, int) and _closed_by_row_matmul(g, node.outputs[0], out_dim, origin):
+            decide(i, dims[free[0]])
+    if i not in decided:
+        decide(i, None)
+
+
+def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin) -> bool:
+    """Whether a split of ``dim`` of value ``start`` is closed by a row-parallel matmul before
+    anything reduces over it, gathers it, or loses track of it.
+
+    Follows every use of the split dimension (backward-pass uses included). A use by a matmul with a
+    parameter that contracts the dimension closes that path; a use that carries the dimension on
+    continues; a graph output ends a path neutrally; anything else (LayerNorm's reduction over the
+    hidden size, a gather, an operator without a dimension rule) rejects the split.
+    """
+    outputs = set(o for o in g.outputs if o is not None)
+    closed = False
+    seen = {(start, dim)}
+    todo = [(start, dim)]
+    while todo:
+        v, d = todo.pop()
+        for nid, k in g.consumers(v):
+            node = g.nodes[nid]
+            r = map_dim(node, g, k, d)
+            if r == CONTRACTED and node.primitive is P.dot_general_p and any(
+                    u is not None and u in origin for j, u in enumerate(node.inputs) if j != k):
+                closed = True
+                continue
+            if not isinstance(r, int) or len(node.outputs) != 1:
+                return False
+            nxt = (node.outputs[0], r)
+            # A graph output that is used further (a loop body's residuals) is followed on.
+            if nxt not in seen and (node.outputs[0] not in outputs or g.consumers(node.outputs[0])):
+                seen.add(nxt)
+                todo.append(nxt)
+    return closed

@@ -1,0 +1,348 @@
+"""Loop bodies planned: ``scan``, ``while`` and ``cond`` as leaders whose candidates are shardings of
+their bodies; and the cost model every planner shares, with this planner injected.
+
+Where this sits::
+
+    OpGraph node (scan / while / cond, with node.subgraphs)            outer CostModel
+            |  loop_candidates(node, graph, mesh, topology)   <--- injected as loop_planner
+            v
+    boundary (hulkjax.rules.loops) + hypotheses (replicated; batch split per mesh-axis subset;
+    parameter slices sharded like fsdp / megatron / dp_tp would) --> each body planned with the
+    same machinery: a CostModel of the body graph, completed by ``propagate`` as a baseline
+    would (and refined by coordinate descent)
+            |
+            v
+    LoopResolution: operand / result specs of the loop node, the body plans, and
+    trip_count x (body compute + body collectives) + carry resharding per iteration
+
+**Body roles.** A body input is a parameter (for the baselines' recipes: kept in place or gathered
+before use) when the loop operand it comes from is derived from state (a parameter or optimizer
+state input, through casts and reshapes); otherwise it is data (its leading dimension is the
+batch).
+
+>>> import jax, jax.numpy as jnp, hulkjax as hj
+>>> def f(w, x):
+...     return jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)[0].sum()
+>>> g = hj.trace(f, jnp.ones((3, 16, 16)), jnp.ones((8, 16)))
+>>> cm = cost_model(g, hj.Topology.grid((2,), ("d",)))
+>>> [r.label for r in cm.groups[cm.group_of_node[0]].candidates][:2]
+['replicated', 'batch:d']
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hulkjax.cost.model import INPUT, LEADER, CostModel
+from hulkjax.plan.collectives import Comm
+from hulkjax.plan.records import BodyPlan
+from hulkjax.plan.specs import Spec, divides, from_pspec, local_shape, replicated, to_pspec
+from hulkjax.rules.loops import Boundary, LoopBody, LoopResolution, boundary
+from hulkjax.rules.sharding import Mesh, Resolution
+from hulkjax.strategies.layouts import InputLayouts, shard_parameters, split_batch, tensor_parallel
+from hulkjax.strategies.search import coordinate_descent, propagate
+from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, dtype_size
+from hulkjax.trace.primitives import VIEWS
+
+MAX_LOOP_CANDIDATES = 32  # per loop node (the replicated one included)
+
+
+def cost_model(graph: OpGraph, topology) -> CostModel:
+    """The cost model of (graph, topology), loop bodies planned by :func:`loop_candidates`; built
+    once and kept on the graph, so every planner of one step judges with the same tables.
+
+    >>> import jax.numpy as jnp, hulkjax as hj
+    >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
+    >>> topo = hj.Topology.grid((8,), ("d",))
+    >>> cost_model(g, topo) is cost_model(g, topo)
+    True
+    """
+    cache = graph.__dict__.setdefault("_cost_models", {})
+    cm = cache.get(topology)
+    if cm is None:
+        cm = cache[topology] = CostModel(
+            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology))
+    return cm
+
+
+# ---- body views ------------------------------------------------------------------------------
+
+def _from_state(graph: OpGraph, vid: int | None) -> bool:
+    """Whether a value is (a view of) a state input: a parameter or optimizer state."""
+    index = graph.__dict__.get("_input_index")
+    if index is None:
+        index = graph.__dict__["_input_index"] = {v: i for i, v in enumerate(graph.inputs)}
+    while vid is not None:
+        v = graph.values[vid]
+        if v.producer is None:
+            i = index.get(vid)
+            return i is not None and i < len(graph.input_roles) and \
+                graph.input_roles[i] in (PARAMETER, OPTIMIZER)
+        node = graph.nodes[v.producer]
+        if node.primitive not in VIEWS:
+            return False
+        vid = node.inputs[0]
+    return False
+
+
+def _body_view(sub: OpGraph, roles: tuple[str, ...], carries) -> OpGraph:
+    """The body graph with loop roles and carries ``((body output, body input), ...)``, cached on
+    the tracer's sub-graph."""
+    key = (roles, carries)
+    views = sub.__dict__.setdefault("_loop_views", {})
+    view = views.get(key)
+    if view is None:
+        view = OpGraph(nodes=sub.nodes, values=sub.values, inputs=sub.inputs, outputs=sub.outputs,
+                       input_paths=sub.input_paths, output_paths=sub.output_paths, in_tree=None,
+                       out_tree=None, jaxpr=sub.jaxpr, constants=sub.constants, input_roles=roles)
+        view.carried = {j: i for i, j in carries if sub.outputs[i] is not None}
+        view.owners = {}
+        views[key] = view
+    return view
+
+
+# ---- hypotheses --------------------------------------------------------------------------------
+
+
+def _axes_subsets(axes: Sequence[str]) -> list[tuple[str, ...]]:
+    return [c for r in range(1, len(axes) + 1) for c in itertools.combinations(axes, r)]
+
+
+def _hypotheses(b: Boundary, views: list[OpGraph], state: list[bool], topology):
+    """``[(label, spec per operand, param_use)]``: the boundary layouts to plan the bodies for."""
+    axes = tuple(topology.axis_names)
+    main = views[b.main]
+    main_in = b.inputs[b.main]
+
+    def fresh():
+        return InputLayouts(main, topology, "loop")
+
+    def to_slots(sb: InputLayouts, batch_axes: tuple[str, ...]) -> list[Spec | None]:
+        out: list[Spec | None] = []
+        for k, shape in enumerate(b.slots):
+            if shape is None:
+                out.append(None)
+            elif b.fixed[k]:
+                out.append(replicated(len(shape)))
+            elif k in main_in:
+                out.append(from_pspec(sb.input_specs[main_in.index(k)], len(shape)))
+            elif not state[k] and shape and batch_axes:  # an operand only another body reads
+                out.append(from_pspec(sb.dim_spec(shape, 0, batch_axes), len(shape)))
+            else:
+                out.append(replicated(len(shape)))
+        return out
+
+    hyps = []
+    hyps.append(("replicated", to_slots(fresh(), ()), "keep"))
+    for sub_axes in _axes_subsets(axes):
+        sb = fresh()
+        split_batch(sb, sub_axes)
+        hyps.append((f"batch:{','.join(sub_axes)}", to_slots(sb, sub_axes), "keep"))
+    sb = fresh()
+    split_batch(sb, axes)
+    shard_parameters(sb, axes)
+    hyps.append(("fsdp", to_slots(sb, axes), "gather"))
+    tp_sets = [(a,) for a in axes] + ([axes] if len(axes) > 1 else [])
+    for model in tp_sets:
+        sb = fresh()
+        tensor_parallel(sb, model)
+        hyps.append((f"megatron:{','.join(model)}", to_slots(sb, ()), "keep"))
+        data = tuple(a for a in axes if a not in model)
+        if data:
+            sb = fresh()
+            split_batch(sb, data)
+            tensor_parallel(sb, model)
+            hyps.append((f"dp_tp:{','.join(data)}|{','.join(model)}", to_slots(sb, data), "keep"))
+    return hyps
+
+
+# ---- planning the bodies -------------------------------------------------------------------------
+
+
+def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool) -> list[int]:
+    """The body completed from its input layouts, as a propagating partitioner would; with
+    ``improve``, then each body operator re-chosen given the others (the boundary stays)."""
+    fixed = {grp.id: bcm.input_candidate(grp.id, specs[grp.inputs[0]])
+             for grp in bcm.groups if grp.kind == INPUT}
+    a = propagate(bcm, fixed, param_use=param_use)
+    if improve:
+        a = coordinate_descent(bcm, a, [grp.id for grp in bcm.groups if grp.kind == LEADER])
+    return a
+
+
+def _nbytes(graph: OpGraph, vid: int, spec: Spec, sizes) -> float:
+    v = graph.values[vid]
+    n = 1.0
+    for d in local_shape(v.shape, spec, sizes):
+        n *= d
+    return n * dtype_size(v.dtype)
+
+
+@dataclass
+class _BodyCost:
+    compute: float
+    comms: list[Comm]
+    program: list[Comm]
+    memory: float
+    time: float
+    specs: dict[int, Spec]
+
+
+def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
+    """One execution of a body: compute, collectives (with the resharding of results to their exit
+    layouts, ``{body output: spec}``), transient memory."""
+    view = bcm.graph
+    compute = sum(bcm.local(gid, c).compute for gid, c in enumerate(a))
+    comms = bcm.assignment_comms(a)
+    program = bcm.program_comm_list(a)
+    specs = bcm.value_specs(a)
+    for i, spec in exits.items():
+        vid = view.outputs[i]
+        if vid is None or specs.get(vid) is None or i in view.carried.values():
+            continue  # carries are charged by the body's carried edges already
+        extra = bcm.reshard(vid, specs[vid], spec)
+        comms.extend(extra)
+        program.extend(extra)
+    inputs = set(view.inputs)
+    sizes = bcm.sizes
+    saved = sum(_nbytes(view, v, s, sizes) for v, s in specs.items()
+                if v in bcm.saved_activations)
+    peak = max((_nbytes(view, v, s, sizes) for v, s in specs.items() if v not in inputs),
+               default=0.0)
+    time = compute + sum(bcm.comm_time(cm) for cm in comms)
+    return _BodyCost(compute, comms, program, saved + peak, time, specs)
+
+
+def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms: list,
+             slot_specs: list[Spec | None], param_use: str, label: str, mesh: Mesh,
+             rep_compute: float | None, improve: bool = False) -> LoopResolution | None:
+    if not all(s is None or divides(shape, s, mesh.sizes)
+               for shape, s in zip(b.slots, slot_specs)):
+        return None
+    plans = []
+    for bi, bcm in enumerate(bcms):
+        ins = [slot_specs[k] if slot_specs[k] is not None else replicated(len(b.slots[k] or ()))
+               for k in b.inputs[bi]]
+        plans.append((ins, _complete(bcm, ins, param_use, improve)))
+    # Results: carries keep the carry-in layout; scan ys and cond results come out as produced
+    # (a cond's: as its main branch produces them).
+    specs = [bcm.value_specs(a) for bcm, (_, a) in zip(bcms, plans)]
+    out_specs: list[Spec] = []
+    exits: list[dict[int, Spec]] = [{} for _ in views]
+    for r, (kind, idx) in enumerate(b.results):
+        rank = len(graph.values[node.outputs[r]].shape)
+        if kind == "carry":
+            spec = slot_specs[idx] or replicated(rank)
+            out_specs.append(spec)
+            for bi, carries in enumerate(b.carries):
+                for o, k in carries:
+                    if k == idx:
+                        exits[bi][o] = spec
+            continue
+        main_vid = views[b.main].outputs[idx]
+        s = specs[b.main].get(main_vid) if main_vid is not None else None
+        if b.kind == "scan":
+            spec = ((),) + s if s is not None else replicated(rank)
+            exits[0][idx] = spec[1:]
+        else:
+            spec = s if s is not None else replicated(rank)
+            for bi in range(len(views)):
+                exits[bi][idx] = spec
+        out_specs.append(spec)
+    costs = [_body_cost(bcm, a, ex) for bcm, (_, a), ex in zip(bcms, plans, exits)]
+    trips = max(int(node.trip_count), 1)
+    if b.kind == "cond":
+        worst = max(range(len(costs)), key=lambda i: costs[i].time)
+        compute, comms = costs[worst].compute, costs[worst].comms
+        program = [cm for c in costs for cm in c.program]  # every branch is in the program
+        memory = max(c.memory for c in costs)
+    else:
+        compute = trips * sum(c.compute for c in costs)
+        comms = [cm for c in costs for cm in c.comms] * trips
+        program = [cm for c in costs for cm in c.program] * trips
+        memory = max(c.memory for c in costs)
+    in_specs = []
+    for k, v in enumerate(node.inputs):
+        s = slot_specs[k]
+        if v is None:
+            in_specs.append(None)
+        elif s is None:
+            in_specs.append(replicated(len(graph.values[v].shape)))
+        else:
+            in_specs.append(((),) + s if b.stacked[k] else s)
+    bodies = tuple(
+        LoopBody(graph=view, cost_model=bcm, assignment=tuple(a), inputs=tuple(ins),
+                 outputs=tuple(ex.get(i) for i in range(len(view.outputs))))
+        for view, bcm, (ins, a), ex in zip(views, bcms, plans, exits))
+    shards = 1 if not compute or rep_compute is None else max(1, round(rep_compute / compute))
+    return LoopResolution(in_specs=tuple(in_specs), out_specs=tuple(out_specs), comms=tuple(comms),
+                          shards=shards, label=label, compute=compute, memory=memory,
+                          program_comms=tuple(program), bodies=bodies)
+
+
+def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Resolution]:
+    """A loop node's candidates: the replicated body first, then one per distinct body plan of
+    the boundary hypotheses (``[]`` for a node without a loop rule or bodies)."""
+    b = boundary(node, graph)
+    if b is None:
+        return []
+    state = [_from_state(graph, v) for v in node.inputs]
+    views, bcms = [], []
+    for bi, sub in enumerate(node.subgraphs):
+        roles = tuple(PARAMETER if state[k] else DATA for k in b.inputs[bi])
+        carries = tuple((o, b.inputs[bi].index(k)) for o, k in b.carries[bi])
+        view = _body_view(sub, roles, carries)
+        views.append(view)
+        bcms.append(cost_model(view, topology))  
+    out: list[Resolution] = []
+    seen = set()
+    rep_compute = None
+    tries = [(h, improve) for h in _hypotheses(b, views, state, topology)
+             for improve in (False, True)]
+    for (label, slots, param_use), improve in tries:
+        if improve and label == "replicated":
+            continue
+        r = _resolve(node, graph, b, views, bcms, slots, param_use,
+                     label + ("+search" if improve else ""), mesh, rep_compute, improve)
+        if r is None:
+            continue
+        if rep_compute is None:  # the first hypothesis is the replicated body
+            rep_compute = r.compute
+        key = (r.in_specs, r.out_specs, tuple(body.assignment for body in r.bodies))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(r)
+        if len(out) >= MAX_LOOP_CANDIDATES:
+            break
+    return out
+
+
+# ---- plans of the bodies, for the emitter ------------------------------------------------------
+
+
+def body_plans(cm: CostModel, assignment) -> dict:
+    """``{loop node id: (BodyPlan per sub-graph, ...)}`` for the loop leaders of an assignment."""
+    out = {}
+    for grp in cm.groups:
+        if grp.kind != LEADER:
+            continue
+        r = grp.candidates[assignment[grp.id]]
+        if isinstance(r, LoopResolution):
+            out[grp.leader] = tuple(_body_plan(body) for body in r.bodies)
+    return out
+
+
+def _body_plan(body: LoopBody) -> BodyPlan:
+    g, bcm, a = body.graph, body.cost_model, body.assignment
+    operand_specs, result_specs = (
+        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.leader_layouts(a))
+    inputs = {j: to_pspec(s) for j, (v, s) in enumerate(zip(g.inputs, body.inputs))
+              if g.values[v].shape}
+    outputs = {i: to_pspec(s) for i, (v, s) in enumerate(zip(g.outputs, body.outputs))
+               if s is not None and v is not None and g.values[v].shape}
+    return BodyPlan(inputs=inputs, outputs=outputs, operand_specs=operand_specs,
+                    result_specs=result_specs, bodies=body_plans(bcm, a))

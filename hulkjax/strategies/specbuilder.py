@@ -1,0 +1,36 @@
+"""A baseline's input layouts, completed and costed by the shared cost model.
+
+A baseline says how the step's arguments are laid out (:mod:`hulkjax.strategies.layouts`);
+:meth:`SpecBuilder.build` completes every operator from those layouts as a propagating partitioner
+would and costs the result with the one cost model every planner uses.
+
+>>> import jax.numpy as jnp, hulkjax as hj
+>>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
+>>> sb = SpecBuilder(g, hj.Topology.grid((8,), ("d",)), "mine")
+>>> sb.set_input(1, sb.dim_spec((8, 4), 0, ("d",)))
+>>> sb.build().in_specs
+(PartitionSpec(), PartitionSpec('d',))
+"""
+
+from __future__ import annotations
+
+from hulkjax.plan.records import Plan
+from hulkjax.strategies.layouts import InputLayouts
+from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_from_assignment
+from hulkjax.strategies.search import propagate
+
+
+class SpecBuilder(InputLayouts):
+    """Input layouts (see :class:`~hulkjax.strategies.layouts.InputLayouts`) that build a plan."""
+
+    def build(self) -> Plan:
+        """The plan: these input layouts (optimizer state following its parameter), every operator
+        then on its best candidate given its neighbours, costed by the shared cost model."""
+        g = self.graph
+        for opt, param in g.owners.items():
+            if g.values[g.inputs[opt]].shape == g.values[g.inputs[param]].shape:
+                self.input_specs[opt] = self.input_specs[param]
+        cm = cost_model(g, self.topology)
+        assignment = propagate(cm, assignment_for_inputs(cm, self.input_specs),
+                               param_use=self.param_use)
+        return plan_from_assignment(cm, assignment, self.strategy, self.notes)
