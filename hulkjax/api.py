@@ -52,11 +52,13 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
       **options: the planner's options (``hj.strategies.option_fields(strategy)`` lists them; an
         unknown one raises :class:`~hulkjax.errors.UnknownOptionError`).
 
-    >>> import hulkjax as hj, jax.numpy as jnp
-    >>> p = hj.plan(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)),
+    >>> import jax, hulkjax as hj, jax.numpy as jnp
+    >>> def step(w, x):  # w is carried to the result: a parameter
+    ...     return w - 0.1 * jax.grad(lambda w: (x @ w).sum())(w)
+    >>> p = hj.plan(step, jnp.ones((8, 4)), jnp.ones((16, 8)),
     ...             topology=hj.Topology.grid((8,), ("d",)), strategy="fsdp")
-    >>> p.in_specs[0]
-    PartitionSpec('d',)
+    >>> p.in_specs
+    (P('d',), P('d',))
     """
     topo = resolve_topology(topology)
     g = graph if graph is not None else trace(fn, *args)

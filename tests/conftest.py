@@ -1,16 +1,11 @@
-"""Test setup: 8 fake CPU devices, configured before JAX initializes its backends.
+"""Test fixtures. The 8 fake CPU devices are set up by the repository's root ``conftest.py``
+(before JAX initializes its backends), which the doctests of ``hulkjax/`` share.
 
 Warnings from hulkjax itself are errors (see ``filterwarnings`` in pyproject.toml).
 """
 
-import os
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 8)
+import jax
+import pytest
 
 _compiles: list[str] = []
 

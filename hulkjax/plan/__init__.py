@@ -10,7 +10,7 @@ What every layer above shares: layouts (:mod:`~hulkjax.plan.specs`), collective 
 
 >>> from hulkjax.plan import Plan, to_pspec
 >>> to_pspec(((), ("data",)))
-PartitionSpec(None, 'data')
+P(None, 'data')
 """
 
 from hulkjax.plan.collectives import COLLECTIVE_KINDS as COLLECTIVE_KINDS

@@ -5,7 +5,7 @@
 >>> plan = hj.plan(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)),
 ...                topology=topo, strategy="dp")
 >>> plan.in_specs
-(PartitionSpec(), PartitionSpec('d',))
+(P(), P('d',))
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A :data:`Spec` has one entry per dimension: the tuple of mesh axes that split it
 ``((), ("data",))`` is ``PartitionSpec(None, "data")``. Specs are plain tuples: hashable and cheap.
 
 >>> to_pspec(((), ("data", "model")))
-PartitionSpec(None, ('data', 'model'))
+P(None, ('data', 'model'))
 >>> from_pspec(to_pspec(((), ("data",))), 2)
 ((), ('data',))
 """

@@ -10,7 +10,7 @@ both build on these recipes; nothing here costs anything.
 >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
 >>> sb = InputLayouts(g, hj.Topology.grid((8,), ("d",)))
 >>> split_batch(sb, ("d",)); sb.input_specs
-[PartitionSpec(), PartitionSpec('d',)]
+[P(), P('d',)]
 """
 
 from __future__ import annotations

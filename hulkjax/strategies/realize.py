@@ -10,8 +10,8 @@ partitioner moves a later gather in front of the pooling, onto the bigger tensor
 >>> import jax.numpy as jnp, hulkjax as hj
 >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
 >>> cm = cost_model(g, hj.Topology.grid((8,), ("d",)))
->>> plan_from_assignment(cm, cm.replicated_assignment(), "mine").in_specs
-(PartitionSpec(), PartitionSpec())
+>>> [t.spec for t in plan_from_assignment(cm, cm.replicated_assignment(), "mine").inputs]
+[P(), P()]
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ would and costs the result with the one cost model every planner uses.
 >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
 >>> sb = SpecBuilder(g, hj.Topology.grid((8,), ("d",)), "mine")
 >>> sb.set_input(1, sb.dim_spec((8, 4), 0, ("d",)))
->>> sb.build().in_specs
-(PartitionSpec(), PartitionSpec('d',))
+>>> [t.spec for t in sb.build().inputs]
+[P(), P('d',)]
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class Topology:
         check_axes(self.axis_names, self.shape, "Topology.axis_names", "Topology.shape")
         if math.prod(self.shape) != len(self.devices):
             raise InvalidTopologyError(
-                f"Topology.shape={list(self.shape)} multiplies to {math.prod(self.shape)}, but the "
+                f"Topology.shape={list(self.shape)} multiplies to {math.prod(self.shape)} but the "
                 f"topology '{self.name}' has {len(self.devices)} devices. Pick a mesh shape whose "
                 f"sizes multiply to {len(self.devices)}.",
                 where="Topology.shape",

@@ -99,12 +99,9 @@ INLINED_BODIES = {P.jit_p: "jaxpr", P.closed_call_p: "call_jaxpr",
                   P.remat_p: "jaxpr"}
 """Primitives the tracer inlines, with the parameter holding the body to inline."""
 
-NO_DATA = handles("iota", "random_seed", "random_bits", "random_wrap", "random_unwrap",
-                   "threefry2x32", "rng_bit_generator", "rng_uniform", "create_token",
-                   "after_all", "sharding_constraint", "device_put", "optimization_barrier",
-                   "name")
-"""Operators with nothing to shard of their own: constants made in place, key plumbing,
-annotations the emitter replaces. Known to the rules without a rule."""
+NO_DATA_NAMES = ("iota", "random_seed", "random_bits", "random_wrap", "random_unwrap",
+                 "threefry2x32", "rng_bit_generator", "rng_uniform", "create_token", "after_all",
+                 "sharding_constraint", "device_put", "optimization_barrier", "name")
 
 
 @functools.cache
@@ -119,8 +116,13 @@ def discovered(name: str):
     import jax.numpy as jnp
 
     two = jax.ShapeDtypeStruct((2,), jnp.float32)  # abstract: no backend is started
+    raw_key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    wrap_unwrap = (lambda: jax.make_jaxpr(
+        lambda k: jax.random.key_data(jax.random.wrap_key_data(k)))(raw_key))
     emitters = {
         "split": lambda: jax.make_jaxpr(lambda x: jax.lax.split(x, (1, 1)))(two),
+        "random_wrap": wrap_unwrap,
+        "random_unwrap": wrap_unwrap,
     }
     make = emitters.get(name)
     if make is None:
@@ -129,3 +131,9 @@ def discovered(name: str):
         if eqn.primitive.name == name:
             return eqn.primitive
     return None
+
+
+NO_DATA = handles(*NO_DATA_NAMES) | frozenset(
+    p for p in (discovered("random_wrap"), discovered("random_unwrap")) if p is not None)
+"""Operators with nothing to shard of their own: constants made in place, key plumbing,
+annotations the emitter replaces. Known to the rules without a rule."""

@@ -314,9 +314,8 @@ def test_emit_needs_a_plan():
 
 def test_unknown_and_inapplicable_strategies(mlp):
     m, state, batch = mlp
-    step = hj.hulk_shard(m.step, topology=TOPO, strategy="zero9")
     with pytest.raises(UnknownStrategyError, match=r"unknown strategy 'zero9'; choose one of \["):
-        step(state, batch)
+        hj.hulk_shard(m.step, topology=TOPO, strategy="zero9")  # at decoration, not first call
     one_d = hj.hulk_shard(m.step, topology=hj.Topology.grid((8,), ("d",)), strategy="dp_tp")
     with pytest.raises(StrategyNotApplicableError, match=r"at least 2 axes.*Topology\.grid\(\(2, 4\)"):
         one_d(state, batch)

@@ -273,7 +273,7 @@ def test_with_mesh_reshapes_and_recomputes_links():
     assert topo.axis_scope("data") == "region"
     with pytest.raises(InvalidTopologyError, match="axis_links"):
         Topology.grid((2, 4), ("a", "b")).with_mesh((8,), ("c",))
-    with pytest.raises(InvalidTopologyError, match="holds 8 devices"):
+    with pytest.raises(InvalidTopologyError, match="multiplies to 8"):
         topo.with_mesh((2, 4), ("a", "b"))
 
 
@@ -318,7 +318,7 @@ WAN = LinkSpec(bandwidth=1e8, latency=0.05)
     [
         (
             dict(devices=_devs([("r", "n0", 4)]), shape=(3,), node_link=NVL),
-            ["Topology.shape=(3,)", "4"],
+            ["Topology.shape=[3]", "4 devices"],
         ),
         (dict(devices=_devs([("r", "n0", 4)]), shape=(4,)), ["levels.node", "'n0'"]),
         (

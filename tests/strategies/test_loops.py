@@ -1,4 +1,5 @@
-"""Loop rules: scan / while / cond nodes are leaders whose candidates shard their bodies."""
+"""Loop bodies planned: scan / while / cond nodes are leaders whose candidates shard their bodies
+(the boundary table in hulkjax.rules.loops, the planner in hulkjax.strategies.loops)."""
 
 import json
 
@@ -9,10 +10,11 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.cost import CostModel
+from hulkjax.strategies import cost_model
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import UnsupportedPrimitiveError, UnsupportedPrimitiveWarning
-from hulkjax.rules.loops import LoopResolution
 from hulkjax.plan import Comm
+from hulkjax.rules.loops import LoopResolution
 from hulkjax.trace.graph import PARAMETER
 from tests.helpers import TWO_D_TOPOLOGY
 
@@ -46,7 +48,7 @@ def _by_label(grp, label):
 def test_gpt2_scan_has_batch_and_sharded_stacked_parameter_candidates():
     m = zoo.get("gpt2", size="tiny", scan_layers=True)
     g = hj.trace(m.step, *m.abstract())
-    cm = CostModel(g, TWO_D_TOPOLOGY)
+    cm = cost_model(g, TWO_D_TOPOLOGY)
     grp = _loop_group(cm, 0)  # the forward scan over the blocks
     node = g.nodes[grp.leader]
     assert node.name == "scan" and not node.backward and node.trip_count == 2
@@ -79,11 +81,11 @@ def test_loop_cost_is_trip_count_times_the_body(label):
     tables = {}
     for length in (2, 4):
         step, w, x = _scan_step(length)
-        cm = CostModel(hj.trace(step, w, x), TOPO)
+        cm = cost_model(hj.trace(step, w, x), TOPO)
         grp = _loop_group(cm)
         c = _by_label(grp, label)
         r = grp.candidates[c]
-        tables[length] = (r, r.compute + sum(cm._comm_time(x) for x in r.comms))
+        tables[length] = (r, r.compute + sum(cm.comm_time(x) for x in r.comms))
     (r2, t2), (r4, t4) = tables[2], tables[4]
     assert r4.compute == pytest.approx(2 * r2.compute)
     assert len(r4.comms) == 2 * len(r2.comms)
@@ -95,7 +97,7 @@ def test_loop_cost_is_trip_count_times_the_body(label):
 def test_replicated_loop_compute_in_closed_form():
     length = 3
     step, w, x = _scan_step(length)
-    cm = CostModel(hj.trace(step, w, x), TOPO)
+    cm = cost_model(hj.trace(step, w, x), TOPO)
     r = _loop_group(cm).candidates[0]
     hbm = TOPO.slowest_device().hbm_bandwidth
     # Per iteration (memory-bound at these sizes): the matmul reads c and w_i and writes its
@@ -110,14 +112,14 @@ def test_replicated_loop_compute_in_closed_form():
 def test_carry_that_changes_layout_pays_a_reshard_per_iteration():
     length = 3
     step, w, x = _scan_step(length, transpose=True)  # the carry comes back transposed
-    cm = CostModel(hj.trace(step, w, x), TOPO)
+    cm = cost_model(hj.trace(step, w, x), TOPO)
     grp = _loop_group(cm)
     r = grp.candidates[_by_label(grp, "batch:d")]
     assert r.in_specs[0] == r.out_specs[0] == (("d",), ())
     # The body leaves its result split on dim 1; it goes back to dim 0 every iteration.
     assert r.comms.count(Comm("all-to-all", ("d",), D * D * 4 // 8)) == length
     plain, _, _ = _scan_step(length)
-    cm2 = CostModel(hj.trace(plain, w, jnp.ones((D, D))), TOPO)
+    cm2 = cost_model(hj.trace(plain, w, jnp.ones((D, D))), TOPO)
     grp2 = _loop_group(cm2)
     assert grp2.candidates[_by_label(grp2, "batch:d")].comms == ()
 
@@ -128,7 +130,7 @@ def test_cond_costs_its_most_expensive_branch():
         return w, y.sum()
 
     g = hj.trace(step, jnp.ones((D, D)), jnp.ones((B, D)))
-    cm = CostModel(g, TOPO)
+    cm = cost_model(g, TOPO)
     grp = _loop_group(cm)
     assert g.nodes[grp.leader].name == "cond"
     for r in grp.candidates:
@@ -147,7 +149,7 @@ def test_while_loop_body_and_condition_share_the_carry_layout():
         return w, jax.lax.while_loop(lambda s: s[0] < n, body, (jnp.int32(0), x))[1].sum()
 
     g = hj.trace(step, jnp.ones((D, D)), jnp.ones((B, D)), jnp.int32(3))
-    cm = CostModel(g, TOPO)
+    cm = cost_model(g, TOPO)
     grp = _loop_group(cm)
     r = grp.candidates[_by_label(grp, "batch:d")]
     cond, body = r.bodies
