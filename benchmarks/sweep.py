@@ -272,7 +272,7 @@ def sweep(models: list[str], topologies: list[str], strategies: list[str],
                 if row["status"] == "error":
                     tqdm.write(f"error: {mk} / {tk} / {st}: {row['message']}")
                 bar.update()
-            graph.__dict__.get("_cost_models", {}).pop(topo, None)  # done with this topology
+            graph.memo.get("cost_models", {}).pop(topo, None)  # done with this topology
             gc.collect()
         del graph, state, batch, m
         gc.collect()

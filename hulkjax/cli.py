@@ -34,12 +34,14 @@ from hulkjax.errors import (
 )
 from hulkjax.explain import explain
 from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes
+from hulkjax.gnn.weights import WEIGHTS_DIR
 from hulkjax.launch import Job, launch, run_worker
 from hulkjax.loading import LoadedStep, load_step
 from hulkjax.plan import Plan
 from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.tracer import trace
+from hulkjax.training import run as train_planner
 
 
 def _ensure_devices(n: int) -> None:
@@ -522,10 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train_gnn(args) -> int:
-    from hulkjax.gnn.weights import WEIGHTS_DIR
-    from hulkjax.training import run
-
-    history = run(samples=args.samples, val_samples=args.val_samples, epochs=args.epochs,
+    history = train_planner(samples=args.samples, val_samples=args.val_samples, epochs=args.epochs,
                   seed=args.seed, out_dir=args.out, progress=True)
     print(f"weights written to {args.out or WEIGHTS_DIR}")
     for key in ("train_loss", "val_loss", "val_argmax_ratio", "val_search_ratio"):

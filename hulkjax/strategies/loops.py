@@ -60,7 +60,7 @@ def cost_model(graph: OpGraph, topology) -> CostModel:
     >>> cost_model(g, topo) is cost_model(g, topo)
     True
     """
-    cache = graph.__dict__.setdefault("_cost_models", {})
+    cache = graph.memo.setdefault("cost_models", {})
     cm = cache.get(topology)
     if cm is None:
         cm = cache[topology] = CostModel(
@@ -72,9 +72,9 @@ def cost_model(graph: OpGraph, topology) -> CostModel:
 
 def _from_state(graph: OpGraph, vid: int | None) -> bool:
     """Whether a value is (a view of) a state input: a parameter or optimizer state."""
-    index = graph.__dict__.get("_input_index")
+    index = graph.memo.get("input_index")
     if index is None:
-        index = graph.__dict__["_input_index"] = {v: i for i, v in enumerate(graph.inputs)}
+        index = graph.memo["input_index"] = {v: i for i, v in enumerate(graph.inputs)}
     while vid is not None:
         v = graph.values[vid]
         if v.producer is None:
@@ -92,7 +92,7 @@ def _body_view(sub: OpGraph, roles: tuple[str, ...], carries) -> OpGraph:
     """The body graph with loop roles and carries ``((body output, body input), ...)``, cached on
     the tracer's sub-graph."""
     key = (roles, carries)
-    views = sub.__dict__.setdefault("_loop_views", {})
+    views = sub.memo.setdefault("loop_views", {})
     view = views.get(key)
     if view is None:
         view = OpGraph(nodes=sub.nodes, values=sub.values, inputs=sub.inputs, outputs=sub.outputs,

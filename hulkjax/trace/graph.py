@@ -123,6 +123,8 @@ class OpGraph:
       owners: ``{optimizer input index: parameter input index}``: the parameter whose update each
         optimizer-state leaf flows into (optimizer state follows its parameter).
       fn: the function that was traced (``None`` for loop bodies).
+      memo: space for what layers above derive from the graph and keep with it (the cost model
+        per topology, loop-body views); not part of the graph's identity or fingerprint.  # dict
 
     Use :meth:`to_networkx` for a ``networkx.MultiDiGraph`` view. Graphs of ``scan`` bodies have
     ``in_tree``/``out_tree`` of ``None`` and paths ``"carry/0"``-style.
@@ -147,6 +149,7 @@ class OpGraph:
         # graphs): the emitter re-runs this graph's jaxpr, so it checks that it is emitting the
         # same function and re-traces otherwise.
         self.fn: Any = None
+        self.memo: dict = {}
         self._consumers: list[list[tuple[int, int]]] | None = None
         self._fingerprint: str | None = None
 
