@@ -37,8 +37,8 @@ import jax
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.launch import launch
 from hulkjax.errors import StrategyNotApplicableError
+from hulkjax.launch import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "multiprocess.json")

@@ -28,7 +28,13 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hulkjax.cost.model import FREE, INPUT, LEADER
-from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes, format_shape, format_spec, format_time
+from hulkjax.formatting import (
+    SHORT_COLLECTIVES,
+    format_bytes,
+    format_shape,
+    format_spec,
+    format_time,
+)
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model
 from hulkjax.strategies.search import propagate
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER

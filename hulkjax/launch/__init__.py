@@ -14,22 +14,15 @@ Where this sits::
                                           the collectives of the compiled multi-process program,
                                           and a numerical check against the unsharded step
 
-Processes map onto the topology's hierarchy: with ``P`` processes of ``L`` local devices each
-(``P * L == topology.num_devices``), process ``p`` holds topology devices ``p*L .. (p+1)*L - 1``.
-Topology devices are ordered region > node > device, so that block is whole nodes (one process per
-node, or per region); a layout that would split a node across processes is refused. The mesh is the
-device order reshaped row-major (:meth:`Topology.mesh`), so the mesh axes along which the process
-index changes are the ones whose collectives cross process boundaries (gloo over TCP on CPU).
-
-Inputs become global ``jax.Array`` s with :func:`to_global`: every process computes the same host
-value (zoo models from the seed) and fills only its own shards (``jax.make_array_from_callback``),
-so no input crosses the network. Results are gathered with ``multihost_utils.process_allgather``.
+The pieces: which devices each process holds (:mod:`~hulkjax.launch.layout`), the job record
+(:mod:`~hulkjax.launch.job`), global inputs and the numerical check (:mod:`~hulkjax.launch.arrays`),
+one process's run (:mod:`~hulkjax.launch.worker`) and the local launcher
+(:mod:`~hulkjax.launch.launcher`).
 
 >>> import hulkjax as hj
 >>> from hulkjax.launch import process_layout
->>> layout = process_layout(hj.Topology.grid((2, 2), ("proc", "dev")), 2)
->>> layout.blocks, layout.process_axes, layout.local_axes
-(((0, 1), (2, 3)), ('proc',), ('dev',))
+>>> process_layout(hj.Topology.preset("hetero"), 2).level
+'node'
 """
 
 from hulkjax.launch.arrays import to_global as to_global

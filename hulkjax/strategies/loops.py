@@ -296,7 +296,7 @@ def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Re
         carries = tuple((o, b.inputs[bi].index(k)) for o, k in b.carries[bi])
         view = _body_view(sub, roles, carries)
         views.append(view)
-        bcms.append(cost_model(view, topology))  
+        bcms.append(cost_model(view, topology))
     out: list[Resolution] = []
     seen = set()
     rep_compute = None

@@ -117,8 +117,10 @@ def discovered(name: str):
 
     two = jax.ShapeDtypeStruct((2,), jnp.float32)  # abstract: no backend is started
     raw_key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    wrap_unwrap = (lambda: jax.make_jaxpr(
-        lambda k: jax.random.key_data(jax.random.wrap_key_data(k)))(raw_key))
+
+    def wrap_unwrap():
+        return jax.make_jaxpr(lambda k: jax.random.key_data(jax.random.wrap_key_data(k)))(raw_key)
+
     emitters = {
         "split": lambda: jax.make_jaxpr(lambda x: jax.lax.split(x, (1, 1)))(two),
         "random_wrap": wrap_unwrap,

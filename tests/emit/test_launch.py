@@ -18,8 +18,8 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.emit.hlo import summarize
-from hulkjax.launch import launch, process_layout, tree_error
 from hulkjax.errors import ProcessLayoutError, WorkerFailedError
+from hulkjax.launch import launch, process_layout, tree_error
 from hulkjax.plan import Plan
 
 # Process p holds row p of the mesh: 'proc' crosses processes, 'dev' stays inside one.

@@ -9,9 +9,9 @@ from hulkjax import zoo
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load
+from hulkjax.strategies.realize import cost_model
 from hulkjax.training.batching import to_graphs_tuple
 from hulkjax.training.model import PlannerNet
-from hulkjax.strategies.realize import cost_model
 from tests.helpers import TWO_D_TOPOLOGY
 
 

@@ -10,11 +10,11 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.cost import CostModel
-from hulkjax.strategies import cost_model
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import UnsupportedPrimitiveError, UnsupportedPrimitiveWarning
 from hulkjax.plan import Comm
 from hulkjax.rules.loops import LoopResolution
+from hulkjax.strategies import cost_model
 from hulkjax.trace.graph import PARAMETER
 from tests.helpers import TWO_D_TOPOLOGY
 

@@ -8,11 +8,11 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.gnn import features as F
 from hulkjax.gnn.weights import load
+from hulkjax.strategies.realize import cost_model
 from hulkjax.training import data
 from hulkjax.training.batching import to_graphs_tuple
 from hulkjax.training.model import PlannerNet
 from hulkjax.training.train import make_loss, train
-from hulkjax.strategies.realize import cost_model
 
 TWO_D = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
 
