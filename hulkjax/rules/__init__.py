@@ -42,6 +42,7 @@ from hulkjax.rules.sharding import follow_rules as follow_rules
 from hulkjax.rules.sharding import register_candidate_rule as register_candidate_rule
 from hulkjax.rules.sharding import register_follow_rule as register_follow_rule
 from hulkjax.rules.support import check_supported as check_supported
+from hulkjax.rules.support import handling as handling
 from hulkjax.rules.support import is_supported as is_supported
 from hulkjax.rules.support import register_sharding_rule as register_sharding_rule
 from hulkjax.trace.flops import register_flops as register_flops

@@ -59,8 +59,33 @@ def register_sharding_rule(prim) -> Callable:
 
 def is_supported(prim) -> bool:
     """Whether a primitive has a rule (or needs none)."""
-    return (prim in PARTITIONER_HANDLED or prim in NO_DATA
-            or any(prim in table for table in _TABLES))
+    return handling(prim) != "unsupported"
+
+
+def handling(prim) -> str:
+    """How hulkjax handles a primitive, for coverage reports: ``"loop"`` (planned through its
+    bodies), ``"leader"`` (a candidate rule: its layouts are chosen), ``"follow"`` (a follow rule),
+    ``"dims"`` (follows through its dimension rule), ``"no data"`` (nothing to shard),
+    ``"partitioner"`` (known, left to the SPMD partitioner without a rule of ours), or
+    ``"unsupported"`` (replicated, with a warning).
+
+    >>> from jax.extend.core import primitives as P
+    >>> handling(P.dot_general_p), handling(P.tanh_p), handling(P.iota_p), handling(P.cholesky_p)
+    ('leader', 'follow', 'no data', 'unsupported')
+    """
+    if prim in loop_rules:
+        return "loop"
+    if prim in candidate_rules:
+        return "leader"
+    if prim in follow_rules:
+        return "follow"
+    if prim in dim_rules:
+        return "dims"
+    if prim in NO_DATA:
+        return "no data"
+    if prim in PARTITIONER_HANDLED:
+        return "partitioner"
+    return "unsupported"
 
 
 def check_supported(graph: OpGraph, plan, *, strict: bool = False) -> list[str]:
