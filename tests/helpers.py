@@ -31,16 +31,17 @@ def first_steps(step, state, batch, n=3):
     return out
 
 
-def assert_steps_match(step, state, batch, refs, compile_count):
+def assert_steps_match(step, state, batch, refs, compile_count, **tolerance):
     """Run ``step`` from ``(state, batch)`` once per reference ``(state, metrics)`` in ``refs``
-    (from :func:`first_steps` of the unsharded step): every step's results match, and no call
-    after the first compiles again. Returns the final state."""
+    (from :func:`first_steps` of the unsharded step): every step's results match (within
+    ``tolerance``: ``rtol`` / ``atol`` of :func:`assert_trees_close`), and no call after the first
+    compiles again. Returns the final state."""
     compiles = None
     for ref_state, ref_metrics in refs:
         state, metrics = step(state, batch)
         if compiles is None:
             compiles = compile_count()
-        assert_trees_close(metrics, ref_metrics)
-        assert_trees_close(state, ref_state)
+        assert_trees_close(metrics, ref_metrics, **tolerance)
+        assert_trees_close(state, ref_state, **tolerance)
     assert compile_count() == compiles, "a later call recompiled"
     return state

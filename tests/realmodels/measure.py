@@ -1,0 +1,238 @@
+"""Measurements of hulkjax on the real-model families: fidelity, plan quality, coverage.
+
+Shared by ``tests/realmodels`` and the reports ``benchmarks/realmodels.py`` and
+``benchmarks/coverage.py``. Everything here reads a traced graph, a plan or a compiled program;
+nothing plans or compiles.
+
+* Fidelity: the cost model's predicted collectives
+  (``CostModel.program_collectives(assignment, reduce_scatter=False)``, counted per execution with
+  ``program_comm_list``) against the compiled HLO's (``ShardedStep.collectives()``), per
+  ``(kind, axes)``; predicted peak memory (``plan.cost.peak_memory``) against
+  ``compiled.memory_analysis()``. As in ``tests/emit/test_fidelity.py``: reduce-scatters are
+  predicted as the all-reduce + slice XLA:CPU emits, collectives of at most
+  :data:`tests.emit.test_fidelity.SMALL` bytes (scalar metrics XLA folds into other reductions) are
+  ignored, and a collective in a loop counts ``trip_count`` times.
+* Quality: which of ``dp``'s compiled collectives are not gradient all-reduces; which projection
+  kernels (parameters of rank >= 2 that feed a ``dot_general``) a plan shards.
+* Coverage: every primitive of a graph (loop bodies included), its count, how hulkjax handles it
+  (:func:`hulkjax.rules.handling`) and where the ones without a rule of their own occur.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+import hulkjax as hj
+from hulkjax.emit.hlo import Collective
+from hulkjax.trace.graph import PARAMETER, OpGraph
+from hulkjax.trace.primitives import PASS_THROUGH
+from tests.emit.test_fidelity import SMALL
+
+BYTES_TOLERANCE = 0.10  # predicted bytes per (kind, axes) within 10% of the HLO's
+MEMORY_TOLERANCE = 0.15  # predicted peak memory within 15% of the compiled program's
+
+Table = dict[tuple[str, tuple[str, ...]], dict[str, int]]  # (kind, axes) -> {"count", "bytes"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Fidelity
+# ------------------------------------------------------------------------------------------------
+
+
+def predicted_collectives(graph: OpGraph, plan: hj.Plan) -> Table:
+    """The collectives the cost model predicts for ``plan``'s program, as XLA:CPU spells them.
+
+    Bytes are ``program_collectives(..., reduce_scatter=False)`` per ``(kind, axes)``; the count
+    is how many of ``program_comm_list``'s collectives (one per execution) fall in that key.
+    Collectives of at most ``SMALL`` bytes are left out.
+    """
+    cm = hj.strategies.cost_model(graph, plan.topology)
+    order = list(plan.axis_names)
+    table: Table = {}
+    for c in cm.program_comm_list(plan.assignment):
+        if c.bytes <= SMALL:
+            continue
+        kind = "all-reduce" if c.kind == "reduce-scatter" else c.kind
+        entry = table.setdefault((kind, tuple(sorted(c.axes, key=order.index))),
+                                 {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += int(c.bytes)
+    totals = cm.program_collectives(plan.assignment, reduce_scatter=False)
+    for key, entry in table.items():  # the same sum, through the public API: a cross-check
+        if abs(totals.get(key, 0) - entry["bytes"]) > SMALL * entry["count"]:
+            raise RuntimeError(f"program_comm_list and program_collectives disagree on {key}: "
+                               f"{entry['bytes']} vs {totals.get(key)} bytes")
+    return table
+
+
+def compiled_collectives(collectives: Iterable[Collective]) -> Table:
+    """The compiled program's collectives per ``(kind, axes)``: count and bytes, each weighted by
+    its ``trip_count`` (a loop body's collectives run once per iteration); collectives of at most
+    ``SMALL`` bytes are left out."""
+    table: Table = {}
+    for c in collectives:
+        if c.bytes <= SMALL:
+            continue
+        if c.trip_count is None:
+            raise ValueError(f"collective {c.name} sits in a loop of unknown trip count: its "
+                             f"per-step bytes cannot be compared")
+        entry = table.setdefault((c.kind, c.axes), {"count": 0, "bytes": 0})
+        entry["count"] += c.trip_count
+        entry["bytes"] += c.bytes * c.trip_count
+    return table
+
+
+def compare_collectives(predicted: Table, compiled: Table) -> dict[str, dict]:
+    """Per collective kind present on either side: whether the count and the bytes agree.
+
+    Returns ``{kind: {"predicted": {axes: [count, bytes]}, "compiled": {...}, "count_equal": bool,
+    "bytes_within": bool}}``; ``bytes_within`` is per ``(kind, axes)`` (same axes on both sides,
+    bytes within :data:`BYTES_TOLERANCE` of the HLO's), ``count_equal`` the same for counts.
+
+    >>> compare_collectives({("all-reduce", ("d",)): {"count": 3, "bytes": 1000}},
+    ...                     {("all-reduce", ("d",)): {"count": 1, "bytes": 1050}})["all-reduce"]
+    {'predicted': {'d': [3, 1000]}, 'compiled': {'d': [1, 1050]}, 'count_equal': False, 'bytes_within': True}
+    """
+    out = {}
+    for kind in sorted({k for k, _ in predicted} | {k for k, _ in compiled}):
+        pred = {"+".join(a): [v["count"], v["bytes"]] for (k, a), v in predicted.items() if k == kind}
+        comp = {"+".join(a): [v["count"], v["bytes"]] for (k, a), v in compiled.items() if k == kind}
+        same_axes = set(pred) == set(comp)
+        out[kind] = {
+            "predicted": pred,
+            "compiled": comp,
+            "count_equal": same_axes and all(pred[a][0] == comp[a][0] for a in comp),
+            "bytes_within": same_axes and all(
+                abs(pred[a][1] - comp[a][1]) <= BYTES_TOLERANCE * comp[a][1] for a in comp),
+        }
+    return out
+
+
+def compiled_memory(compiled) -> int:
+    """Bytes per device the compiled program needs: arguments + temporaries + outputs - aliased
+    (donated) outputs, from ``compiled.memory_analysis()`` (as ``hulkjax demo`` reports it)."""
+    ma = compiled.memory_analysis()
+    return int(ma.argument_size_in_bytes + ma.temp_size_in_bytes + ma.output_size_in_bytes
+               - ma.alias_size_in_bytes)
+
+
+def within(predicted: float, actual: float, tolerance: float) -> bool:
+    """``|predicted - actual| <= tolerance * actual``."""
+    return abs(predicted - actual) <= tolerance * actual
+
+
+# ------------------------------------------------------------------------------------------------
+# Quality
+# ------------------------------------------------------------------------------------------------
+
+
+def parameter_shapes(graph: OpGraph) -> set[tuple[int, ...]]:
+    """Shapes of the step's parameters, dimensions sorted (XLA may reduce a gradient in the
+    transposed layout its dot produced)."""
+    return {tuple(sorted(graph.values[v].shape))
+            for v, role in zip(graph.inputs, graph.input_roles) if role == PARAMETER}
+
+
+def non_gradient_collectives(collectives: Iterable[Collective], graph: OpGraph) -> list[dict]:
+    """The collectives of a data-parallel program that are not gradient all-reduces.
+
+    A gradient all-reduce reduces tensors of the parameters' shapes (each element of a combined,
+    tuple-shaped all-reduce is judged on its own). Everything else is activation traffic: an
+    all-gather, all-to-all or collective-permute, or an all-reduce of a tensor that is not
+    parameter-shaped. Pieces of at most ``SMALL`` bytes (the loss's reduction) are left out.
+    Returns one ``{"kind", "axes", "shape", "dtype", "bytes"}`` per offending piece.
+    """
+    params = parameter_shapes(graph)
+    out = []
+    for c in collectives:
+        for shape, dtype in zip(c.shapes, c.dtypes):
+            nbytes = c.bytes if len(c.shapes) == 1 else _piece_bytes(c, shape, dtype)
+            if nbytes <= SMALL:
+                continue
+            if c.kind == "all-reduce" and tuple(sorted(shape)) in params:
+                continue
+            out.append({"kind": c.kind, "axes": "+".join(c.axes), "shape": list(shape),
+                        "dtype": dtype, "bytes": int(nbytes)})
+    return out
+
+
+def _piece_bytes(c: Collective, shape, dtype: str) -> int:
+    """Bytes of one element of a tuple-shaped collective (its share of ``c.bytes``)."""
+    sizes = [int(np.prod(s)) * _itemsize(d) for s, d in zip(c.shapes, c.dtypes)]
+    return int(c.bytes * int(np.prod(shape)) * _itemsize(dtype) / max(sum(sizes), 1))
+
+
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2, "f32": 4,
+             "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def _itemsize(hlo_dtype: str) -> int:
+    if hlo_dtype not in _ITEMSIZE:
+        raise ValueError(f"no element size for HLO type {hlo_dtype!r}; add it to _ITEMSIZE")
+    return _ITEMSIZE[hlo_dtype]
+
+
+def projection_kernels(graph: OpGraph) -> list[str]:
+    """Paths of the step's projection kernels: parameters of rank >= 2 that reach an operand of a
+    ``dot_general`` through value-preserving views (casts, copies, reshapes, transposes: GPT-2's
+    Conv1D transposes its kernel, bf16 models cast it). Embedding tables count only where a dot
+    uses them (a tied LM head). Looks at the top-level graph (the families have no scanned
+    layers).
+    """
+    out = []
+    for v, role, path in zip(graph.inputs, graph.input_roles, graph.input_paths):
+        if role == PARAMETER and len(graph.values[v].shape) >= 2 and _reaches_dot(graph, v):
+            out.append(path)
+    return out
+
+
+def _reaches_dot(graph: OpGraph, value: int) -> bool:
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for nid, _ in graph.consumers(v):
+            node = graph.nodes[nid]
+            if node.name == "dot_general":
+                return True
+            if node.primitive in PASS_THROUGH:
+                todo.extend(node.outputs)
+    return False
+
+
+def sharded_inputs(plan: hj.Plan) -> set[str]:
+    """Paths of the plan's inputs that are split over at least one mesh axis."""
+    return {t.path for t in plan.inputs if any(e is not None for e in t.spec)}
+
+
+# ------------------------------------------------------------------------------------------------
+# Coverage
+# ------------------------------------------------------------------------------------------------
+
+
+def walk(graph: OpGraph) -> Iterator:
+    """Every node of ``graph`` and, recursively, of its loop bodies."""
+    for node in graph.nodes:
+        yield node
+        for sub in node.subgraphs:
+            yield from walk(sub)
+
+
+def primitive_census(graph: OpGraph) -> dict[str, dict]:
+    """Per primitive: ``{"count", "handling", "sources": {file:line: count}}`` (loop bodies
+    included; ``handling`` from :func:`hulkjax.rules.handling`)."""
+    counts: Counter = Counter()
+    handling: dict[str, str] = {}
+    sources: dict[str, Counter] = defaultdict(Counter)
+    for node in walk(graph):
+        counts[node.name] += 1
+        handling[node.name] = hj.rules.handling(node.primitive)
+        sources[node.name][node.source] += 1
+    return {name: {"count": counts[name], "handling": handling[name],
+                   "sources": dict(sources[name].most_common())}
+            for name in sorted(counts)}
