@@ -41,14 +41,6 @@ HANDLINGS = ("leader", "loop", "follow", "dims", "no data", "partitioner", "unsu
 NEEDS_WORK = ("unsupported", "partitioner")
 
 
-def short_source(source: str) -> str:
-    """``.../site-packages/transformers/models/gpt2/x.py:12`` -> ``transformers/models/gpt2/x.py:12``."""
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in source:
-            return source.split(marker, 1)[1]
-    return os.path.relpath(source, ROOT) if source.startswith("/") else source
-
-
 def measure(size: str) -> dict:
     out = {}
     for name in (bar := tqdm(families.names(), desc="tracing", unit="family")):
@@ -62,8 +54,6 @@ def measure(size: str) -> dict:
         t0 = time.perf_counter()
         graph = hj.trace(step, state, batch)
         census = primitive_census(graph)
-        for row in census.values():
-            row["sources"] = {short_source(s): n for s, n in row["sources"].items()}
         out[name] = {**entry, "status": "ok", "trace_seconds": round(time.perf_counter() - t0, 2),
                      "nodes": sum(r["count"] for r in census.values()), "primitives": census}
     return out

@@ -30,6 +30,16 @@ from hulkjax.emit.hlo import Collective
 from hulkjax.trace.graph import PARAMETER, OpGraph
 from hulkjax.trace.primitives import PASS_THROUGH
 from tests.emit.test_fidelity import SMALL
+from tests.helpers import TWO_D_TOPOLOGY
+
+# The meshes of the tests and reports, all on the 8 fake CPU devices: a flat ring, the 2 x 4 mesh of
+# the other tests (slow "data", fast "model") and a 2 x 2 x 2 mesh with three link speeds.
+MESHES = {
+    "8": hj.Topology.grid((8,), ("data",)),
+    "2x4": TWO_D_TOPOLOGY,
+    "2x2x2": hj.Topology.grid((2, 2, 2), ("data", "fsdp", "model"), bandwidth=(25e9, 100e9, 450e9),
+                              latency=(5e-6, 2e-6, 1e-6)),
+}
 
 BYTES_TOLERANCE = 0.10  # predicted bytes per (kind, axes) within 10% of the HLO's
 MEMORY_TOLERANCE = 0.15  # predicted peak memory within 15% of the compiled program's
@@ -223,16 +233,35 @@ def walk(graph: OpGraph) -> Iterator:
             yield from walk(sub)
 
 
+# Frameworks between the model code and the primitive (Keras's backend turns `ops.stack` into
+# jnp): the model's own line is the innermost frame outside them.
+_FRAMEWORK_DIRS = ("/jax/", "/jaxlib/", "/flax/", "/optax/", "/hulkjax/", "/keras/src/",
+                   "/tests/realmodels/")
+
+
+def model_source(node) -> str:
+    """``package/path/file.py:line`` of the model code that produced ``node``: the innermost frame
+    outside JAX, Flax, Optax, Keras's backend, hulkjax and this harness (``node.source`` stops at
+    Keras's backend, which is not the model), relative to ``site-packages``."""
+    tracebacks = node.traceback if isinstance(node.traceback, tuple) else (node.traceback,)
+    for tb in tracebacks:
+        for fr in getattr(tb, "frames", None) or []:
+            if not any(d in fr.file_name for d in _FRAMEWORK_DIRS):
+                return f"{fr.file_name.split('-packages/')[-1]}:{fr.line_num}"
+    return node.source
+
+
 def primitive_census(graph: OpGraph) -> dict[str, dict]:
     """Per primitive: ``{"count", "handling", "sources": {file:line: count}}`` (loop bodies
-    included; ``handling`` from :func:`hulkjax.rules.handling`)."""
+    included; ``handling`` from :func:`hulkjax.rules.handling`, sources from
+    :func:`model_source`, most frequent first)."""
     counts: Counter = Counter()
     handling: dict[str, str] = {}
     sources: dict[str, Counter] = defaultdict(Counter)
     for node in walk(graph):
         counts[node.name] += 1
         handling[node.name] = hj.rules.handling(node.primitive)
-        sources[node.name][node.source] += 1
+        sources[node.name][model_source(node)] += 1
     return {name: {"count": counts[name], "handling": handling[name],
                    "sources": dict(sources[name].most_common())}
             for name in sorted(counts)}

@@ -29,19 +29,22 @@ import pytest
 
 import hulkjax as hj
 from hulkjax.errors import StrategyNotApplicableError, UnsupportedPrimitiveWarning
-from tests.helpers import TWO_D_TOPOLOGY, assert_steps_match, first_steps
+from tests.helpers import assert_steps_match, first_steps
 from tests.realmodels import families
+from tests.realmodels.measure import MESHES
 
-TOPOLOGIES = {"8": hj.Topology.grid((8,), ("data",)), "2x4": TWO_D_TOPOLOGY}
+TOPOLOGIES = {name: MESHES[name] for name in ("8", "2x4")}
 
 # Primitives each family's plans replicate with an UnsupportedPrimitiveWarning (no sharding rule
 # yet). The test checks the set exactly: remove a name when its rule lands, add one (with where it
 # comes from) when a change makes a primitive warn.
-#   mixtral: `stack` (8 uses: keras-hub's rotary embedding and expert bank stack per-position and
-#   per-expert pieces) and `unstack` (4 uses) have no rule.
-# Primitives known but left to the SPMD partitioner without a rule of ours (`split` in GPT-2's
-# fused c_attn, the rotary halves of LLaMA / Gemma / Mixtral and ViT; Mixtral's `top_k`) do not
-# warn: benchmarks/COVERAGE.md lists them.
+#   mixtral: `stack` (8 uses) and `unstack` (4, its transpose) have no rule: keras-hub's
+#   RotaryEmbedding (keras_hub/src/layers/modeling/rotary_embedding.py:172, :204) stacks the
+#   rotated halves and the frequency table instead of concatenating them.
+# Primitives known but left to the SPMD partitioner without a rule of ours do not warn: `split`
+# (GPT-2's fused c_attn, ViT, the rotary sin/cos split, and the transpose of rotate_half's
+# concatenate in LLaMA / Gemma / Mixtral) and Mixtral's router `top_k`. benchmarks/COVERAGE.md
+# lists them with their source lines.
 EXPECTED_UNSUPPORTED: dict[str, frozenset[str]] = {name: frozenset() for name in families.names()}
 EXPECTED_UNSUPPORTED["mixtral"] = frozenset({"stack", "unstack"})
 
