@@ -20,6 +20,7 @@ nothing plans or compiles.
 
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -235,19 +236,25 @@ def walk(graph: OpGraph) -> Iterator:
 
 # Frameworks between the model code and the primitive (Keras's backend turns `ops.stack` into
 # jnp): the model's own line is the innermost frame outside them.
-_FRAMEWORK_DIRS = ("/jax/", "/jaxlib/", "/flax/", "/optax/", "/hulkjax/", "/keras/src/",
-                   "/tests/realmodels/")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_FRAMEWORK_DIRS = ("/jax/", "/jaxlib/", "/flax/", "/optax/", "/hulkjax/", "/keras/src/")
 
 
 def model_source(node) -> str:
     """``package/path/file.py:line`` of the model code that produced ``node``: the innermost frame
-    outside JAX, Flax, Optax, Keras's backend, hulkjax and this harness (``node.source`` stops at
-    Keras's backend, which is not the model), relative to ``site-packages``."""
+    outside JAX, Flax, Optax, Keras's backend and hulkjax (``node.source`` stops at Keras's
+    backend, which is not the model), relative to ``site-packages`` (or to this repository)."""
     tracebacks = node.traceback if isinstance(node.traceback, tuple) else (node.traceback,)
     for tb in tracebacks:
         for fr in getattr(tb, "frames", None) or []:
-            if not any(d in fr.file_name for d in _FRAMEWORK_DIRS):
-                return f"{fr.file_name.split('-packages/')[-1]}:{fr.line_num}"
+            name = fr.file_name
+            if any(d in name for d in _FRAMEWORK_DIRS):
+                continue
+            if "-packages/" in name:
+                name = name.split("-packages/")[-1]
+            elif name.startswith(_ROOT + os.sep):
+                name = os.path.relpath(name, _ROOT)
+            return f"{name}:{fr.line_num}"
     return node.source
 
 

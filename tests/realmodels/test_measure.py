@@ -1,0 +1,101 @@
+"""The measurements behind benchmarks/REALMODELS.md and COVERAGE.md, on hand-made inputs."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hulkjax as hj
+from hulkjax.emit.hlo import Collective
+from tests.realmodels.measure import (
+    compare_collectives,
+    compiled_collectives,
+    non_gradient_collectives,
+    primitive_census,
+    projection_kernels,
+)
+
+
+def _step(params, batch):
+    """Kernels reach dots directly, through a transpose (GPT-2's Conv1D) and through a bf16 cast;
+    an embedding is gathered, a bias added, a square scale used elementwise only."""
+
+    def loss(p):
+        h = jnp.take(p["emb"], batch["ids"], axis=0)                     # gather: not a kernel
+        h = h @ p["w1"] + p["b"]
+        h = h @ p["w2"].T                                                # transposed kernel
+        h = (h.astype(jnp.bfloat16) @ p["w3"].astype(jnp.bfloat16)).astype(jnp.float32)
+        return jnp.sum((h * p["scale"][0]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), {}
+
+
+PARAMS = {"emb": jnp.ones((16, 4)), "w1": jnp.ones((4, 8)), "b": jnp.ones((8,)),
+          "w2": jnp.ones((4, 8)), "w3": jnp.ones((4, 4)), "scale": jnp.ones((4, 4))}
+BATCH = {"ids": jnp.zeros((8, 3), jnp.int32)}
+
+
+def test_projection_kernels_follow_casts_and_transposes():
+    graph = hj.trace(_step, PARAMS, BATCH)
+    assert sorted(p.rsplit("/", 1)[-1] for p in projection_kernels(graph)) == ["w1", "w2", "w3"]
+
+
+def _collective(kind, nbytes, axes=("data",), shapes=((4, 8),), dtypes=("f32",), trip_count=1):
+    return Collective(kind=kind, bytes=nbytes, axes=axes, shapes=shapes, dtypes=dtypes,
+                      group_size=2, trip_count=trip_count, in_loop=trip_count != 1)
+
+
+def test_compiled_collectives_weight_loops_and_drop_scalars():
+    table = compiled_collectives([
+        _collective("all-reduce", 128), _collective("all-reduce", 128, trip_count=3),
+        _collective("all-reduce", 4, shapes=((),)), _collective("all-gather", 256)])
+    assert table == {("all-reduce", ("data",)): {"count": 4, "bytes": 512},
+                     ("all-gather", ("data",)): {"count": 1, "bytes": 256}}
+    with pytest.raises(ValueError, match="unknown trip count"):
+        compiled_collectives([_collective("all-reduce", 128, trip_count=None)])
+
+
+def test_compare_collectives():
+    d, m = ("data",), ("model",)
+    out = compare_collectives(
+        {("all-reduce", d): {"count": 2, "bytes": 1000}, ("all-gather", d): {"count": 1, "bytes": 500},
+         ("all-to-all", d): {"count": 1, "bytes": 100}},
+        {("all-reduce", d): {"count": 2, "bytes": 1090}, ("all-gather", m): {"count": 1, "bytes": 500},
+         ("collective-permute", d): {"count": 1, "bytes": 100}})
+    assert (out["all-reduce"]["count_equal"], out["all-reduce"]["bytes_within"]) == (True, True)
+    # The same bytes over another axis is a mismatch.
+    assert (out["all-gather"]["count_equal"], out["all-gather"]["bytes_within"]) == (False, False)
+    assert out["all-to-all"]["compiled"] == {} and not out["all-to-all"]["bytes_within"]
+    assert out["collective-permute"]["predicted"] == {}
+    over = compare_collectives({("all-reduce", d): {"count": 1, "bytes": 1000}},
+                               {("all-reduce", d): {"count": 1, "bytes": 1120}})
+    assert not over["all-reduce"]["bytes_within"]
+
+
+def test_non_gradient_collectives():
+    graph = hj.trace(_step, PARAMS, BATCH)
+    hlo = [
+        # A combined gradient all-reduce: w1's gradient transposed, the loss scalar, and one
+        # activation-shaped piece (8 x 3 x 8 floats).
+        _collective("all-reduce", (32 + 1 + 192) * 4, shapes=((8, 4), (), (8, 3, 8)),
+                    dtypes=("f32", "f32", "f32")),
+        _collective("all-gather", 4096, shapes=((4, 8),)),
+    ]
+    extra = non_gradient_collectives(hlo, graph)
+    assert [(e["kind"], e["shape"], e["bytes"]) for e in extra] == [
+        ("all-reduce", [8, 3, 8], 768), ("all-gather", [4, 8], 4096)]
+
+
+def test_primitive_census_looks_inside_loops():
+    def step(w, xs):
+        def body(c, x):
+            return c + jnp.cumsum(x @ w), None
+        return jax.lax.scan(body, jnp.zeros(4), xs)[0]
+
+    census = primitive_census(hj.trace(step, jnp.ones((4, 4)), jnp.ones((3, 4))))
+    assert census["scan"]["handling"] == "loop"
+    dot = census["dot_general"]
+    assert (dot["count"], dot["handling"]) == (1, "leader")
+    [(source, n)] = dot["sources"].items()
+    assert source.startswith("tests/realmodels/test_measure.py:") and n == 1
+    assert census["cumsum"]["handling"] == hj.rules.handling(jax.lax.cumsum_p)
