@@ -28,7 +28,7 @@ import numpy as np
 
 import hulkjax as hj
 from hulkjax.emit.hlo import Collective
-from hulkjax.trace.graph import PARAMETER, OpGraph
+from hulkjax.trace.graph import OPTIMIZER, PARAMETER, OpGraph
 from hulkjax.trace.primitives import PASS_THROUGH
 from tests.emit.test_fidelity import SMALL
 from tests.helpers import TWO_D_TOPOLOGY
@@ -141,10 +141,20 @@ def within(predicted: float, actual: float, tolerance: float) -> bool:
 
 
 def parameter_shapes(graph: OpGraph) -> set[tuple[int, ...]]:
-    """Shapes of the step's parameters, dimensions sorted (XLA may reduce a gradient in the
-    transposed layout its dot produced)."""
-    return {tuple(sorted(graph.values[v].shape))
-            for v, role in zip(graph.inputs, graph.input_roles) if role == PARAMETER}
+    """Shapes of the step's carried state (parameters and optimizer state, which has its
+    parameters' shapes), normalized by :func:`_shape_key`.
+
+    Optimizer state is included because hulkjax's roles call some parameters optimizer state: one
+    used through a same-shape elementwise op before any other (Gemma's RMSNorm ``(1 + w) * x``).
+    """
+    return {_shape_key(graph.values[v].shape)
+            for v, role in zip(graph.inputs, graph.input_roles) if role in (PARAMETER, OPTIMIZER)}
+
+
+def _shape_key(shape) -> tuple[int, ...]:
+    """Dimensions sorted, size-1 dimensions dropped: XLA may reduce a gradient in the transposed
+    layout its dot produced, or with a unit dimension squeezed (ViT's (1, 17, D) positions)."""
+    return tuple(sorted(d for d in shape if d != 1))
 
 
 def non_gradient_collectives(collectives: Iterable[Collective], graph: OpGraph) -> list[dict]:
@@ -163,7 +173,7 @@ def non_gradient_collectives(collectives: Iterable[Collective], graph: OpGraph) 
             nbytes = c.bytes if len(c.shapes) == 1 else _piece_bytes(c, shape, dtype)
             if nbytes <= SMALL:
                 continue
-            if c.kind == "all-reduce" and tuple(sorted(shape)) in params:
+            if c.kind == "all-reduce" and _shape_key(shape) in params:
                 continue
             out.append({"kind": c.kind, "axes": "+".join(c.axes), "shape": list(shape),
                         "dtype": dtype, "bytes": int(nbytes)})

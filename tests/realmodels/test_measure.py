@@ -79,11 +79,25 @@ def test_non_gradient_collectives():
         # activation-shaped piece (8 x 3 x 8 floats).
         _collective("all-reduce", (32 + 1 + 192) * 4, shapes=((8, 4), (), (8, 3, 8)),
                     dtypes=("f32", "f32", "f32")),
+        # w1's gradient with a unit dimension: still a gradient.
+        _collective("all-reduce", 32 * 4, shapes=((8, 1, 4),)),
+        _collective("all-reduce", 16 * 4 + 4, shapes=((1, 17),)),  # 68 bytes, no such parameter
         _collective("all-gather", 4096, shapes=((4, 8),)),
     ]
     extra = non_gradient_collectives(hlo, graph)
     assert [(e["kind"], e["shape"], e["bytes"]) for e in extra] == [
-        ("all-reduce", [8, 3, 8], 768), ("all-gather", [4, 8], 4096)]
+        ("all-reduce", [8, 3, 8], 768), ("all-reduce", [1, 17], 68), ("all-gather", [4, 8], 4096)]
+
+
+def test_parameters_used_through_an_elementwise_op_count_as_parameter_shaped():
+    # hulkjax calls `w` optimizer state here (its first use, `1 + w`, keeps its shape), so the
+    # gradient all-reduce of a (1 + w) * x norm weight must still be recognized.
+    def step(w, x):
+        g = jax.grad(lambda w: jnp.sum((1 + w) * x))(w)
+        return w - 0.1 * g
+
+    graph = hj.trace(step, jnp.ones((6,)), jnp.ones((8, 6)))
+    assert non_gradient_collectives([_collective("all-reduce", 96, shapes=((6,),))], graph) == []
 
 
 def test_primitive_census_looks_inside_loops():
