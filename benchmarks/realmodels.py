@@ -142,6 +142,7 @@ def fidelity_pass(names, meshes, strategies, skip) -> tuple[list, dict]:
         bar.set_postfix_str(f"{name} {mesh} {strategy}")
         if name not in built:
             built.clear()  # one family's programs at a time
+            jax.clear_caches()
             step, state, batch = families.build(name, "tiny")
             refs = jax.device_get(first_steps(jax.jit(step), state, batch, n=2))
             graph = hj.trace(step, state, batch)
@@ -350,7 +351,7 @@ def highlights(result: dict) -> list[str]:
                          for p in r.get("unsupported", [])}) for n in names}
     out.append("- **Unsupported primitives** (replicated with a warning): " + "; ".join(
         f"{n}: {', '.join(f'`{p}`' for p in ps)}" for n, ps in warned.items() if ps)
-        + (" ; none elsewhere." if any(warned.values()) else "none."))
+        + ("; none elsewhere." if any(warned.values()) else "none."))
     return out
 
 
