@@ -37,8 +37,9 @@ metrics)`` is a pure function (value_and_grad of the loss, one optax adamw updat
 ``"loss"``), ``state`` is ``{"params": ..., "opt_state": ...}`` and ``batch`` a dict of arrays.
 Dropout is off (``deterministic=True``, rates 0). Sizes:
 
-* ``"tiny"`` (tests): 2 layers, width 64, 4-8 heads (2 key/value heads where grouped), vocab 256,
-  sequence 16, batch 8: every split dimension divides 8, 2 x 4 and 2 x 2 x 2 meshes.
+* ``"tiny"`` (tests): 2 layers, width 64, 4-8 heads (2 key/value heads where grouped, 1 in
+  Gemma), vocab 256, sequence 16, batch 8: batch, width, heads, feed-forward and vocab divide 8,
+  2 x 4 and 2 x 2 x 2 meshes (ViT's 17 tokens, 16 patches + CLS, do not).
 * ``"small"`` (benchmarks): 4 layers, width 256, 8 heads, vocab 8192, sequence 128, batch 16.
 
 Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models) and keras-hub 0.32 with
