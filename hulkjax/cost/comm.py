@@ -8,6 +8,7 @@ and latency ``a``, a ring moves:
 * all-reduce ``B`` bytes: ``2 (n-1)/n B / bw + 2 (n-1) a``
 * reduce-scatter ``B`` (full operand) and all-gather ``B`` (full result): ``(n-1)/n B / bw + (n-1) a``
 * all-to-all of a ``B``-byte block: ``(n-1)/n B / bw + (n-1) a``
+* collective-permute of a ``B``-byte block (one exchange step): ``B / bw + a``
 
 >>> from hulkjax.topology import Topology
 >>> topo = Topology.grid((4,), ("x",), bandwidth=1e9, latency=0.0)
@@ -64,6 +65,9 @@ def collective_time(kind: str, nbytes: float, axes, topology) -> dict[str, float
     elif kind == "all-to-all":
         for a in axes:
             out[a] = ring(a, nbytes)
+    elif kind == "collective-permute":  # one exchange step: every device sends its block once
+        for a in axes:
+            out[a] = nbytes / topology.axis_bandwidth(a) + topology.axis_latency(a)
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
     return out
@@ -95,6 +99,9 @@ def axis_bytes(kind: str, nbytes: float, axes, topology) -> dict[str, float]:
             n = topology.axis_size(a)
             b *= n
             out[a] = (n - 1) / n * b
+    elif kind == "collective-permute":
+        for a in axes:
+            out[a] = float(nbytes)
     else:
         for a in axes:
             n = topology.axis_size(a)

@@ -68,7 +68,7 @@ from hulkjax.rules.sharding import (
     replicated_resolution,
 )
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
-from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, POOLING, REARRANGING
+from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, PASSTHROUGH, POOLING, REARRANGING
 
 INPUT, LEADER, FREE = "input", "leader", "free"
 
@@ -217,6 +217,8 @@ class CostModel:
         self.group_of_node: dict[int, int] = {}
         self.lead: dict[int, int | None] = {}
         state_origin: set[int] = set()  # values derived (through leads) from state inputs
+        data_origin: set[int] = {v for v, r in zip(g.inputs, g.input_roles) if r == DATA}
+        self.aliases: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
         owner_of = {j: i for j, i in g.owners.items()}
         for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
             if i in owner_of and g.values[vid].shape == g.values[g.inputs[owner_of[i]]].shape:
@@ -244,15 +246,26 @@ class CostModel:
                 self.group_of_node[node.id] = grp.id
                 self.lead[node.id] = None
             else:
-                lead = self._choose_lead(node, state_origin)
+                lead = self._choose_lead(node, state_origin, data_origin)
                 self.lead[node.id] = lead
                 gid = free.id if lead is None else self.group_of_value[node.inputs[lead]]
                 self.groups[gid].members.append(node.id)
                 self.group_of_node[node.id] = gid
                 if lead is not None and node.inputs[lead] in state_origin:
                     state_origin.update(node.outputs)
-            for o in node.outputs:
-                self.group_of_value[o] = self.group_of_node[node.id]
+            if any(v in data_origin for v in node.inputs if v is not None):
+                data_origin.update(node.outputs)
+            for k, o in enumerate(node.outputs):
+                src = node.inputs[k] if node.primitive in PASSTHROUGH and k < len(node.inputs) \
+                    else None
+                if src is not None and k != self.lead.get(node.id):
+                    # Result k *is* operand k: it lives in that operand's group, in its layout.
+                    self.group_of_value[o] = self.group_of_value[src]
+                    self.aliases[self.group_of_value[src]].append((node.id, o, src))
+                    if src in state_origin:
+                        state_origin.add(o)
+                else:
+                    self.group_of_value[o] = self.group_of_node[node.id]
         by_sig: dict[tuple, list] = {}
         for grp in self.groups:
             if grp.kind == LEADER:
@@ -268,7 +281,16 @@ class CostModel:
             else:
                 grp.candidates = [None]
 
-    def _choose_lead(self, node, state_origin) -> int | None:
+    def _choose_lead(self, node, state_origin, data_origin) -> int | None:
+        """The operand a follower takes its layout from.
+
+        An optimizer update follows its parameter (state of the result's shape, not broadcast).
+        Otherwise the operand on the data path: one derived from the batch rather than from
+        parameters or constants alone (a mask or a position bias broadcast into the scores must
+        not decide their layout: the batch split would be gathered away), then the largest before
+        broadcasting (a broadcast statistic is not the data path), never a constant-derived operand
+        or a predicate when another exists.
+        """
         g = self.graph
         ops = [(k, v) for k, v in enumerate(node.inputs) if v is not None]
         if not ops or not node.outputs:
@@ -285,6 +307,8 @@ class CostModel:
                  and self._source_size(v) == g.values[v].size]  # not a broadcast parameter
         if state and same:
             return state[0][0]
+        batch = [(k, v) for k, v in pool if v in data_origin]
+        pool = batch or pool
         return max(pool, key=lambda kv: (self._source_size(kv[1]), g.values[kv[1]].size, -kv[0]))[0]
 
     def _source_size(self, vid: int) -> int:
@@ -337,6 +361,9 @@ class CostModel:
         outputs = {o for o in g.outputs if o is not None}
         traffic = []
         for n in g.nodes:
+            if n.primitive in PASSTHROUGH:  # results are the operands: nothing is read or written
+                traffic.append(0.0)
+                continue
             if not fusible[n.id] or n.subgraphs:
                 traffic.append(n.bytes)
                 continue
@@ -409,7 +436,16 @@ class CostModel:
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
-        for nid in grp.members:
+        aliases = self.aliases.get(gid, ())
+        events = sorted([(nid, 1, None) for nid in grp.members]
+                        + [(nid, 0, (o, src)) for nid, o, src in aliases])
+        for nid, is_member, alias in events:
+            if not is_member:  # a pass-through result: the operand's layout
+                o, src = alias
+                src_spec = specs.get(src)
+                specs[o] = src_spec if src_spec is not None else \
+                    replicated(len(g.values[o].shape))
+                continue
             node = g.nodes[nid]
             lead = self.lead[nid]
             if lead is None:
@@ -418,7 +454,8 @@ class CostModel:
                 r = self._follow(node, lead, specs.get(node.inputs[lead]))
             res[nid] = r
             for o, s in zip(node.outputs, r.out_specs):
-                specs[o] = s
+                if s is not None:
+                    specs[o] = s
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
@@ -523,29 +560,40 @@ class CostModel:
                 out.extend(self.reshard(v, src, dst))
         return out
 
-    def operand_changes(self, gid: int, c: int, nid: int, assignment) -> int:
-        """How many operands of node ``nid`` arrive in another layout than candidate ``c`` needs.
+    def operand_changes(self, gid: int, c: int, nid: int, assignment) -> float:
+        """How many operands of node ``nid`` must be moved (gathered, exchanged) to the layout
+        candidate ``c`` needs.
 
-        A loop's operands computed in place from constants (masks, position ids: the free group)
-        are no change: they are sliced to any layout for free, as the operators inside the body
-        that use them would be in an unrolled program.
+        An operand that must be gathered or exchanged counts one change. Slicing costs nothing but
+        is a change of layout: it counts half, so that a partitioner's propagation of an operand's
+        split onto a whole operand (a replicated mask or constant cut to match) wins over gathering
+        the split one, and otherwise layouts are kept as they arrive. A candidate that splits over a
+        mesh axis none of its operands arrives split over, and keeps split, counts one change: a
+        partitioner propagates shardings, it does not invent them. Values computed in place from
+        constants (masks, position ids: the free group) are no change at all: they are cut to any
+        layout, as the operators that use them would be in an unrolled program.
         """
         grp = self.groups[gid]
-        loop = bool(self.graph.nodes[nid].subgraphs)
         if grp.kind == LEADER and grp.leader == nid:
             need = grp.candidates[c].in_specs  # no need to build the group's tables
         else:
             need = self.local(gid, c).res[nid].in_specs
-        n = 0
+        n = 0.0
+        kept: set[str] = set()  # axes an operand arrives split over and stays split over
+        needed: set[str] = set()
         for v, s in zip(self.graph.nodes[nid].inputs, need):
             if v is None or s is None:
                 continue
             src_gid = self.group_of_value[v]
             have = self.local(src_gid, assignment[src_gid]).specs.get(v)
-            if loop and src_gid == self._free and have is not None and not any(have):
+            wanted = {a for axes in s for a in axes}
+            needed |= wanted
+            if have is None:
                 continue
-            n += have is not None and have != s
-        return n
+            kept |= wanted & {a for axes in have for a in axes}
+            if have != s and not (src_gid == self._free and not any(have)):
+                n += 1.0 if self.reshard(v, have, s) else 0.5
+        return n + bool(needed - kept)
 
     def edge_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
         key = (gp, cp, gc, cc)
