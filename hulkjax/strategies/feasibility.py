@@ -62,7 +62,7 @@ def axis_splits(graph: OpGraph, topology) -> list[AxisSplit]:
     for axis, size in zip(topology.axis_names, topology.shape):
         if size < 2:
             continue
-        splittable = sum(b for shape, b in shapes if any(d % size == 0 for d in shape))
+        splittable = float(sum(b for shape, b in shapes if any(d % size == 0 for d in shape)))
         out.append(AxisSplit(axis=axis, size=int(size), spans=_SPANS.get(
             topology.axis_scope(axis), "devices"), splittable_bytes=splittable, total_bytes=total))
     return out
