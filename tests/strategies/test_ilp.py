@@ -242,6 +242,24 @@ def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     assert r.status == "optimal" and r.objective < lean.start_objective
 
 
+def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_limit():
+    """Megatron shards the two layers of this MLP differently (column, then row), which the tied
+    program cannot express: its optimum is worse than Megatron, so the untied one is solved, in
+    the time the tied solve left (none at a zero limit: then the best baseline's plan)."""
+    m = zoo.get("mlp", size="tiny", depth=2, width=2048, in_dim=2048, out_dim=2048, batch=512)
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    best = min(hj.plan(m.step, state, batch, topology=ONE_D, strategy=s, graph=g).cost.step_time
+               for s in BASELINES if s != "dp_tp")
+    for time_limit, status in ((60.0, "optimal"), (0.0, "time limit")):
+        p = hj.plan(m.step, state, batch, topology=ONE_D, strategy="ilp", graph=g,
+                    time_limit=time_limit)
+        assert p.solver.status == status
+        assert any("solved with layers untied" in n for n in p.notes), p.notes
+        assert p.cost.step_time <= best * (1 + 1e-9)
+    assert p.cost.step_time == pytest.approx(best, rel=1e-9)
+
+
 def test_the_solver_is_deterministic(mixed_mlp):
     _, _, cm, seeds = mixed_mlp
     runs = [solve(cm, seeds=seeds, tie_layers=False) for _ in range(3)]
