@@ -34,9 +34,14 @@ def trace(fn, *args, **kwargs) -> OpGraph:
     Returns:
       The :class:`OpGraph`, inputs named by pytree path rooted at ``fn``'s parameter names.
 
+    Python scalars (``bool``, ``int``, ``float``, ``complex``) are taken as ``jax.jit`` takes
+    them: weakly typed 0-d arrays (``int`` is ``int32`` without x64; ``bool`` is strongly typed),
+    such as flax's ``TrainState.step`` (a Python ``0`` after ``TrainState.create``).
+
     Raises:
-      UnsupportedStepError: keyword arguments, or a leaf that is not an array (Python scalars, strings,
-        objects): such values cannot be sharded. Bind them with ``functools.partial`` first.
+      UnsupportedStepError: keyword arguments, or a leaf that ``jax.jit`` refuses too (strings,
+        functions, objects; an ``int`` too large for its dtype). Bind static values with
+        ``functools.partial`` first.
     """
     if kwargs:
         raise UnsupportedStepError(
@@ -44,16 +49,10 @@ def trace(fn, *args, **kwargs) -> OpGraph:
             f"{sorted(kwargs)}. Pass them positionally, or bind static ones with "
             f"functools.partial(fn, {', '.join(f'{k}=...' for k in sorted(kwargs))}).")
     _check_arity(fn, args)
-    names = _arg_names(fn, len(args))
-    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(args)
-    input_paths = []
-    for path, leaf in leaves_with_path:
-        p = _path_str(path, names)
-        _check_leaf(p, leaf)
-        input_paths.append(p)
-    # Trace on shapes and dtypes alone: shardings of already-placed arrays must not enter the jaxpr.
-    abstract = jax.tree_util.tree_unflatten(
-        in_tree, [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for _, leaf in leaves_with_path])
+    input_paths, in_tree, avals = argument_avals(fn, args)
+    # Trace on shapes, dtypes and weak types alone: shardings of already-placed arrays must not
+    # enter the jaxpr, and a weak type decides dtype promotion inside the step, as under jax.jit.
+    abstract = jax.tree_util.tree_unflatten(in_tree, avals)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
     except UnsupportedStepError:
@@ -252,18 +251,62 @@ def _path_str(path, roots, tuple_root=False) -> str:
     return f"{head}/{tail}" if tail else head
 
 
-def _check_leaf(path: str, leaf) -> None:
-    if isinstance(leaf, (bool, int, float, complex)):
+PYTHON_SCALARS = (bool, int, float, complex)
+"""Python scalar types ``jax.jit`` accepts as arguments (weakly typed, except ``bool``)."""
+
+
+def leaf_aval(leaf) -> jax.ShapeDtypeStruct | None:
+    """How ``jax.jit`` sees an argument leaf: shape, dtype and weak type (``None``: no array).
+
+    Python scalars are weakly typed 0-d arrays (``bool`` is strongly typed); dtypes are JAX's
+    (a float64 numpy array is float32 without x64). Raises ``OverflowError`` for an ``int`` too
+    large for its dtype, as ``jax.jit`` does.
+
+    >>> leaf_aval(0), leaf_aval(True)
+    (ShapeDtypeStruct(shape=(), dtype=int32, weak_type=True), ShapeDtypeStruct(shape=(), dtype=bool))
+    """
+    if not isinstance(leaf, PYTHON_SCALARS) and not (hasattr(leaf, "shape")
+                                                     and hasattr(leaf, "dtype")):
+        return None
+    try:
+        aval = jax.typeof(leaf)
+    except TypeError:  # array-like that JAX does not know: its own shape and dtype
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def argument_avals(fn, args) -> tuple[list[str], Any, list[jax.ShapeDtypeStruct]]:
+    """``(input paths, tree, avals)`` of a step's positional arguments, as ``jax.jit`` sees them.
+
+    Raises:
+      UnsupportedStepError: a leaf that is no array and no Python scalar, named by its path.
+    """
+    names = _arg_names(fn, len(args))
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(args)
+    paths, avals = [], []
+    for path, leaf in leaves_with_path:
+        p = _path_str(path, names)
+        paths.append(p)
+        avals.append(_checked_aval(p, leaf))
+    return paths, in_tree, avals
+
+
+def _checked_aval(path: str, leaf) -> jax.ShapeDtypeStruct:
+    try:
+        aval = leaf_aval(leaf)
+    except OverflowError as e:
         raise UnsupportedStepError(
-            f"argument leaf {path!r} is a Python {type(leaf).__name__} ({leaf!r}); hulkjax shards "
-            f"arrays only. Wrap it as jnp.asarray({leaf!r}) to make it an input, or bind it with "
-            f"functools.partial if it is a static setting.")
-    if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            f"argument leaf {path!r} is a Python {type(leaf).__name__} ({leaf!r}) that does not "
+            f"fit JAX's default dtype ({e}); jax.jit refuses it too. Pass an array of a wider "
+            f"dtype (enable jax_enable_x64 for 64-bit), or bind it with functools.partial if it "
+            f"is a static setting.") from None
+    if aval is None:
         raise UnsupportedStepError(
             f"argument leaf {path!r} is a {type(leaf).__name__}, not an array; hulkjax traces steps "
-            f"whose arguments are pytrees of arrays (or jax.ShapeDtypeStruct). Mark non-array "
-            f"fields as static pytree metadata (flax.struct.field(pytree_node=False)) or bind them "
-            f"with functools.partial.")
+            f"whose arguments are pytrees of arrays, Python numbers or jax.ShapeDtypeStruct. Mark "
+            f"non-array fields as static pytree metadata (flax.struct.field(pytree_node=False)) "
+            f"or bind them with functools.partial.")
+    return aval
 
 
 # ---- input roles, from the data flow --------------------------------------------------------

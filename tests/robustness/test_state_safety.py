@@ -56,7 +56,7 @@ FAILURES = {
     "the model rejects a bad batch": (  # flax's own shape error, passed through
         lambda ctx: ctx.hulk(ctx.s1, {**ctx.batch, "x": jnp.ones((16, 17))}), Exception),
     "a non-array leaf": (
-        lambda ctx: ctx.hulk(ctx.s1, {**ctx.batch, "lr": 0.1}), UnsupportedStepError),
+        lambda ctx: ctx.hulk(ctx.s1, {**ctx.batch, "lr": "0.1"}), UnsupportedStepError),
     "new shapes on a fixed plan": (
         lambda ctx: ctx.emitted(ctx.s1, _bigger(ctx.batch)), PlanMismatchError),
     "an unknown strategy": (
