@@ -56,6 +56,7 @@ import numpy as np
 
 from hulkjax.cost.backends import Backend, backend_of
 from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
+from hulkjax.cost.memory import liveness
 from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
@@ -168,7 +169,8 @@ class Breakdown:
       compute: predicted compute seconds per node.  # list of float
       own: collectives each operator implies itself.  # dict[int, tuple of Comm]
       moves: layout changes of operands (inside groups and on edges between groups).
-      memory: per-device bytes, node by node.  # list of MemoryUse
+      memory: the buffers live at the peak of memory, node by node (they add up to
+        ``peak_memory``; see :func:`hulkjax.cost.memory.liveness`).  # list of MemoryUse
     """
 
     assignment: list[int]
@@ -190,8 +192,10 @@ class CostModel:
     0.0
     """
 
-    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None):
+    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None,
+                 in_loop: bool = False):
         self.graph = graph
+        self.in_loop = in_loop
         self.topology = topology
         self.loop_planner = loop_planner
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
@@ -209,7 +213,8 @@ class CostModel:
         self._input_index: dict[int, dict[Spec, int]] = {}
         self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
         self.traffic: list[float] = self._fused_traffic()
-        self.tail: frozenset[int] = frozenset(self._tail_nodes())
+        # a loop body's results are the next iteration's carries: nothing in it is deferred
+        self.tail: frozenset[int] = frozenset() if in_loop else frozenset(self._tail_nodes())
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._edges = self._cross_edges()
@@ -242,6 +247,7 @@ class CostModel:
         free = Group(len(self.groups), FREE, signature=("free",))
         self.groups.append(free)
         self._free = free.id
+        self.free_group = free.id  # constants and what is computed from them alone
         for vid in g.constants:
             self.group_of_value[vid] = free.id
         for node in g.nodes:
@@ -378,7 +384,7 @@ class CostModel:
     def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
         """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
         going back to its input's layout, at the step's end)."""
-        if nid != -1 and nid not in self.tail:
+        if self.in_loop or (nid != -1 and nid not in self.tail):
             return tuple(comms)
         return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
 
@@ -723,13 +729,10 @@ class CostModel:
         """The :class:`Cost` of one candidate per group."""
         compute = 0.0
         comms: list[Comm] = []
-        mem: dict[str, float] = defaultdict(float)
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
             compute += loc.compute
             comms.extend(loc.comms)
-            for k, b in loc.memory_parts.items():
-                mem[k] += b
         for (gp, gc), _ in self._edges.items():
             comms.extend(self.edge_comms(gp, assignment[gp], gc, assignment[gc]))
         by_axis: dict[str, float] = defaultdict(float)
@@ -757,12 +760,13 @@ class CostModel:
             entry[1] += nbytes
             entry[2] += secs
         comm_time = float(sum(by_axis.values()))
+        report = liveness(self, assignment)
         total_peak = sum(d.spec.peak_flops for d in self.topology.devices)
         ideal = self.graph.total_flops / total_peak if total_peak else 0.0
         link = {a: self.topology.axis_scope(a) for a in self.mesh.axis_names}
         return Cost(step_time=compute + comm_time, compute_time=compute, comm_time=comm_time,
                     comm_time_by_axis=dict(by_axis), comm_bytes=dict(bytes_axis), link_class=link,
-                    peak_memory=float(sum(mem.values())), memory_breakdown=dict(mem),
+                    peak_memory=report.peak, memory_breakdown=dict(report.breakdown),
                     memory_capacity=self.capacity, ideal_time=ideal,
                     collectives=tuple(PredictedCollective(kind=k, axes=a, count=v[0], bytes=v[1],
                                                           time=v[2])
@@ -884,10 +888,17 @@ class CostModel:
         return t
 
     def memory(self, assignment) -> float:
-        """Per-device peak memory of an assignment, bytes (``evaluate(...).peak_memory``)."""
+        """Per-device memory of an assignment in the additive model the ILP constrains: every
+        group's parameters, gradients, optimizer state and saved activations at their layouts.
+        The reported peak (``evaluate(...).peak_memory``) is :func:`~hulkjax.cost.memory.liveness`'s
+        walk, which this sum bounds from above in practice."""
         return sum(self.local(gid, c).memory for gid, c in enumerate(assignment))
 
-    def breakdown(self, assignment) -> Breakdown:
+    def peak_memory(self, assignment) -> float:
+        """Per-device peak memory of an assignment (the liveness walk), bytes."""
+        return liveness(self, assignment).peak
+
+    def breakdown(self, assignment, *, memory: bool = True) -> Breakdown:
         """Per-operator compute, collectives and memory of an assignment (see :class:`Breakdown`).
 
         >>> import jax.numpy as jnp, hulkjax as hj
@@ -901,7 +912,7 @@ class CostModel:
         compute = [0.0] * len(g.nodes)
         own: dict[int, tuple[Comm, ...]] = {}
         moves: list[Move] = []
-        memory: list[MemoryUse] = []
+        uses: list[MemoryUse] = []
         specs: dict[int, Spec] = {}
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
@@ -910,15 +921,21 @@ class CostModel:
                 compute[nid] = t
             own.update(loc.node_comms)
             moves.extend(loc.moves)
-            memory.extend(loc.memory_uses)
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
             for v, nid, k in items:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
-                    moves.extend(Move(v, nid, gc, m) for m in self.reshard(v, src, dst))
-        return Breakdown(list(assignment), specs, compute, own, moves, memory)
+                    moves.extend(Move(v, nid, gc, m)
+                                 for m in self._defer(self.reshard(v, src, dst), nid))
+        b = Breakdown(list(assignment), specs, compute, own, moves, uses)
+        if memory:
+            for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak
+                gid = (self.group_of_value[buf.value] if buf.value is not None
+                       else self.group_of_node[buf.node])
+                uses.append(MemoryUse(buf.node, gid, buf.kind, buf.bytes))
+        return b
 
     # ---- plan output ---------------------------------------------------------------------
     def value_specs(self, assignment) -> dict[int, Spec]:

@@ -1,7 +1,7 @@
 """Collective kinds and the record of one collective a layout implies.
 
 >>> Comm("all-reduce", ("data",), 4096)
-Comm(kind='all-reduce', axes=('data',), bytes=4096)
+Comm(kind='all-reduce', axes=('data',), bytes=4096, deferred=False)
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import core as jex_core
+from jax.interpreters import partial_eval as pe
 from jax.extend.core import primitives as P
 
 from hulkjax.errors import UnsupportedStepError
@@ -69,12 +70,21 @@ def trace(fn, *args, **kwargs) -> OpGraph:
                     "shapes and dtypes; check that it runs under jax.jit with these arguments.")
         raise UnsupportedStepError(
             f"tracing {getattr(fn, '__name__', fn)!r} failed: {e}. {hint}") from e
+    closed = _without_dead_code(closed)
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     output_paths = [_path_str(path, ("out",), tuple_root=True) for path, _ in out_leaves]
     g = build_graph(closed, input_paths, output_paths, in_tree,
                     jax.tree_util.tree_structure(out_shape))
     g.fn = fn
     return g
+
+
+def _without_dead_code(closed):
+    """The jaxpr without equations whose results reach no output (the forward loss under
+    ``jax.grad`` when the step does not return it): XLA removes them before it partitions, so
+    they must not enter the plan or its cost. Inputs and effectful equations stay."""
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return jex_core.ClosedJaxpr(jaxpr, closed.consts)
 
 
 def build_graph(closed, input_paths, output_paths, in_tree=None, out_tree=None) -> OpGraph:
@@ -323,17 +333,16 @@ def _input_roles(g: OpGraph) -> None:
     (optimizer moments) is owned by the parameter whose update it flows into.
     """
     out_index = {o: i for i, o in enumerate(g.outputs) if o is not None}
-    roles, carried = [], {}
+    carried = {}
     for i, vid in enumerate(g.inputs):
-        val = g.values[vid]
-        out = _carried_to_output(g, vid, out_index, val.shape)
-        if out is None:
-            roles.append(DATA)
-            continue
-        carried[i] = out_index[out]
-        roles.append(PARAMETER if _feeds_computation(g, vid, val.shape) else OPTIMIZER)
+        out = _carried_to_output(g, vid, out_index, g.values[vid].shape)
+        if out is not None:
+            carried[i] = out_index[out]
+    g.carried = carried  # (what is state decides what is a result other than state)
+    roles = [DATA if i not in carried else
+             PARAMETER if _feeds_computation(g, vid, g.values[vid].shape) else OPTIMIZER
+             for i, vid in enumerate(g.inputs)]
     g.input_roles = tuple(roles)
-    g.carried = carried
     param_of = {}  # value id -> param input index, through casts/reshapes
     for i, (vid, r) in enumerate(zip(g.inputs, roles)):
         if r == PARAMETER:
@@ -398,21 +407,30 @@ def _owner_param(g: OpGraph, vid: int, param_of: dict[int, int]) -> int | None:
 
 
 def _feeds_computation(g: OpGraph, vid: int, shape) -> bool:
-    seen, todo = {vid}, [vid]
+    """Whether a state leaf is computed with, not only updated: it reaches the backward pass or a
+    result that is not state (the loss), or it meets an operator that is not a same-shape update
+    (a matmul, a broadcast into activations). Optimizer moments and step counters only ever flow
+    into the update of state; a parameter used first elementwise (Gemma's ``1 + scale``) still
+    reaches the loss."""
+    state_out = {g.outputs[o] for o in g.carried.values()}
+    other_out = {v for v in g.outputs if v is not None} - state_out
+    seen, todo = {vid}, [(vid, True)]  # (value, reached through reshapes and casts only)
     while todo:
-        v = todo.pop()
+        v, direct = todo.pop()
+        if v in other_out:
+            return True
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive in PASS_THROUGH:
-                for o in node.outputs:
-                    if o not in seen:
-                        seen.add(o)
-                        todo.append(o)
-                continue
-            same = node.primitive in SAME_SHAPE_UPDATES and all(
-                g.values[o].shape == g.values[v].shape for o in node.outputs)
-            if not same:
+            if node.backward:
                 return True
+            passing = node.primitive in PASS_THROUGH
+            if direct and not passing and not (node.primitive in SAME_SHAPE_UPDATES and all(
+                    g.values[o].shape == g.values[v].shape for o in node.outputs)):
+                return True
+            for o in node.outputs:
+                if o not in seen:
+                    seen.add(o)
+                    todo.append((o, direct and passing))
     return False
 
 
