@@ -31,7 +31,7 @@ from hulkjax.strategies.registry import options_of, run_planner
 from hulkjax.strategies.search import propagate
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.graph import OpGraph
-from hulkjax.trace.tracer import trace
+from hulkjax.trace.tracer import argument_avals, leaf_aval, trace
 
 log = logging.getLogger("hulkjax")
 
@@ -141,9 +141,19 @@ class HulkShardedFunction:
         return None if self.sharded is None else self.sharded.plan
 
     def _key(self, args):
+        """What ``jax.jit`` would cache on: the tree and every leaf's shape, dtype and weak type.
+
+        A Python ``0`` and the weakly typed ``int32`` array the step returns for it have one key,
+        so feeding a step its own result never plans or compiles again.
+        """
         leaves, tree = jax.tree_util.tree_flatten(args)
-        return tree, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
-                           for x in leaves)
+        try:
+            avals = [leaf_aval(x) for x in leaves]
+        except OverflowError:
+            avals = [None]
+        if any(a is None for a in avals):
+            argument_avals(self.fn, args)  # raises the error naming the leaf's path
+        return tree, tuple((a.shape, str(a.dtype), a.weak_type) for a in avals)
 
     def get_sharded(self, *args) -> ShardedStep:
         """The compiled step for these arguments (planning and compiling on a cache miss)."""

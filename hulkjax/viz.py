@@ -41,6 +41,7 @@ LINK_COLORS = {"compute": "#4c72b0", "node": "#55a868", "region": "#dd8452", "wa
 _LINK_NAMES = {"node": "comm inside a node", "region": "comm between nodes",
                "wan": "comm between regions (WAN)"}
 _MEMORY_COLORS = {"parameters": "#4c72b0", "gradients": "#8172b3", "optimizer": "#937860",
+                  "transients": "#ccb974",
                   "activations": "#da8bc3", "data": "#8c8c8c"}
 
 

@@ -1,13 +1,16 @@
 """Alpha-beta times of collectives over mesh axes, and what a layout change costs.
 
-A collective over several axes runs hierarchically, one axis at a time: reduce-scatter over the
-fast axes first (full data on fast links), all-reduce over the slowest on the reduced piece, then
-all-gather back. Per axis, with ``n`` devices, bandwidth ``bw`` (bytes/s per device per direction)
-and latency ``a``, a ring moves:
+A collective over several axes runs hierarchically (NCCL, TPUs), one axis at a time: reduce-scatter
+over the fast axes first (full data on fast links), all-reduce over the slowest on the reduced
+piece, then all-gather back; or as one flat ring over all its devices (XLA:CPU's gloo,
+``hierarchical=False``), at the slowest link's bandwidth and latency (charged to that axis). Per
+axis, with ``n`` devices, bandwidth ``bw`` (bytes/s per device per direction) and latency ``a``, a
+ring moves:
 
 * all-reduce ``B`` bytes: ``2 (n-1)/n B / bw + 2 (n-1) a``
 * reduce-scatter ``B`` (full operand) and all-gather ``B`` (full result): ``(n-1)/n B / bw + (n-1) a``
 * all-to-all of a ``B``-byte block: ``(n-1)/n B / bw + (n-1) a``
+* collective-permute of a ``B``-byte block (one exchange step): ``B / bw + a``
 
 >>> from hulkjax.topology import Topology
 >>> topo = Topology.grid((4,), ("x",), bandwidth=1e9, latency=0.0)
@@ -30,8 +33,22 @@ def _order(axes, topology, fast_first: bool):
     return sorted(axes, key=lambda a: topology.axis_bandwidth(a), reverse=fast_first)
 
 
-def collective_time(kind: str, nbytes: float, axes, topology) -> dict[str, float]:
-    """Seconds spent on each mesh axis by one collective (see the module docstring)."""
+def _flat(axes, topology):
+    """One ring over several axes: its size, bottleneck bandwidth and latency, and the axis
+    charged (the slowest)."""
+    n = 1
+    for a in axes:
+        n *= topology.axis_size(a)
+    slowest = min(axes, key=lambda a: (topology.axis_bandwidth(a), -topology.axis_latency(a)))
+    return n, topology.axis_bandwidth(slowest), max(topology.axis_latency(a) for a in axes), slowest
+
+
+def collective_time(kind: str, nbytes: float, axes, topology, *, hierarchical: bool = True,
+                    latency_scale: float = 1.0) -> dict[str, float]:
+    """Seconds spent on each mesh axis by one collective (see the module docstring).
+
+    ``latency_scale`` scales the latency terms (a collective combined with others pays its share).
+    """
     out: dict[str, float] = {}
     axes = [a for a in axes if topology.axis_size(a) > 1]
     if not axes or nbytes <= 0:
@@ -39,7 +56,13 @@ def collective_time(kind: str, nbytes: float, axes, topology) -> dict[str, float
 
     def ring(a, b, passes=1):
         n = topology.axis_size(a)
-        return passes * ((n - 1) / n * b / topology.axis_bandwidth(a) + (n - 1) * topology.axis_latency(a))
+        return passes * ((n - 1) / n * b / topology.axis_bandwidth(a)
+                         + (n - 1) * topology.axis_latency(a) * latency_scale)
+
+    if len(axes) > 1 and not hierarchical and kind != "collective-permute":
+        n, bw, lat, slowest = _flat(axes, topology)
+        passes = 2 if kind == "all-reduce" else 1
+        return {slowest: passes * ((n - 1) / n * nbytes / bw + (n - 1) * lat * latency_scale)}
 
     if kind == "all-reduce":
         order = _order(axes, topology, fast_first=True)
@@ -64,15 +87,23 @@ def collective_time(kind: str, nbytes: float, axes, topology) -> dict[str, float
     elif kind == "all-to-all":
         for a in axes:
             out[a] = ring(a, nbytes)
+    elif kind == "collective-permute":  # one exchange step: every device sends its block once
+        for a in axes:
+            out[a] = nbytes / topology.axis_bandwidth(a) + topology.axis_latency(a) * latency_scale
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
     return out
 
 
-def axis_bytes(kind: str, nbytes: float, axes, topology) -> dict[str, float]:
-    """Bytes each device sends over each axis's links for one collective (same ring model)."""
+def axis_bytes(kind: str, nbytes: float, axes, topology, *,
+               hierarchical: bool = True) -> dict[str, float]:
+    """Bytes each device sends over each axis's links for one collective (same ring model; a flat
+    ring's are charged to its slowest axis)."""
     out: dict[str, float] = {}
     axes = [a for a in axes if topology.axis_size(a) > 1]
+    if len(axes) > 1 and not hierarchical and kind != "collective-permute":
+        n, _, _, slowest = _flat(axes, topology)
+        return {slowest: (2 if kind == "all-reduce" else 1) * (n - 1) / n * nbytes}
     if kind == "all-reduce":
         order = _order(axes, topology, fast_first=True)
         b = nbytes
@@ -95,6 +126,9 @@ def axis_bytes(kind: str, nbytes: float, axes, topology) -> dict[str, float]:
             n = topology.axis_size(a)
             b *= n
             out[a] = (n - 1) / n * b
+    elif kind == "collective-permute":
+        for a in axes:
+            out[a] = float(nbytes)
     else:
         for a in axes:
             n = topology.axis_size(a)
@@ -105,8 +139,14 @@ def axis_bytes(kind: str, nbytes: float, axes, topology) -> dict[str, float]:
 def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[Comm, ...]:
     """Collectives that turn layout ``src`` into ``dst``.
 
-    Per axis: on the same dimension in both, nothing; only in ``src``, an all-gather; only in
-    ``dst``, a local slice (free); on different dimensions, an all-to-all.
+    Per axis: only in ``src``, an all-gather; on different dimensions, an all-to-all; only in
+    ``dst``, a local slice (free). Axes that stay on one dimension keep their blocks only when
+    they stay in the same order in front of any new ones (``(a,)`` to ``(a, b)`` slices; ``(a, b)``
+    to ``(b, a)``, or ``(b,)`` to ``(a, b)``, deals the blocks to other devices): otherwise the
+    devices exchange blocks, a collective-permute of the local block.
+
+    >>> reshard_comms((8, 8), "float32", (("a", "b"), ()), (("b", "a"), ()), {"a": 2, "b": 2})
+    (Comm(kind='collective-permute', axes=('a', 'b'), bytes=64, deferred=False),)
     """
     if src == dst:
         return ()
@@ -117,6 +157,11 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
             gather.append(a)
         elif i != j:
             a2a.append(a)
+    permute: list[str] = []
+    for s_axes, d_axes in zip(src, dst):
+        stay = tuple(a for a in s_axes if a not in gather and a not in a2a)
+        if stay and d_axes[:len(stay)] != stay:
+            permute.extend(a for a in d_axes if a in stay or a not in s_axes)
     comms = []
     item = dtype_size(dtype)
     if a2a:
@@ -126,4 +171,7 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
         kept = tuple(tuple(a for a in axes if a not in gather) for axes in src)
         nb = int(np.prod(local_shape(shape, kept, sizes), dtype=np.int64)) * item
         comms.append(Comm("all-gather", tuple(sorted(gather)), nb))
+    if permute:
+        nb = int(np.prod(local_shape(shape, dst, sizes), dtype=np.int64)) * item
+        comms.append(Comm("collective-permute", tuple(sorted(set(permute))), nb))
     return tuple(comms)

@@ -48,12 +48,15 @@ communication do not overlap.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hulkjax.cost.backends import Backend, backend_of
 from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
+from hulkjax.cost.memory import liveness
 from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
@@ -68,7 +71,7 @@ from hulkjax.rules.sharding import (
     replicated_resolution,
 )
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
-from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, POOLING, REARRANGING
+from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, PASSTHROUGH, POOLING, REARRANGING
 
 INPUT, LEADER, FREE = "input", "leader", "free"
 
@@ -166,7 +169,8 @@ class Breakdown:
       compute: predicted compute seconds per node.  # list of float
       own: collectives each operator implies itself.  # dict[int, tuple of Comm]
       moves: layout changes of operands (inside groups and on edges between groups).
-      memory: per-device bytes, node by node.  # list of MemoryUse
+      memory: the buffers live at the peak of memory, node by node (they add up to
+        ``peak_memory``; see :func:`hulkjax.cost.memory.liveness`).  # list of MemoryUse
     """
 
     assignment: list[int]
@@ -188,8 +192,10 @@ class CostModel:
     0.0
     """
 
-    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None):
+    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None,
+                 in_loop: bool = False):
         self.graph = graph
+        self.in_loop = in_loop
         self.topology = topology
         self.loop_planner = loop_planner
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
@@ -197,6 +203,8 @@ class CostModel:
         dev = topology.slowest_device()
         self.peak_flops, self.hbm = dev.peak_flops, dev.hbm_bandwidth
         self.capacity = min(d.memory for d in topology.device_specs())
+        self.backend: Backend = backend_of(topology)
+        self._flops_by_dtype: dict[str, float] = {}
         self._follow_cache: dict = {}
         self._reshard_cache: dict = {}
         self._sig_cache: dict[int, tuple] = {}
@@ -205,6 +213,8 @@ class CostModel:
         self._input_index: dict[int, dict[Spec, int]] = {}
         self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
         self.traffic: list[float] = self._fused_traffic()
+        # a loop body's results are the next iteration's carries: nothing in it is deferred
+        self.tail: frozenset[int] = frozenset() if in_loop else frozenset(self._tail_nodes())
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._edges = self._cross_edges()
@@ -217,6 +227,8 @@ class CostModel:
         self.group_of_node: dict[int, int] = {}
         self.lead: dict[int, int | None] = {}
         state_origin: set[int] = set()  # values derived (through leads) from state inputs
+        data_origin: set[int] = {v for v, r in zip(g.inputs, g.input_roles) if r == DATA}
+        self.aliases: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
         owner_of = {j: i for j, i in g.owners.items()}
         for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
             if i in owner_of and g.values[vid].shape == g.values[g.inputs[owner_of[i]]].shape:
@@ -235,6 +247,7 @@ class CostModel:
         free = Group(len(self.groups), FREE, signature=("free",))
         self.groups.append(free)
         self._free = free.id
+        self.free_group = free.id  # constants and what is computed from them alone
         for vid in g.constants:
             self.group_of_value[vid] = free.id
         for node in g.nodes:
@@ -244,15 +257,26 @@ class CostModel:
                 self.group_of_node[node.id] = grp.id
                 self.lead[node.id] = None
             else:
-                lead = self._choose_lead(node, state_origin)
+                lead = self._choose_lead(node, state_origin, data_origin)
                 self.lead[node.id] = lead
                 gid = free.id if lead is None else self.group_of_value[node.inputs[lead]]
                 self.groups[gid].members.append(node.id)
                 self.group_of_node[node.id] = gid
                 if lead is not None and node.inputs[lead] in state_origin:
                     state_origin.update(node.outputs)
-            for o in node.outputs:
-                self.group_of_value[o] = self.group_of_node[node.id]
+            if any(v in data_origin for v in node.inputs if v is not None):
+                data_origin.update(node.outputs)
+            for k, o in enumerate(node.outputs):
+                src = node.inputs[k] if node.primitive in PASSTHROUGH and k < len(node.inputs) \
+                    else None
+                if src is not None and k != self.lead.get(node.id):
+                    # Result k *is* operand k: it lives in that operand's group, in its layout.
+                    self.group_of_value[o] = self.group_of_value[src]
+                    self.aliases[self.group_of_value[src]].append((node.id, o, src))
+                    if src in state_origin:
+                        state_origin.add(o)
+                else:
+                    self.group_of_value[o] = self.group_of_node[node.id]
         by_sig: dict[tuple, list] = {}
         for grp in self.groups:
             if grp.kind == LEADER:
@@ -268,7 +292,16 @@ class CostModel:
             else:
                 grp.candidates = [None]
 
-    def _choose_lead(self, node, state_origin) -> int | None:
+    def _choose_lead(self, node, state_origin, data_origin) -> int | None:
+        """The operand a follower takes its layout from.
+
+        An optimizer update follows its parameter (state of the result's shape, not broadcast).
+        Otherwise the operand on the data path: one derived from the batch rather than from
+        parameters or constants alone (a mask or a position bias broadcast into the scores must
+        not decide their layout: the batch split would be gathered away), then the largest before
+        broadcasting (a broadcast statistic is not the data path), never a constant-derived operand
+        or a predicate when another exists.
+        """
         g = self.graph
         ops = [(k, v) for k, v in enumerate(node.inputs) if v is not None]
         if not ops or not node.outputs:
@@ -285,6 +318,8 @@ class CostModel:
                  and self._source_size(v) == g.values[v].size]  # not a broadcast parameter
         if state and same:
             return state[0][0]
+        batch = [(k, v) for k, v in pool if v in data_origin]
+        pool = batch or pool
         return max(pool, key=lambda kv: (self._source_size(kv[1]), g.values[kv[1]].size, -kv[0]))[0]
 
     def _source_size(self, vid: int) -> int:
@@ -329,6 +364,30 @@ class CostModel:
                     saved.add(v)
         return saved
 
+    def _tail_nodes(self) -> set[int]:
+        """Nodes from which only light operators (no matmul, convolution, gather, scatter or loop)
+        lead to the step's results: the optimizer update, a parameter's gradient once made, the
+        loss's last reduction. Collectives there are deferred: no other collective waits for them,
+        so compilers combine them (a gradient of the activations, in contrast, feeds the next
+        layer's backward matmuls)."""
+        g = self.graph
+        outputs = {v for v in g.outputs if v is not None}
+        tail: set[int] = set()
+        for n in reversed(g.nodes):
+            used = [c for o in n.outputs for c, _ in g.consumers(o)]
+            if not used and not any(o in outputs for o in n.outputs):
+                continue
+            if all(c in tail and not is_leader(g.nodes[c]) for c in used):
+                tail.add(n.id)
+        return tail
+
+    def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
+        """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
+        going back to its input's layout, at the step's end)."""
+        if self.in_loop or (nid != -1 and nid not in self.tail):
+            return tuple(comms)
+        return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
+
     def _fused_traffic(self) -> list[float]:
         """HBM bytes per node with loop fusion: an elementwise or shape operator reads only the
         operands that come from outside its fusion and writes only results that leave it."""
@@ -337,6 +396,9 @@ class CostModel:
         outputs = {o for o in g.outputs if o is not None}
         traffic = []
         for n in g.nodes:
+            if n.primitive in PASSTHROUGH:  # results are the operands: nothing is read or written
+                traffic.append(0.0)
+                continue
             if not fusible[n.id] or n.subgraphs:
                 traffic.append(n.bytes)
                 continue
@@ -404,12 +466,22 @@ class CostModel:
                 t = self.compute_time(node, r.shards)
             compute += t
             node_compute[node.id] = t
-            node_comms[node.id] = tuple(r.comms)
-            comms.extend(r.comms)
+            own = self._defer(r.comms, node.id)
+            node_comms[node.id] = own
+            comms.extend(own)
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
-        for nid in grp.members:
+        aliases = self.aliases.get(gid, ())
+        events = sorted([(nid, 1, None) for nid in grp.members]
+                        + [(nid, 0, (o, src)) for nid, o, src in aliases])
+        for nid, is_member, alias in events:
+            if not is_member:  # a pass-through result: the operand's layout
+                o, src = alias
+                src_spec = specs.get(src)
+                specs[o] = src_spec if src_spec is not None else \
+                    replicated(len(g.values[o].shape))
+                continue
             node = g.nodes[nid]
             lead = self.lead[nid]
             if lead is None:
@@ -418,17 +490,19 @@ class CostModel:
                 r = self._follow(node, lead, specs.get(node.inputs[lead]))
             res[nid] = r
             for o, s in zip(node.outputs, r.out_specs):
-                specs[o] = s
+                if s is not None:
+                    specs[o] = s
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
-            node_comms[nid] = tuple(r.comms)
-            comms.extend(r.comms)
+            own = self._defer(r.comms, nid)
+            node_comms[nid] = own
+            comms.extend(own)
             if program is not None:
-                program.extend(r.comms)
+                program.extend(own)
             for k, v in enumerate(node.inputs):  # layout changes inside the group
                 if v is not None and v in specs and r.in_specs[k] is not None:
-                    moved = self.reshard(v, specs[v], r.in_specs[k])
+                    moved = self._defer(self.reshard(v, specs[v], r.in_specs[k]), nid)
                     comms.extend(moved)
                     moves.extend(Move(v, nid, gid, m) for m in moved)
                     if program is not None:
@@ -454,10 +528,29 @@ class CostModel:
 
     def compute_time(self, node, shards: int) -> float:
         """Roofline seconds of ``node`` split ``shards`` ways, at the slowest device's pace
-        (FLOPs against peak FLOP/s, fused memory traffic against HBM bandwidth)."""
+        (FLOPs against the peak FLOP/s of its operands' dtype, fused memory traffic against HBM
+        bandwidth)."""
         shards = max(shards, 1)
-        return max(node.flops / shards / self.peak_flops,
-                   self.traffic[node.id] / shards / self.hbm)
+        flops = 0.0
+        if node.flops:
+            flops = node.flops / shards / self._peak(self._compute_dtype(node))
+        return max(flops, self.traffic[node.id] / shards / self.hbm)
+
+    def _compute_dtype(self, node) -> str:
+        """The dtype an operator computes in: a matmul's narrowest operand (bf16 inputs run on
+        bf16 tensor cores whatever they accumulate in), else its first result's."""
+        g = self.graph
+        if node.name in ("dot_general", "conv_general_dilated"):
+            dts = [g.values[v].dtype for v in node.inputs if v is not None]
+            return min(dts, key=lambda d: dtype_size(d) or 8) if dts else "float32"
+        return g.values[node.outputs[0]].dtype if node.outputs else "float32"
+
+    def _peak(self, dtype: str) -> float:
+        peak = self._flops_by_dtype.get(dtype)
+        if peak is None:
+            peak = self._flops_by_dtype[dtype] = min(
+                s.flops_for(dtype) for s in self.topology.device_specs())
+        return peak
 
     def _nbytes(self, vid: int, spec: Spec) -> float:
         v = self.graph.values[vid]
@@ -476,12 +569,20 @@ class CostModel:
         return hit
 
     def comm_time(self, cm: Comm) -> float:
-        """Seconds of one collective on this topology (summed over the axes it crosses)."""
+        """Seconds of one collective on this topology (summed over the axes it crosses), as the
+        backend runs it (:mod:`hulkjax.cost.backends`): its algorithm, its reduce-scatter, and for a
+        deferred collective its share of the latency of the combined one."""
         t = self._comm_cache.get(cm)
         if t is None:
-            t = self._comm_cache[cm] = sum(collective_time(cm.kind, cm.bytes, cm.axes,
-                                                           self.topology).values())
+            t = self._comm_cache[cm] = sum(self.comm_time_by_axis(cm).values())
         return t
+
+    def comm_time_by_axis(self, cm: Comm) -> dict[str, float]:
+        """:meth:`comm_time` per mesh axis."""
+        kind = self.backend.kind_of(cm.kind)
+        share = self.backend.latency_share(kind, cm.bytes) if cm.deferred else 1.0
+        return collective_time(kind, cm.bytes, cm.axes, self.topology,
+                               hierarchical=self.backend.hierarchical, latency_scale=share)
 
     # ---- edges between groups ----------------------------------------------------------------
     def _cross_edges(self) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
@@ -514,38 +615,51 @@ class CostModel:
         return loc.res[nid].in_specs[k]
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
+        """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
+        (``cc``)."""
         out = []
         src_loc = self.local(gp, cp)
         for v, nid, k in self._edges.get((gp, gc), ()):
             dst = self.required(gc, cc, nid, k)
             src = src_loc.specs.get(v)
             if dst is not None and src is not None:
-                out.extend(self.reshard(v, src, dst))
+                out.extend(self._defer(self.reshard(v, src, dst), nid))
         return out
 
-    def operand_changes(self, gid: int, c: int, nid: int, assignment) -> int:
-        """How many operands of node ``nid`` arrive in another layout than candidate ``c`` needs.
+    def operand_changes(self, gid: int, c: int, nid: int, assignment) -> float:
+        """How many operands of node ``nid`` must be moved (gathered, exchanged) to the layout
+        candidate ``c`` needs.
 
-        A loop's operands computed in place from constants (masks, position ids: the free group)
-        are no change: they are sliced to any layout for free, as the operators inside the body
-        that use them would be in an unrolled program.
+        An operand that must be gathered or exchanged counts one change. Slicing costs nothing but
+        is a change of layout: it counts half, so that a partitioner's propagation of an operand's
+        split onto a whole operand (a replicated mask or constant cut to match) wins over gathering
+        the split one, and otherwise layouts are kept as they arrive. A candidate that splits over a
+        mesh axis none of its operands arrives split over, and keeps split, counts one change: a
+        partitioner propagates shardings, it does not invent them. Values computed in place from
+        constants (masks, position ids: the free group) are no change at all: they are cut to any
+        layout, as the operators that use them would be in an unrolled program.
         """
         grp = self.groups[gid]
-        loop = bool(self.graph.nodes[nid].subgraphs)
         if grp.kind == LEADER and grp.leader == nid:
             need = grp.candidates[c].in_specs  # no need to build the group's tables
         else:
             need = self.local(gid, c).res[nid].in_specs
-        n = 0
+        n = 0.0
+        kept: set[str] = set()  # axes an operand arrives split over and stays split over
+        needed: set[str] = set()
         for v, s in zip(self.graph.nodes[nid].inputs, need):
             if v is None or s is None:
                 continue
             src_gid = self.group_of_value[v]
             have = self.local(src_gid, assignment[src_gid]).specs.get(v)
-            if loop and src_gid == self._free and have is not None and not any(have):
+            wanted = {a for axes in s for a in axes}
+            needed |= wanted
+            if have is None:
                 continue
-            n += have is not None and have != s
-        return n
+            kept |= wanted & {a for axes in have for a in axes}
+            if have != s and not (src_gid == self._free and not any(have)):
+                n += 1.0 if self.reshard(v, have, s) else 0.5
+        return n + bool(needed - kept)
 
     def edge_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
         key = (gp, cp, gc, cc)
@@ -570,7 +684,8 @@ class CostModel:
             for a, s in enumerate(us):
                 for b, d in enumerate(ud):
                     if s is not None and d is not None:
-                        t[a, b] = sum(self.comm_time(cm) for cm in self.reshard(v, s, d))
+                        t[a, b] = sum(self.comm_time(cm)
+                                      for cm in self._defer(self.reshard(v, s, d), nid))
             m += t[np.ix_(ui, di)]
         return m
 
@@ -614,39 +729,52 @@ class CostModel:
         """The :class:`Cost` of one candidate per group."""
         compute = 0.0
         comms: list[Comm] = []
-        mem: dict[str, float] = defaultdict(float)
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
             compute += loc.compute
             comms.extend(loc.comms)
-            for k, b in loc.memory_parts.items():
-                mem[k] += b
         for (gp, gc), _ in self._edges.items():
             comms.extend(self.edge_comms(gp, assignment[gp], gc, assignment[gc]))
         by_axis: dict[str, float] = defaultdict(float)
         bytes_axis: dict[str, float] = defaultdict(float)
         grouped: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
         for cm in comms:
-            t = collective_time(cm.kind, cm.bytes, cm.axes, self.topology)
+            kind = self.backend.kind_of(cm.kind)
+            t = self.comm_time_by_axis(cm)
             for a, s in t.items():
                 by_axis[a] += s
-            for a, b in axis_bytes(cm.kind, cm.bytes, cm.axes, self.topology).items():
+            for a, b in axis_bytes(kind, cm.bytes, cm.axes, self.topology,
+                                   hierarchical=self.backend.hierarchical).items():
                 bytes_axis[a] += b
-            entry = grouped[(cm.kind, tuple(sorted(cm.axes, key=self.mesh.axis_names.index)))]
+            entry = grouped[(kind, tuple(sorted(cm.axes, key=self.mesh.axis_names.index)),
+                             cm.deferred)]
             entry[0] += 1
             entry[1] += cm.bytes
             entry[2] += sum(t.values())
+        merged: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
+        for (kind, axes, deferred), (count, nbytes, secs) in grouped.items():
+            if deferred and self.backend.combines(kind):  # combined into a few
+                count = self._combined_count(kind, nbytes)
+            entry = merged[(kind, axes)]
+            entry[0] += count
+            entry[1] += nbytes
+            entry[2] += secs
         comm_time = float(sum(by_axis.values()))
+        report = liveness(self, assignment)
         total_peak = sum(d.spec.peak_flops for d in self.topology.devices)
         ideal = self.graph.total_flops / total_peak if total_peak else 0.0
         link = {a: self.topology.axis_scope(a) for a in self.mesh.axis_names}
         return Cost(step_time=compute + comm_time, compute_time=compute, comm_time=comm_time,
                     comm_time_by_axis=dict(by_axis), comm_bytes=dict(bytes_axis), link_class=link,
-                    peak_memory=float(sum(mem.values())), memory_breakdown=dict(mem),
+                    peak_memory=report.peak, memory_breakdown=dict(report.breakdown),
                     memory_capacity=self.capacity, ideal_time=ideal,
                     collectives=tuple(PredictedCollective(kind=k, axes=a, count=v[0], bytes=v[1],
                                                           time=v[2])
-                                      for (k, a), v in sorted(grouped.items())))
+                                      for (k, a), v in sorted(merged.items())))
+
+    def _combined_count(self, kind: str, nbytes: float, backend: Backend | None = None) -> int:
+        threshold = (backend or self.backend).combine_threshold.get(kind, 0)
+        return 1 if math.isinf(threshold) else max(1, math.ceil(nbytes / threshold))
 
     def program_collectives(self, assignment, *, reduce_scatter: bool = True) -> dict:
         """The collectives the compiled program should contain: ``{(kind, axes): bytes}``.
@@ -685,7 +813,49 @@ class CostModel:
                 if key in seen:
                     continue
                 seen.add(key)
-                out.extend(self.reshard(v, src, dst))
+                out.extend(self._defer(self.reshard(v, src, dst), nid))
+        return out
+
+    def program_summary(self, assignment, backend: str | Backend | None = None) -> dict:
+        """The collectives the compiled program should contain, as a backend compiles them:
+        ``{(kind, axes): {"count": int, "bytes": int}}``.
+
+        Each use is counted as :meth:`program_collectives` does; then the backend's treatment
+        applies (:mod:`hulkjax.cost.backends`): reduce-scatters become all-reduces where it forms
+        none, and deferred collectives of a kind it combines are merged into
+        ``ceil(bytes / threshold)`` collectives per (kind, axes). ``backend``: a name
+        (``"cpu"``, ``"gpu"``, ``"tpu"``) or a :class:`Backend`; default: the topology's. Compare
+        with the HLO of a program compiled on that backend (loop bodies: per iteration, weighted by
+        ``trip_count``).
+
+        >>> import jax, jax.numpy as jnp, hulkjax as hj
+        >>> def step(ws, x):
+        ...     loss = lambda ws: sum(jnp.sum(jnp.tanh(x @ w)) for w in ws)
+        ...     return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+        >>> p = hj.plan(step, [jnp.ones((8, 8))] * 3, jnp.ones((16, 8)),
+        ...             topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
+        >>> hj.strategies.cost_model(p.graph, p.topology).program_summary(p.assignment)
+        {('all-reduce', ('d',)): {'count': 1, 'bytes': 768}}
+        """
+        from hulkjax.cost.backends import BACKENDS
+
+        be = self.backend if backend is None else (
+            BACKENDS[backend] if isinstance(backend, str) else backend)
+        order = self.mesh.axis_names
+        groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
+        for cm in self.program_comm_list(assignment):
+            kind = be.kind_of(cm.kind)
+            axes = tuple(sorted(cm.axes, key=order.index))
+            entry = groups[(kind, axes, cm.deferred and be.combines(kind))]
+            entry[0] += 1
+            entry[1] += cm.bytes
+        out: dict[tuple, dict] = {}
+        for (kind, axes, combined), (count, nbytes) in groups.items():
+            if combined:
+                count = self._combined_count(kind, nbytes, be)
+            entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
+            entry["count"] += count
+            entry["bytes"] += nbytes
         return out
 
     def _rearranged_from(self, vid: int) -> int:
@@ -718,10 +888,17 @@ class CostModel:
         return t
 
     def memory(self, assignment) -> float:
-        """Per-device peak memory of an assignment, bytes (``evaluate(...).peak_memory``)."""
+        """Per-device memory of an assignment in the additive model the ILP constrains: every
+        group's parameters, gradients, optimizer state and saved activations at their layouts.
+        The reported peak (``evaluate(...).peak_memory``) is :func:`~hulkjax.cost.memory.liveness`'s
+        walk, which this sum bounds from above in practice."""
         return sum(self.local(gid, c).memory for gid, c in enumerate(assignment))
 
-    def breakdown(self, assignment) -> Breakdown:
+    def peak_memory(self, assignment) -> float:
+        """Per-device peak memory of an assignment (the liveness walk), bytes."""
+        return liveness(self, assignment).peak
+
+    def breakdown(self, assignment, *, memory: bool = True) -> Breakdown:
         """Per-operator compute, collectives and memory of an assignment (see :class:`Breakdown`).
 
         >>> import jax.numpy as jnp, hulkjax as hj
@@ -735,7 +912,7 @@ class CostModel:
         compute = [0.0] * len(g.nodes)
         own: dict[int, tuple[Comm, ...]] = {}
         moves: list[Move] = []
-        memory: list[MemoryUse] = []
+        uses: list[MemoryUse] = []
         specs: dict[int, Spec] = {}
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
@@ -744,15 +921,21 @@ class CostModel:
                 compute[nid] = t
             own.update(loc.node_comms)
             moves.extend(loc.moves)
-            memory.extend(loc.memory_uses)
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
             for v, nid, k in items:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
-                    moves.extend(Move(v, nid, gc, m) for m in self.reshard(v, src, dst))
-        return Breakdown(list(assignment), specs, compute, own, moves, memory)
+                    moves.extend(Move(v, nid, gc, m)
+                                 for m in self._defer(self.reshard(v, src, dst), nid))
+        b = Breakdown(list(assignment), specs, compute, own, moves, uses)
+        if memory:
+            for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak
+                gid = (self.group_of_value[buf.value] if buf.value is not None
+                       else self.group_of_node[buf.node])
+                uses.append(MemoryUse(buf.node, gid, buf.kind, buf.bytes))
+        return b
 
     # ---- plan output ---------------------------------------------------------------------
     def value_specs(self, assignment) -> dict[int, Spec]:

@@ -27,7 +27,7 @@ from hulkjax.errors import DonatedArgumentError, InvalidPlanError, PlanMismatchE
 from hulkjax.plan.records import BodyPlan, Plan
 from hulkjax.trace.graph import OpGraph, dtype_name
 from hulkjax.trace.interpret import BodyHooks, interpret
-from hulkjax.trace.tracer import trace
+from hulkjax.trace.tracer import leaf_aval, trace
 
 log = logging.getLogger("hulkjax.emit")
 
@@ -169,10 +169,15 @@ class ShardedStep:
             raise PlanMismatchError(f"got {len(leaves)} argument leaves, the plan has "
                                     f"{len(self.plan.inputs)}. Re-plan for these arguments.")
         for leaf, t in zip(leaves, self.plan.inputs):
-            shape = tuple(getattr(leaf, "shape", ()))
             # As JAX will compute with it: a float64 numpy array is float32 without x64 (the plan,
-            # traced from it, says float32); PRNG key arrays are named by str ("key<fry>").
-            dtype = dtype_name(leaf.dtype) if hasattr(leaf, "dtype") else type(leaf).__name__
+            # traced from it, says float32), a Python int is int32; PRNG key arrays are named by
+            # str ("key<fry>").
+            try:
+                aval = leaf_aval(leaf)
+            except OverflowError:  # an int too large for int32: name it, as plan() does
+                aval = None
+            shape = tuple(aval.shape) if aval is not None else ()
+            dtype = dtype_name(aval.dtype) if aval is not None else type(leaf).__name__
             if shape != t.shape or dtype != t.dtype:
                 raise PlanMismatchError(f"argument {t.path!r} is {dtype}{list(shape)}, the plan was "
                                         f"made for {t.dtype}{list(t.shape)}. Re-plan for new shapes "
@@ -240,8 +245,9 @@ class ShardedStep:
         donate = tuple(sorted(graph.carried)) if self.donate else ()
         jitted = jax.jit(self._flat_fn(graph), in_shardings=self.in_shardings,
                          out_shardings=self.out_shardings, donate_argnums=donate)
-        # The traced avals, not the plan's dtype names: those cannot rebuild extended dtypes.
-        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+        # The traced avals, not the plan's dtype names: those cannot rebuild extended dtypes. Weak
+        # types too: a Python scalar's result comes back weakly typed, as from jax.jit.
+        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=a.weak_type)
                     for a, s in zip(graph.jaxpr.in_avals, self.in_shardings)]
         self.compiled = jitted.lower(*abstract).compile()
         log.info("compiled %s for strategy %s", getattr(self.fn, "__name__", "step"),

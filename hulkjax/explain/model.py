@@ -39,7 +39,7 @@ from hulkjax.strategies.realize import assignment_for_inputs, cost_model
 from hulkjax.strategies.search import propagate
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
 
-_MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "data")
+_MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "transients", "data")
 BATCH, OPTIMIZER_ROW, CONSTANTS, UNSCOPED = "(batch)", "(optimizer)", "(constants)", "(outside modules)"
 
 @dataclass

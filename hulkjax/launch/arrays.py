@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from hulkjax.errors import UnsupportedStepError
+from hulkjax.trace.tracer import PYTHON_SCALARS
 
 
 def to_global(tree, shardings):
@@ -19,10 +20,11 @@ def to_global(tree, shardings):
     Each process fills only the shards its own devices hold (``jax.make_array_from_callback``), so
     nothing crosses the network; values the same everywhere is the caller's contract (the launcher
     checks it with one small all-gather of a fingerprint). Leaves that cannot be viewed as a numpy
-    array (PRNG key arrays) go through ``jax.device_put``, which checks equality across processes.
+    array (PRNG key arrays) and Python scalars (weakly typed under ``jax.jit``, as they stay here)
+    go through ``jax.device_put``, which checks equality across processes.
 
     Args:
-      tree: pytree of numpy arrays / fully addressable ``jax.Array`` s.
+      tree: pytree of numpy arrays / fully addressable ``jax.Array`` s / Python scalars.
       shardings: a flat sequence of ``jax.sharding.Sharding``, one per leaf (``ShardedStep.
         in_shardings`` for the step's arguments).
 
@@ -39,6 +41,11 @@ def to_global(tree, shardings):
                                    f"shardings; pass one sharding per leaf.")
     out = []
     for x, s in zip(leaves, shardings):
+        if isinstance(x, PYTHON_SCALARS):
+            # jax.jit takes a Python scalar as a weakly typed array; device_put keeps the weak
+            # type (a host array would lose it) and checks that every process passes the same.
+            out.append(jax.device_put(x, s))
+            continue
         try:
             host = np.asarray(x)
         except (TypeError, ValueError):  # extended dtypes (PRNG keys)

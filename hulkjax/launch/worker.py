@@ -28,6 +28,7 @@ from hulkjax.launch.layout import ordered_devices, process_layout
 from hulkjax.loading import LoadedStep, load_step
 from hulkjax.plan.records import Plan
 from hulkjax.topology import Topology
+from hulkjax.trace.tracer import PYTHON_SCALARS
 
 log = logging.getLogger("hulkjax.launch")
 
@@ -51,6 +52,8 @@ def _concrete_args(model: LoadedStep, seed: int) -> tuple:
     args = model.init(seed) if model.init is not None else model.args
 
     def host(x):
+        if isinstance(x, PYTHON_SCALARS):  # weakly typed under jax.jit: keep them as they are
+            return x
         try:
             return np.asarray(x)
         except (TypeError, ValueError):  # PRNG keys stay jax arrays
@@ -62,7 +65,11 @@ def _concrete_args(model: LoadedStep, seed: int) -> tuple:
 def _fingerprint(tree) -> int:
     h = hashlib.sha256()
     for x in jax.tree_util.tree_leaves(tree):
-        a = np.asarray(x) if isinstance(x, np.ndarray) else np.asarray(jax.random.key_data(x))
+        if isinstance(x, PYTHON_SCALARS):
+            a = np.asarray(x)
+            h.update(type(x).__name__.encode())
+        else:
+            a = np.asarray(x) if isinstance(x, np.ndarray) else np.asarray(jax.random.key_data(x))
         h.update(str((a.shape, a.dtype.str)).encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return int.from_bytes(h.digest()[:7], "little")  # fits an int64

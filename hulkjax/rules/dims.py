@@ -25,7 +25,17 @@ from collections.abc import Callable
 from jax.extend.core import primitives as P
 
 from hulkjax.trace.graph import Node, OpGraph
-from hulkjax.trace.primitives import CASTS, ELEMENTWISE, PER_INPUT_ELEMENT, RANDOM_KEYS
+from hulkjax.trace.primitives import (
+    CASTS,
+    CUMULATIVE,
+    ELEMENTWISE,
+    PASSTHROUGH,
+    PER_INPUT_ELEMENT,
+    RANDOM_KEYS,
+    SIZE_PRESERVING,
+    SPLIT,
+    TOP_K,
+)
 
 CONTRACTED = "contracted"
 DimRule = Callable[[Node, OpGraph, int, int], "int | str | None"]
@@ -58,6 +68,28 @@ def map_dim(node: Node, graph: OpGraph, operand: int, dim: int) -> int | str | N
         return None
     r = rule(node, graph, operand, dim)
     return int(r) if r is not None and r != CONTRACTED else r
+
+
+def map_dim_results(node: Node, graph: OpGraph, operand: int,
+                    dim: int) -> list[tuple[int, int]] | str | None:
+    """Like :func:`map_dim`, for every result: ``[(result index, result dim), ...]``,
+    :data:`CONTRACTED` or ``None``. A ``split``, ``sort`` or ``top_k`` carries the dimension into
+    each of its results; a pass-through (``optimization_barrier``) carries operand ``k`` into
+    result ``k``; everything else into result 0.
+
+    >>> import jax, jax.numpy as jnp, hulkjax as hj
+    >>> g = hj.trace(lambda x: jnp.split(x, 2, axis=1)[1].sum(), jnp.ones((4, 6)))
+    >>> map_dim_results(g.nodes[0], g, 0, 0)
+    [(0, 0), (1, 0)]
+    """
+    if node.primitive in PASSTHROUGH:
+        return [(operand, dim)] if operand < len(node.outputs) else None
+    r = map_dim(node, graph, operand, dim)
+    if r is None or r == CONTRACTED:
+        return r
+    if node.primitive in SPLIT or node.primitive in TOP_K or node.primitive is P.sort_p:
+        return [(k, r) for k in range(len(node.outputs))]
+    return [(0, r)]
 
 
 def _shape(graph: OpGraph, node: Node, operand: int) -> tuple[int, ...]:
@@ -101,8 +133,10 @@ def _squeeze_dims(node, graph, operand, dim):
 
 @register_dim_rule(P.reshape_p)
 def _reshape_dims(node, graph, operand, dim):
-    """A dimension survives a reshape as the major factor of a split, or unchanged in a merge-free
-    region: ``(B, T, H*D) -> (B, T, H, D)`` keeps B, T, and maps H*D to H."""
+    """A dimension survives a reshape where it starts a result dimension that it splits into or is
+    merged into as the major factor: ``(B, T, H*D) -> (B, T, H, D)`` keeps B, T and maps H*D to H;
+    merging the heads back, ``(B, T, H, D) -> (B, T, H*D)``, maps H to H*D (a block of heads per
+    device is a block of columns). The follow rules check that the mesh axes divide the result."""
     if operand != 0:
         return None
     src, dst = _shape(graph, node, 0), _out_shape(graph, node)
@@ -117,9 +151,10 @@ def _reshape_dims(node, graph, operand, dim):
         j += 1
     if acc != before or j >= len(dst):
         return None
-    # dst[j] must start exactly where src[dim] starts and be a multiple-aligned factor of it.
+    # dst[j] starts exactly where src[dim] starts: a split (dst[j] divides it) or a merge with
+    # src[dim] as the major factor (it divides dst[j]).
     size = src[dim]
-    if dst[j] == size or (size % dst[j] == 0 and dst[j] > 1):
+    if dst[j] == size or (size % dst[j] == 0 and dst[j] > 1) or (dst[j] % size == 0 and size > 1):
         return j
     return None
 
@@ -189,7 +224,9 @@ def _conv_dims(node, graph, operand, dim):
 
 @register_dim_rule(P.concatenate_p)
 def _concat_dims(node, graph, operand, dim):
-    return None if dim == node.params["dimension"] else dim
+    """Each operand's dimensions are the result's; a split of the concatenated dimension survives
+    as an exchange of blocks (see the follow rule) when the operands divide it."""
+    return dim
 
 
 @register_dim_rule(*RANDOM_KEYS)
@@ -199,5 +236,48 @@ def _random_key_dims(node, graph, operand, dim):
     draws random numbers, e.g. for dropout, warned that ``random_split`` was replicated.)"""
     shape, out = _shape(graph, node, operand), _out_shape(graph, node)
     if dim >= len(out) or shape[dim] != out[dim]:
+        return None
+    return dim
+
+
+@register_dim_rule(*SPLIT)
+def _split_dims(node, graph, operand, dim):
+    """Every piece keeps the operand's dimensions (a split of the split axis survives as an
+    exchange of blocks when the pieces divide it, see the follow rule)."""
+    return dim
+
+
+@register_dim_rule(*TOP_K)
+def _top_k_dims(node, graph, operand, dim):
+    rank = len(_shape(graph, node, 0))
+    axis = node.params.get("axis", node.params.get("reduction_dimension", rank - 1)) % max(rank, 1)
+    return None if dim == axis else dim
+
+
+@register_dim_rule(P.bitcast_convert_type_p)
+def _bitcast_dims(node, graph, operand, dim):
+    """Same-width bitcasts keep the shape; a width change adds or drops a minor dimension."""
+    shape, out = _shape(graph, node, 0), _out_shape(graph, node)
+    return dim if dim < len(out) and out[dim] == shape[dim] else None
+
+
+@register_dim_rule(*PASSTHROUGH)
+def _passthrough_dims(node, graph, operand, dim):
+    """Result ``operand`` is operand ``operand``: for the first one, dimension for dimension."""
+    return dim if operand == 0 else None
+
+
+@register_dim_rule(*SIZE_PRESERVING)
+def _same_size_dims(node, graph, operand, dim):
+    """Slicing, padding, reversal, sorting and scans keep a dimension whose size does not change
+    and that they do not work along (a rotary embedding's half-slices keep the heads)."""
+    shape, out = _shape(graph, node, operand), _out_shape(graph, node)
+    if len(shape) != len(out) or shape[dim] != out[dim]:
+        return None
+    if node.primitive is P.rev_p and dim in node.params["dimensions"]:
+        return None
+    if node.primitive is P.sort_p and dim == node.params["dimension"]:
+        return None
+    if node.primitive in CUMULATIVE and dim == node.params.get("axis"):
         return None
     return dim

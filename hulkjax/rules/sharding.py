@@ -39,9 +39,14 @@ from hulkjax.trace.primitives import (
     CASTS,
     ELEMENTWISE,
     PER_INPUT_ELEMENT,
+    COMBINING_SCATTERS,
+    PASSTHROUGH,
     POOLING,
+    SCATTERS,
     SHAPE_OPS,
     SIZE_PRESERVING,
+    SPLIT,
+    TOP_K,
     WINDOW_GRADIENTS,
 )
 
@@ -227,39 +232,95 @@ def _along_axis_follow(node, graph, lead, lead_spec, mesh):
     return mapped_follow(node, graph, lead, lead_spec, mesh)
 
 
+def _axes_size(axes, mesh) -> int:
+    n = 1
+    for a in axes:
+        n *= mesh.sizes[a]
+    return n
+
+
 @register_follow_rule(P.concatenate_p)
 def _concat_follow(node, graph, lead, lead_spec, mesh):
+    """Operands keep the lead's layout. Along the concatenated dimension a split survives when every
+    operand divides it (the gradient of ``split``, heads concatenated back): each operand's block is
+    exchanged into the result's (an all-to-all per operand, as XLA emits); otherwise that
+    dimension is gathered first."""
     dim = node.params["dimension"]
-    out = tuple(() if d == dim else ax for d, ax in enumerate(lead_spec))
+    axes = lead_spec[dim]
+    n = _axes_size(axes, mesh)
+    keep = bool(axes) and all(v is None or _shape(graph, v)[dim] % n == 0 for v in node.inputs)
+    out = tuple(ax if d != dim or keep else () for d, ax in enumerate(lead_spec))
     ins = tuple(None if v is None else out for v in node.inputs)
-    return Resolution(ins, (out,), shards=num_shards(out, mesh.sizes))
+    comms = ()
+    if keep:
+        comms = tuple(Comm("all-to-all", tuple(axes), _local_bytes(graph, v, out, mesh))
+                      for v in node.inputs if v is not None)
+    return Resolution(ins, (out,), comms, shards=num_shards(out, mesh.sizes))
 
 
 def _same_size_dims_follow(node, graph, lead, lead_spec, mesh):
-    """Slicing, padding, reversal, sorting: dims that keep their size keep their sharding."""
+    """Slicing, padding, reversal, sorting, scans, top-k: dims that keep their size keep their
+    sharding (except the dims the operator works along); every same-rank operand keeps the axes of
+    the dims where it is as large as the result (a dynamic update's update, a sort's keys)."""
     src, dst = _shape(graph, node.inputs[lead]), _shape(graph, node.outputs[0])
     touched = set()
     if node.primitive is P.rev_p:
         touched = set(node.params["dimensions"])
-    if node.primitive is P.sort_p:
+    elif node.primitive is P.sort_p:
         touched = {node.params["dimension"]}
+    elif node.primitive in TOP_K:
+        axis = node.params.get("axis", node.params.get("reduction_dimension", len(src) - 1))
+        touched = {axis % max(len(src), 1)}
     if len(src) != len(dst):
         return replicated_resolution(node, graph)
     out = tuple(ax if src[d] == dst[d] and d not in touched else () for d, ax in enumerate(lead_spec))
     ins = []
-    for k, v in enumerate(node.inputs):
+    for v in node.inputs:
         if v is None:
             ins.append(None)
-        elif k == lead or _shape(graph, v) == src:
-            ins.append(out)
+            continue
+        shape = _shape(graph, v)
+        if len(shape) != len(dst):
+            ins.append(replicated(len(shape)))
         else:
-            ins.append(replicated(len(_shape(graph, v))))
+            ins.append(tuple(ax if shape[d] == dst[d] else () for d, ax in enumerate(out)))
     outs = tuple(out if _shape(graph, o) == dst else replicated(len(_shape(graph, o)))
                  for o in node.outputs)
     return Resolution(tuple(ins), outs, shards=num_shards(out, mesh.sizes))
 
 
-register_follow_rule(*SIZE_PRESERVING)(_same_size_dims_follow)
+register_follow_rule(*SIZE_PRESERVING, *TOP_K)(_same_size_dims_follow)
+
+
+@register_follow_rule(*SPLIT)
+def _split_follow(node, graph, lead, lead_spec, mesh):
+    """``split``: every piece keeps the operand's layout. Along the split axis a piece's columns do
+    not line up with the operand's shards: when the split axis is sharded and every piece divides
+    it (a fused QKV projection split into q, k, v), the pieces stay split and the devices exchange
+    their blocks (collective-permutes, as XLA emits; charged as one permute of the operand's local
+    block), otherwise that axis is gathered first."""
+    axis = node.params["axis"]
+    axes = lead_spec[axis]
+    n = _axes_size(axes, mesh)
+    keep = bool(axes) and all(_shape(graph, o)[axis] % n == 0 for o in node.outputs)
+    out = tuple(ax if d != axis or keep else () for d, ax in enumerate(lead_spec))
+    comms = ()
+    if keep:
+        comms = (Comm("collective-permute", tuple(axes),
+                      _local_bytes(graph, node.inputs[0], lead_spec, mesh)),)
+    return Resolution((lead_spec if keep else out,), tuple(out for _ in node.outputs), comms,
+                      shards=num_shards(out, mesh.sizes))
+
+
+@register_follow_rule(*PASSTHROUGH)
+def _passthrough_follow(node, graph, lead, lead_spec, mesh):
+    """Results are the operands, one for one: each keeps its own layout. The lead's is known here;
+    the others (``None``: no requirement, no layout) keep theirs through the cost model's
+    aliases."""
+    ins = tuple(None if v is None else (lead_spec if k == lead else None)
+                for k, v in enumerate(node.inputs))
+    outs = tuple(lead_spec if k == lead else None for k in range(len(node.outputs)))
+    return Resolution(ins, outs, shards=1)
 
 
 def _window_follow(node, graph, lead, lead_spec, mesh):
@@ -428,10 +489,17 @@ def _gather_candidates(node, graph, mesh):
     return [c for c in cands if not any(cm.kind == "reduce-scatter" for cm in c.comms)]
 
 
-@register_candidate_rule(P.scatter_add_p)
-def _scatter_add_candidates(node, graph, mesh):
-    """Embedding gradients: split the updates' batch dims (partial sums into the table: all-reduce
-    or reduce-scatter) or their window dims (the table split the same way)."""
+@register_candidate_rule(*SCATTERS)
+def _scatter_candidates(node, graph, mesh):
+    """Embedding gradients and other scatters: split the updates' window dims (the table split the
+    same way) or the dims they share with the table (``take_along_axis`` batching dims); for
+    combining scatters (add, mul, min, max) also the updates' scatter dims: each device combines
+    its updates into a table of partial results, completed by an all-reduce (or reduce-scatter)
+    with that combiner. An overwriting ``scatter`` cannot combine partial tables: it never splits
+    its scatter dims."""
+    if len(node.inputs) != 3:
+        return [replicated_resolution(node, graph)]
+    combining = node.primitive in COMBINING_SCATTERS
     operand, idx, upd = node.inputs
     os_, is_, us = _shape(graph, operand), _shape(graph, idx), _shape(graph, upd)
     dn = node.params["dimension_numbers"]
@@ -450,7 +518,7 @@ def _scatter_add_candidates(node, graph, mesh):
     for j, ud in enumerate(upd_batch):
         if j in paired:
             opts.append(("paired", ud, j, paired[j]))
-        else:
+        elif combining:
             opts.append(("batch", ud, j))
     seen = set()
     for choice in itertools.product(opts, repeat=len(mesh.axis_names)):

@@ -1,9 +1,9 @@
 """Which primitives hulkjax knows how to shard, and the replicated fallback for the rest.
 
 A primitive is supported when one of the rule tables has a rule for it (dimension, follow,
-candidate or loop rules), when it has nothing to shard of its own (constants made in place, key
-plumbing, annotations: :data:`hulkjax.trace.primitives.NO_DATA`), or when it is one of the
-data-movement operators the SPMD partitioner handles by itself (:data:`PARTITIONER_HANDLED`).
+candidate or loop rules), or when it has nothing to shard of its own (constants made in place, key
+plumbing: :data:`hulkjax.trace.primitives.NO_DATA`). Every other primitive is replicated with a
+warning and a plan note that say where it is and what the forced gathers cost; strict mode raises.
 Control flow (``scan``, ``while``, ``cond``) is supported through its bodies: the check looks
 inside them (an unsupported primitive in a scan body warns, or raises in strict mode, like one
 outside), and replicates such operators there through the plan's loop-body layouts.
@@ -26,18 +26,7 @@ from hulkjax.rules.dims import dim_rules, register_dim_rule
 from hulkjax.rules.loops import loop_rules
 from hulkjax.rules.sharding import candidate_rules, follow_rules
 from hulkjax.trace.graph import OpGraph
-from hulkjax.trace.primitives import NO_DATA, SCATTERS, discovered, handles
-
-PARTITIONER_HANDLED = frozenset(
-    handles(
-        "slice", "dynamic_slice", "dynamic_update_slice", "gather", "pad", "rev", "concatenate",
-        "sort", "top_k", "clamp", "select_and_scatter_add", "select_and_gather_add",
-        "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-        "reduce_precision", "stop_gradient", "bitcast_convert_type", "erf_inv", "shift_left",
-        "shift_right_logical", "shift_right_arithmetic", "population_count", "clz", "scan",
-        "while", "cond")
-    | SCATTERS | {p for p in (discovered("split"),) if p is not None})
-"""Operators known without a rule of their own: the SPMD partitioner shards them by itself."""
+from hulkjax.trace.primitives import NO_DATA
 
 _TABLES = (dim_rules, follow_rules, candidate_rules, loop_rules)
 
@@ -65,8 +54,7 @@ def is_supported(prim) -> bool:
 def handling(prim) -> str:
     """How hulkjax handles a primitive, for coverage reports: ``"loop"`` (planned through its
     bodies), ``"leader"`` (a candidate rule: its layouts are chosen), ``"follow"`` (a follow rule),
-    ``"dims"`` (follows through its dimension rule), ``"no data"`` (nothing to shard),
-    ``"partitioner"`` (known, left to the SPMD partitioner without a rule of ours), or
+    ``"dims"`` (follows through its dimension rule), ``"no data"`` (nothing to shard), or
     ``"unsupported"`` (replicated, with a warning).
 
     >>> from jax.extend.core import primitives as P
@@ -83,8 +71,6 @@ def handling(prim) -> str:
         return "dims"
     if prim in NO_DATA:
         return "no data"
-    if prim in PARTITIONER_HANDLED:
-        return "partitioner"
     return "unsupported"
 
 

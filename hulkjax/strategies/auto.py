@@ -22,13 +22,14 @@ import numpy as np
 
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import InfeasiblePlanError
-from hulkjax.formatting import format_bytes, format_spec
+from hulkjax.formatting import format_spec
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load
 from hulkjax.plan.records import Plan
 from hulkjax.plan.specs import to_pspec
 from hulkjax.strategies.baselines import baseline_assignments
+from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
@@ -114,9 +115,10 @@ class AutoOptions:
       seed: seed of the uniform shortlist.  # int
       exact: solve the integer program over the shortlist (repeated layers tied, so it is small),
         within ``time_limit`` seconds, then let coordinate descent untie layers where that helps.
-        Without it (or if the solver finds nothing in time): coordinate descent from the network's
+        Without it (or if no plan over the shortlist fits): coordinate descent from the network's
         choice and from each baseline.  # bool
-      time_limit: seconds for the shortlist's integer program.  # float
+      time_limit: seconds for the shortlist's integer program (it then keeps its best plan so
+        far, which starts from the best of the network's choice and the baselines).  # float
     """
 
     top_k: int = TOP_K
@@ -130,6 +132,8 @@ class AutoOptions:
     def __post_init__(self):
         if self.prior_kind not in ("gnn", "uniform"):
             raise ValueError(f"prior_kind={self.prior_kind!r}: use 'gnn' or 'uniform'")
+        if not self.time_limit >= 0:
+            raise ValueError(f"time_limit={self.time_limit!r}: use seconds >= 0")
 
 
 @register_strategy("auto", options=AutoOptions)
@@ -161,10 +165,8 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     fitting = {k: a for k, a in candidates.items() if cm.memory(a) <= cm.capacity}
     if not fitting:
         need = min(cm.memory(a) for a in candidates.values())
-        raise InfeasiblePlanError(
-            f"auto found no plan that fits: the leanest needs {format_bytes(need)} per device, the "
-            f"smallest device has {format_bytes(cm.capacity)}. Try strategy='ilp' (it searches "
-            f"every layout under the memory limit), more devices, or a smaller batch.")
+        raise infeasible_error(cm, need, planner="auto", exhaustive=False, also=(
+            "strategy='ilp' (it searches every layout under the memory limit, not a shortlist)"))
     best = min(fitting, key=lambda k: cm.objective(fitting[k]))
     chosen = fitting[best]
     chosen = polish_memory(cm, chosen,

@@ -4,18 +4,25 @@ Variables: for each group class (repeated layers share one), a one-hot choice ``
 candidates; for each pair of classes joined by tensors, a coupling ``y_GH`` with marginals ``x_G``
 and ``x_H`` (so ``y_GH[a, b] = x_G[a] x_H[b]`` at integral points). Objective: the cost model's
 step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH``, exactly the sum :meth:`CostModel.objective`
-computes. Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Solved with HiGHS
-(``scipy.optimize.milp``) under a time limit; the plan's notes give the optimality gap. Among
-plans of equal step time, a polishing pass then moves each group to its smallest-footprint
-candidate that leaves the objective unchanged.
+computes. Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
+time, a polishing pass then moves each group to its smallest-footprint candidate that leaves the
+objective unchanged.
+
+The program always has a plan. Memory is the only constraint between classes and it is a sum over
+them, so the program is feasible exactly when the leanest candidate of every class together fits
+(otherwise :class:`~hulkjax.errors.InfeasiblePlanError` names the cause), and then that choice is a
+solution. HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
+(every baseline's assignment is in the program's space), or that leanest choice. Stopped by its
+time limit, it returns its best solution so far, never worse than that start, with the gap to the
+best proven bound in the plan's notes and in ``plan.solver`` (:class:`ILPResult`). HiGHS runs on
+one thread with a fixed seed, so a plan does not change from run to run.
 
 Groups with more than ``max_candidates`` candidates (3-axis meshes) are pruned to the cheapest by
 their own time, always keeping the replicated one and every candidate a baseline uses, so the
 optimum is never worse than any baseline (their assignments are in the search space); the notes say
-when pruning happened. If the solver stops at its time limit above a baseline, that baseline's
-plan is returned (and the notes say so). Tying repeated layers
-(``tie_layers=True``) shrinks the program; it makes the optimum the best plan in which repeated
-layers are sharded alike.
+when pruning happened. Tying repeated layers (``tie_layers=True``) shrinks the program; it makes
+the optimum the best plan in which repeated layers are sharded alike (if a baseline that shards
+them differently is cheaper, the untied program is solved).
 """
 
 from __future__ import annotations
@@ -23,17 +30,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import highspy
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import Bounds, LinearConstraint, milp
 
 from hulkjax.cost.model import INPUT, LEADER, CostModel
-from hulkjax.errors import InfeasiblePlanError
-from hulkjax.formatting import format_bytes
+from hulkjax.errors import InvalidOptionError
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
+from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import polish_memory
@@ -47,7 +55,9 @@ class ILPOptions:
     """Options of ``strategy="ilp"``.
 
     Attributes:
-      time_limit: seconds HiGHS may spend.  # float
+      time_limit: seconds HiGHS may spend (over both programs when the tied one is solved
+        again untied); it then returns its best plan so far (never worse than the best
+        baseline) and the notes give the gap to the optimum.  # float
       mip_rel_gap: stop when the gap to the best bound is below this.  # float
       max_candidates: candidates kept per group (cheapest by own time, plus the baselines'); a
         group with more is pruned and the plan's notes say so (the optimum is then over the kept
@@ -62,230 +72,365 @@ class ILPOptions:
     tie_layers: bool = True
     memory_limit: float | None = None
 
+    def __post_init__(self):
+        _check_limits(self.time_limit, self.mip_rel_gap)
+        if not isinstance(self.max_candidates, int | np.integer) or self.max_candidates < 1:
+            raise InvalidOptionError(f"max_candidates={self.max_candidates!r}: use an int >= 1")
+        if self.memory_limit is not None and not self.memory_limit > 0:
+            raise InvalidOptionError(f"memory_limit={self.memory_limit!r}: use bytes per device (> 0) or "
+                             f"None for the smallest device's memory")
+
+
+def _check_limits(time_limit, mip_rel_gap) -> None:
+    # HiGHS ignores an option value out of its range (keeping its default, no time limit), so
+    # a negative time limit would run unbounded: refuse it here.
+    if not time_limit >= 0:
+        raise InvalidOptionError(f"time_limit={time_limit!r}: use seconds >= 0 (0 returns the starting "
+                         f"plan, the best baseline that fits)")
+    if not mip_rel_gap >= 0:
+        raise InvalidOptionError(f"mip_rel_gap={mip_rel_gap!r}: use a relative gap >= 0 (default 1e-4)")
+
 
 @register_strategy("ilp", options=ILPOptions)
 def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     """Solve for the cost model's optimal plan (see :class:`ILPOptions`)."""
-    time_limit, mip_rel_gap = options.time_limit, options.mip_rel_gap
-    max_candidates, tie_layers = options.max_candidates, options.tie_layers
-    memory_limit = options.memory_limit
     cm = cost_model(graph, topology)
-    seeds = list(baseline_assignments(graph, topology).values())
-    kw = dict(seeds=seeds, time_limit=time_limit, mip_rel_gap=mip_rel_gap,
-              max_candidates=max_candidates, memory_limit=memory_limit)
-    limit = cm.capacity if memory_limit is None else memory_limit
-    fitting_seeds = [s for s in seeds if cm.memory(s) <= limit]
-    try:
-        result = solve(cm, tie_layers=tie_layers, **kw)
-    except _NoIncumbent as e:
-        # The solver stopped at its time limit without a solution of its own; the baselines are
-        # feasible plans already in hand (infeasible is kept for real memory infeasibility).
-        if not fitting_seeds:
-            raise InfeasiblePlanError(str(e)) from None
-        best = min(fitting_seeds, key=cm.objective)
-        return plan_from_assignment(cm, best, "ilp", [
-            f"ILP: no solution within {time_limit:.0f} s; returned the best baseline's plan "
-            f"({cm.objective(best) * 1e3:.4g} ms). Raise time_limit for the optimum."])
-    best_seed = min((cm.objective(s) for s in fitting_seeds), default=np.inf)
-    if tie_layers and best_seed < result.objective * (1 - 1e-9):
-        # A baseline shards repeated layers differently and beats the tied optimum: solve the
-        # untied program, whose space contains every baseline.
-        log.info("tied optimum %.6g > baseline %.6g: solving untied", result.objective, best_seed)
+    seeds = baseline_assignments(graph, topology)
+    kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
+              max_candidates=options.max_candidates, memory_limit=options.memory_limit)
+    limit = cm.capacity if options.memory_limit is None else options.memory_limit
+    result = solve(cm, tie_layers=options.tie_layers, **kw)
+    best_seed = min((cm.objective(s) for s in seeds.values() if cm.memory(s) <= limit),
+                    default=np.inf)
+    notes = []
+    if options.tie_layers and best_seed < result.objective * (1 - 1e-9):
+        # A baseline shards repeated layers differently and beats the tied program's plan: solve
+        # the untied program, whose space (and warm start) holds every baseline, in the time left.
+        log.info("tied plan %.6g > baseline %.6g: solving untied", result.objective, best_seed)
+        notes.append(f"ILP: with repeated layers tied, {result.objective * 1e3:.4g} ms > a "
+                     f"baseline's {best_seed * 1e3:.4g} ms: solved with layers untied")
+        kw["time_limit"] = max(0.0, options.time_limit - result.solve_time)
         result = solve(cm, tie_layers=False, **kw)
-    notes = [f"ILP: {result.status}, objective {result.objective * 1e3:.4g} ms, gap "
-             f"{result.gap:.2%}, {result.variables} variables, {result.classes} classes, "
-             f"solved in {result.solve_time:.2f} s"]
+    notes.insert(0, result.summary())
     if result.pruned:
-        notes.append(f"ILP: {result.pruned} group(s) had more than {max_candidates} candidates "
-                     f"and were pruned to the cheapest; the optimum is over the kept ones")
-    assignment = result.assignment
-    if best_seed < result.objective * (1 - 1e-9):
-        # Only after a time limit (the seeds are in the program's space): keep the best baseline.
-        best = min((s for s in seeds if cm.memory(s) <= limit), key=cm.objective)
-        assignment = best
-        notes.append(f"ILP: stopped at {result.status} above a baseline "
-                     f"({best_seed * 1e3:.4g} ms); returned that baseline's plan")
-    return plan_from_assignment(cm, assignment, "ilp", notes, solver=result)
+        notes.append(f"ILP: {result.pruned} group(s) had more than {options.max_candidates} "
+                     f"candidates and were pruned to the cheapest; the optimum is over the kept "
+                     f"ones")
+    return plan_from_assignment(cm, result.assignment, "ilp", notes, solver=result)
 
 
-class _NoIncumbent(InfeasiblePlanError):
-    """The solver stopped without any solution (time limit); not a proof of infeasibility."""
-
-
+@dataclass(kw_only=True)
 class ILPResult:
     """What the solver did.
 
     Attributes:
-      assignment: candidate index per group.
-      objective: the cost model's step time of the assignment, seconds.
-      bound: the best lower bound HiGHS proved (== objective when optimal).
-      gap: ``(objective - bound) / objective``.
-      status: ``"optimal"`` or ``"time limit"`` (feasible, gap reported).
-      solve_time, build_time: seconds.  variables, classes: program size.
-      pruned: how many group classes had candidates pruned (0: the optimum is over all).
+      assignment: candidate index per group.  # list[int]
+      objective: the cost model's step time of the assignment, seconds.  # float
+      bound: the best lower bound on the program's optimum, seconds (HiGHS's, or the sum of every
+        class's cheapest own time when HiGHS proved none).  # float
+      gap: ``(objective - bound) / objective``; below ``mip_rel_gap`` when ``"optimal"``.  # float
+      status: ``"optimal"``, ``"time limit"`` (the best plan found in time, gap reported), or
+        another HiGHS stop reason.  # str
+      start: the warm start HiGHS began from: a seed's name (a baseline's), or ``"leanest"`` (each
+        class at its smallest-footprint candidate) when no seed fits.  # str
+      start_objective: the warm start's step time, seconds.  # float
+      solve_time, build_time: seconds in HiGHS / building the program.  # float
+      variables, classes: program size.  # int
+      pruned: how many group classes had candidates pruned (0: the optimum is over all).  # int
     """
 
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
+    assignment: list[int]
+    objective: float
+    bound: float
+    gap: float
+    status: str
+    start: str
+    start_objective: float
+    solve_time: float
+    build_time: float
+    variables: int
+    classes: int
+    pruned: int
 
     def __repr__(self) -> str:
         return (f"ILPResult({self.status}, objective={self.objective:.6g}, gap={self.gap:.2%}, "
                 f"solve_time={self.solve_time:.2f}s)")
 
+    def summary(self) -> str:
+        """One line for the plan's notes."""
+        line = (f"ILP: {self.status}, objective {self.objective * 1e3:.4g} ms, gap {self.gap:.2%} "
+                f"(bound {self.bound * 1e3:.4g} ms), {self.variables} variables, {self.classes} "
+                f"classes, solved in {self.solve_time:.2f} s")
+        if self.status != "optimal":
+            line += (f"; started from {self.start} ({self.start_objective * 1e3:.4g} ms). Raise "
+                     f"time_limit to close the gap")
+        return line
 
-def solve(cm: CostModel, *, seeds=(), time_limit: float = 60.0, mip_rel_gap: float = 1e-4,
-          max_candidates: int = 256, tie_layers: bool = True,
-          memory_limit: float | None = None,
+
+def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] = (),
+          time_limit: float = 60.0, mip_rel_gap: float = 1e-4, max_candidates: int = 256,
+          tie_layers: bool = True, memory_limit: float | None = None,
           restrict: dict[int, list[int]] | None = None, polish: bool = True) -> ILPResult:
     """Minimize :meth:`CostModel.objective` subject to the memory limit.
 
-    ``restrict`` limits each group to the given candidates (``auto`` passes the network's most
-    likely ones): the optimum over that smaller space. ``polish`` moves each group to its
-    smallest-footprint candidate of equal cost afterwards (``auto`` polishes its final choice).
+    ``seeds`` are known assignments (a list, or ``{name: assignment}``): their candidates stay in
+    the program, and the cheapest that fits (and, with ``tie_layers``, shards repeated layers
+    alike) is HiGHS's starting solution. ``restrict`` limits each group to the given candidates
+    (``auto`` passes the network's most likely ones): the optimum over that smaller space.
+    ``polish`` moves each group to its smallest-footprint candidate of equal cost afterwards
+    (``auto`` polishes its final choice).
+
+    Returns a plan whenever one fits: on a time limit, the best found so far (never worse than the
+    starting solution) with ``status="time limit"`` and its gap.
+
+    Raises:
+      InfeasiblePlanError: no assignment fits the memory limit (the message names the cause).
     """
+    _check_limits(time_limit, mip_rel_gap)
     t0 = time.perf_counter()
-    groups = cm.groups
+    named = list(seeds.items()) if isinstance(seeds, Mapping) else \
+        [(f"seed {i}", s) for i, s in enumerate(seeds)]
     capacity = cm.capacity if memory_limit is None else memory_limit
-
-    # Classes: groups of equal structure share a decision.
-    cls_of: list[int] = []
-    reps: list[int] = []
-    index: dict = {}
-    for grp in groups:
-        key = (grp.signature, _cand_key(grp)) if tie_layers and grp.kind in (INPUT, LEADER) else grp.id
-        if key not in index:
-            index[key] = len(reps)
-            reps.append(grp.id)
-        cls_of.append(index[key])
-    members: dict[int, list[int]] = defaultdict(list)
-    for gid, c in enumerate(cls_of):
-        members[c].append(gid)
-
-    # Candidates kept per class: the cheapest by own time, the replicated one, the seeds'.
-    keep: list[list[int]] = []
-    pruned = 0
-    for c, gid in enumerate(reps):
-        n = len(groups[gid].candidates)
-        if restrict is not None:
-            chosen = {0}
-            for g2 in members[c]:
-                chosen.update(restrict.get(g2, ()))
-        else:
-            pruned += n > max_candidates
-            times = np.array([cm.local(gid, k).time for k in range(n)])
-            chosen = set(np.argsort(times, kind="stable")[:max_candidates].tolist()) | {0}
-        for seed in seeds:
-            for g2 in members[c]:
-                chosen.add(seed[g2])
-        keep.append(sorted(chosen))
-
-    # Node costs and memory per class (summed over the class's groups).
-    node_cost = [np.array([sum(cm.local(g2, k).time for g2 in members[c]) for k in keep[c]])
-                 for c in range(len(reps))]
-    node_mem = [np.array([sum(cm.local(g2, k).memory for g2 in members[c]) for k in keep[c]])
-                for c in range(len(reps))]
-
-    # Edge costs between classes (an edge inside one class only sees equal choices).
-    edge_cost: dict[tuple[int, int], np.ndarray] = {}
-    for (gp, gc), _ in cm.edge_items():
-        cp, cc = cls_of[gp], cls_of[gc]
-        m = cm.edge_matrix(gp, gc, keep[cp], keep[cc])
-        if cp == cc:
-            node_cost[cp] = node_cost[cp] + np.diag(m)
-            continue
-        if not np.any(m):
-            continue
-        key = (cp, cc) if cp < cc else (cc, cp)
-        mm = m if cp < cc else m.T
-        edge_cost[key] = edge_cost.get(key, 0) + mm
-
-    # Variables: x blocks, then y blocks.
-    offsets, n_x = [], 0
-    for c in range(len(reps)):
-        offsets.append(n_x)
-        n_x += len(keep[c])
-    y_off, n = {}, n_x
-    for key, m in edge_cost.items():
-        y_off[key] = n
-        n += m.size
-    cost = np.zeros(n)
-    for c in range(len(reps)):
-        cost[offsets[c]:offsets[c] + len(keep[c])] = node_cost[c]
-    rows, cols, vals, lo, hi = [], [], [], [], []
-    r = 0
-    for c in range(len(reps)):  # one candidate per class
-        k = len(keep[c])
-        rows += [r] * k
-        cols += list(range(offsets[c], offsets[c] + k))
-        vals += [1.0] * k
-        lo.append(1.0)
-        hi.append(1.0)
-        r += 1
-    for (a, b), m in edge_cost.items():
-        base = y_off[(a, b)]
-        ka, kb = m.shape
-        cost[base:base + m.size] = m.ravel()
-        for i in range(ka):  # sum_j y[i, j] = x_a[i]
-            rows += [r] * (kb + 1)
-            cols += [base + i * kb + j for j in range(kb)] + [offsets[a] + i]
-            vals += [1.0] * kb + [-1.0]
-            lo.append(0.0)
-            hi.append(0.0)
-            r += 1
-        for j in range(kb):  # sum_i y[i, j] = x_b[j]
-            rows += [r] * (ka + 1)
-            cols += [base + i * kb + j for i in range(ka)] + [offsets[b] + j]
-            vals += [1.0] * ka + [-1.0]
-            lo.append(0.0)
-            hi.append(0.0)
-            r += 1
-    mem_row = np.zeros(n)
-    for c in range(len(reps)):
-        mem_row[offsets[c]:offsets[c] + len(keep[c])] = node_mem[c]
-    min_mem = sum(float(node_mem[c].min()) for c in range(len(reps)))
-    if min_mem > capacity:
-        raise _infeasible(cm, keep, node_mem, reps, capacity, min_mem)
-    A = sp.csr_array((vals, (rows, cols)), shape=(r, n))
-    constraints = [LinearConstraint(A, lo, hi), LinearConstraint(mem_row[None, :], -np.inf, capacity)]
-    integrality = np.zeros(n)
-    integrality[:n_x] = 1
+    prog = _Program(cm, [s for _, s in named], tie_layers=tie_layers, restrict=restrict,
+                    max_candidates=max_candidates)
+    if prog.min_memory > capacity:
+        raise infeasible_error(cm, prog.min_memory, planner="ilp")
+    start_name, start = prog.start(cm, named, capacity)
     build_time = time.perf_counter() - t0
+
     t1 = time.perf_counter()
-    res = milp(cost, integrality=integrality, bounds=Bounds(0, 1), constraints=constraints,
-               options={"time_limit": time_limit, "mip_rel_gap": mip_rel_gap, "disp": False})
+    found, status, highs_bound = _run_highs(prog, prog.vector(start), capacity,
+                                            time_limit=time_limit, mip_rel_gap=mip_rel_gap)
     solve_time = time.perf_counter() - t1
-    if res.x is None:
-        raise _NoIncumbent(
-            f"the ILP found no plan within {time_limit:.0f} s ({res.message}). Raise time_limit, "
-            f"or lower max_candidates to shrink the program.")
-    x = res.x
-    assignment = [0] * len(groups)
-    for c in range(len(reps)):
-        k = int(np.argmax(x[offsets[c]:offsets[c] + len(keep[c])]))
-        for gid in members[c]:
-            assignment[gid] = keep[c][k]
+    start_objective = cm.objective(start)
+    assignment = start
+    if found is not None:
+        candidate = prog.decode(found)
+        if cm.memory(candidate) <= capacity and cm.objective(candidate) <= start_objective:
+            assignment = candidate
+        else:  # within HiGHS's tolerances only: the start is as good and surely fits
+            log.debug("HiGHS's solution (%.6g s, %.6g B) kept the start (%.6g s)",
+                      cm.objective(candidate), cm.memory(candidate), start_objective)
     if polish:
         assignment = polish_memory(cm, assignment)
     objective = cm.objective(assignment)
-    bound = getattr(res, "mip_dual_bound", None)
-    bound = objective if bound is None or not np.isfinite(bound) else min(float(bound), objective)
+    bound = max(prog.trivial_bound, highs_bound if np.isfinite(highs_bound) else -np.inf)
+    bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
-    status = "optimal" if res.status == 0 else "time limit"
     return ILPResult(assignment=assignment, objective=objective, bound=bound, gap=gap,
-                     status=status, solve_time=solve_time, build_time=build_time, variables=n,
-                     classes=len(reps), pruned=pruned)
+                     status=status, start=start_name, start_objective=start_objective,
+                     solve_time=solve_time, build_time=build_time, variables=prog.n,
+                     classes=prog.n_classes, pruned=prog.pruned)
+
+
+class _Program:
+    """The integer program of a cost model: classes, kept candidates, costs, constraints."""
+
+    def __init__(self, cm: CostModel, seeds, *, tie_layers: bool, restrict, max_candidates: int):
+        groups = cm.groups
+        # Classes: groups of equal structure share a decision.
+        cls_of: list[int] = []
+        reps: list[int] = []
+        index: dict = {}
+        for grp in groups:
+            key = (grp.signature, _cand_key(grp)) if tie_layers and grp.kind in (INPUT, LEADER) \
+                else grp.id
+            if key not in index:
+                index[key] = len(reps)
+                reps.append(grp.id)
+            cls_of.append(index[key])
+        members: dict[int, list[int]] = defaultdict(list)
+        for gid, c in enumerate(cls_of):
+            members[c].append(gid)
+
+        # Candidates kept per class: the cheapest by own time, the replicated one, the seeds'.
+        keep: list[list[int]] = []
+        pruned = 0
+        for c, gid in enumerate(reps):
+            n = len(groups[gid].candidates)
+            if restrict is not None:
+                chosen = {0}
+                for g2 in members[c]:
+                    chosen.update(restrict.get(g2, ()))
+            else:
+                pruned += n > max_candidates
+                times = np.array([cm.local(gid, k).time for k in range(n)])
+                chosen = set(np.argsort(times, kind="stable")[:max_candidates].tolist()) | {0}
+            for seed in seeds:
+                for g2 in members[c]:
+                    chosen.add(seed[g2])
+            keep.append(sorted(chosen))
+
+        n_classes = len(reps)
+        # Node costs and memory per class (summed over the class's groups).
+        node_cost = [np.array([sum(cm.local(g2, k).time for g2 in members[c]) for k in keep[c]])
+                     for c in range(n_classes)]
+        node_mem = [np.array([sum(cm.local(g2, k).memory for g2 in members[c]) for k in keep[c]])
+                    for c in range(n_classes)]
+
+        # Edge costs between classes (an edge inside one class only sees equal choices).
+        edge_cost: dict[tuple[int, int], np.ndarray] = {}
+        for (gp, gc), _ in cm.edge_items():
+            cp, cc = cls_of[gp], cls_of[gc]
+            m = cm.edge_matrix(gp, gc, keep[cp], keep[cc])
+            if cp == cc:
+                node_cost[cp] = node_cost[cp] + np.diag(m)
+                continue
+            if not np.any(m):
+                continue
+            key = (cp, cc) if cp < cc else (cc, cp)
+            mm = m if cp < cc else m.T
+            edge_cost[key] = edge_cost.get(key, 0) + mm
+
+        self.cls_of, self.members, self.keep, self.pruned = cls_of, members, keep, pruned
+        self.n_classes, self.n_groups = n_classes, len(groups)
+        self.node_mem = node_mem
+        self.position = [{k: i for i, k in enumerate(kc)} for kc in keep]
+        self.min_memory = float(sum(float(m.min()) for m in node_mem))
+        # Edge costs are non-negative: every class's cheapest own time bounds the optimum.
+        self.trivial_bound = float(sum(float(t.min()) for t in node_cost))
+
+        # Variables: x blocks (one per class), then y blocks (one per joined pair of classes).
+        sizes = np.array([len(k) for k in keep], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.n_x = int(sizes.sum())
+        self.blocks: list[tuple[int, int, int, int, int]] = []  # (a, b, base, ka, kb)
+        n = self.n_x
+        for (a, b), m in edge_cost.items():
+            self.blocks.append((a, b, n, m.shape[0], m.shape[1]))
+            n += m.size
+        self.n = n
+        self.cost = np.concatenate([*node_cost, *(m.ravel() for m in edge_cost.values())]) \
+            if n else np.zeros(0)
+
+        # Rows: one candidate per class; the marginals of every y block; memory (last).
+        rows, cols, vals = [np.repeat(np.arange(n_classes), sizes)], [np.arange(self.n_x)], \
+            [np.ones(self.n_x)]
+        r = n_classes
+        for a, b, base, ka, kb in self.blocks:
+            ys = base + np.arange(ka * kb)
+            # sum_j y[i, j] = x_a[i]
+            rows += [r + np.repeat(np.arange(ka), kb), r + np.arange(ka)]
+            cols += [ys, self.offsets[a] + np.arange(ka)]
+            vals += [np.ones(ka * kb), -np.ones(ka)]
+            r += ka
+            # sum_i y[i, j] = x_b[j]
+            rows += [r + np.tile(np.arange(kb), ka), r + np.arange(kb)]
+            cols += [ys, self.offsets[b] + np.arange(kb)]
+            vals += [np.ones(ka * kb), -np.ones(kb)]
+            r += kb
+        mem = np.concatenate(node_mem) if n_classes else np.zeros(0)
+        rows.append(np.full(self.n_x, r))
+        cols.append(np.arange(self.n_x))
+        vals.append(mem)
+        self.n_rows = r + 1
+        self.row_lo = np.concatenate([np.ones(n_classes), np.zeros(r - n_classes), [-np.inf]])
+        self.row_hi_wo_memory = np.concatenate([np.ones(n_classes), np.zeros(r - n_classes)])
+        self.matrix = sp.csc_array(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+            shape=(self.n_rows, n))
+
+    def representable(self, assignment) -> bool:
+        """Whether every class's groups take one candidate the program kept."""
+        for c, gids in self.members.items():
+            k = assignment[gids[0]]
+            if k not in self.position[c] or any(assignment[g] != k for g in gids):
+                return False
+        return True
+
+    def vector(self, assignment) -> np.ndarray:
+        """The program's variables (x and y) at a representable assignment."""
+        x = np.zeros(self.n)
+        pick = np.empty(self.n_classes, dtype=np.int64)
+        for c, gids in self.members.items():
+            pick[c] = self.position[c][assignment[gids[0]]]
+        x[self.offsets + pick] = 1.0
+        for a, b, base, _ka, kb in self.blocks:
+            x[base + pick[a] * kb + pick[b]] = 1.0
+        return x
+
+    def decode(self, x: np.ndarray) -> list[int]:
+        """The assignment of a solution's x blocks."""
+        assignment = [0] * self.n_groups
+        for c, gids in self.members.items():
+            o = self.offsets[c]
+            k = self.keep[c][int(np.argmax(x[o:o + len(self.keep[c])]))]
+            for g in gids:
+                assignment[g] = k
+        return assignment
+
+    def leanest(self) -> list[int]:
+        """Every class at its smallest-footprint candidate (the cheaper one of equal footprint)."""
+        assignment = [0] * self.n_groups
+        for c, gids in self.members.items():
+            k = self.keep[c][int(np.argmin(self.node_mem[c]))]
+            for g in gids:
+                assignment[g] = k
+        return assignment
+
+    def start(self, cm: CostModel, named, capacity: float) -> tuple[str, list[int]]:
+        """The cheapest known solution: a fitting, representable seed, or the leanest choice."""
+        options = [(cm.objective(s), i, name, list(s)) for i, (name, s) in enumerate(named)
+                   if cm.memory(s) <= capacity and self.representable(s)]
+        if options:
+            _, _, name, s = min(options)
+            return name, s
+        return "leanest", self.leanest()
+
+
+def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit: float,
+               mip_rel_gap: float) -> tuple[np.ndarray | None, str, float]:
+    """Solve ``prog`` with HiGHS from ``start``: ``(solution or None, status, dual bound)``."""
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = prog.n, prog.n_rows
+    lp.col_cost_ = prog.cost
+    lp.col_lower_ = np.zeros(prog.n)
+    lp.col_upper_ = np.ones(prog.n)
+    lp.row_lower_ = np.where(np.isfinite(prog.row_lo), prog.row_lo, -highspy.kHighsInf)
+    lp.row_upper_ = np.concatenate([prog.row_hi_wo_memory, [capacity]])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = prog.matrix.indptr
+    lp.a_matrix_.index_ = prog.matrix.indices
+    lp.a_matrix_.value_ = prog.matrix.data
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * prog.n_x + \
+        [highspy.HighsVarType.kContinuous] * (prog.n - prog.n_x)
+    solution = highspy.HighsSolution()
+    solution.col_value = start
+    solution.value_valid = True
+
+    def run(threads: int):
+        h = highspy.Highs()
+        for option, value in (("output_flag", False), ("threads", threads), ("random_seed", 0),
+                              ("time_limit", float(time_limit)),
+                              ("mip_rel_gap", float(mip_rel_gap))):
+            h.setOptionValue(option, value)
+        h.passModel(lp)
+        h.setSolution(solution)
+        return h, h.run()
+
+    # One thread: deterministic and polite on shared machines. HiGHS refuses a thread count other
+    # than its process-wide scheduler's (set by an earlier solve elsewhere in the process); then
+    # it runs on that scheduler.
+    h, run_status = run(1)
+    if run_status == highspy.HighsStatus.kError \
+            and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
+        log.debug("HiGHS refused threads=1 (its scheduler was set up before); using its own")
+        h, run_status = run(0)
+    model_status = h.getModelStatus()
+    info = h.getInfo()
+    found = None
+    if info.primal_solution_status == int(highspy.SolutionStatus.kSolutionStatusFeasible):
+        found = np.asarray(h.getSolution().col_value)
+    if model_status == highspy.HighsModelStatus.kOptimal:
+        status = "optimal"
+    elif model_status == highspy.HighsModelStatus.kTimeLimit:
+        status = "time limit"
+    else:
+        status = h.modelStatusToString(model_status).lower()
+        log.warning("HiGHS stopped with %r (run status %s); returning the best plan known",
+                    status, run_status)
+    return found, status, float(info.mip_dual_bound)
 
 
 def _cand_key(grp) -> tuple:
     return tuple(grp.candidates) if grp.kind == INPUT else len(grp.candidates)
-
-
-def _infeasible(cm, keep, node_mem, reps, capacity, need) -> InfeasiblePlanError:
-    g = cm.graph
-    biggest = sorted(((g.values[v].nbytes, p) for v, p in zip(g.inputs, g.input_paths)),
-                     reverse=True)[:3]
-    tensors = ", ".join(f"{p} ({format_bytes(b)})" for b, p in biggest)
-    return InfeasiblePlanError(
-        f"no plan fits: even the most memory-saving layouts need {format_bytes(need)} per device "
-        f"and the smallest device has {format_bytes(capacity)}. Largest tensors: {tensors}. Use "
-        f"more devices, a smaller batch, rematerialization (jax.checkpoint), or bfloat16.")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from jax.extend.core import primitives as P
 from jax.sharding import PartitionSpec
 
-from hulkjax.rules.dims import CONTRACTED, dot_partner, map_dim
+from hulkjax.rules.dims import CONTRACTED, dot_partner, map_dim, map_dim_results
 from hulkjax.trace.graph import DATA, PARAMETER, OpGraph
 from hulkjax.trace.primitives import VIEWS
 
@@ -147,6 +147,8 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
             return next((vd for vd, pd in dims.items() if pd == pdim), None)
         return shard.get(v)
 
+    # Views of parameters first, over the whole step: a later layer's kernel is often cast or
+    # transposed right before its matmul, after the earlier layer's decision looks for it.
     for node in g.nodes:
         ins = node.inputs
         if node.primitive in VIEWS and ins and ins[0] in origin:
@@ -157,24 +159,29 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
                 if isinstance(r, int):
                     mapped[r] = pd
             origin[node.outputs[0]] = (i, mapped)
+    for node in g.nodes:
+        ins = node.inputs
+        if node.primitive in VIEWS and ins and ins[0] in origin:
             continue
         if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
             _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible)
-        out_dim = None
+        carried = None
         for k, v in enumerate(ins):
             if v is None:
                 continue
             sd = sharded_dim(v)
             if sd is None:
                 continue
-            r = map_dim(node, g, k, sd)
-            if isinstance(r, int):
-                out_dim = r
+            r = map_dim_results(node, g, k, sd)
+            if isinstance(r, list):
+                carried = r
                 break
-        if out_dim is None or len(node.outputs) != 1:
+        if not carried:
             continue
-        shard[node.outputs[0]] = out_dim
-        if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
+        for o, d in carried:
+            shard[node.outputs[o]] = d
+        out_dim = carried[0][1]
+        if node.primitive in (P.dot_general_p, P.conv_general_dilated_p) or len(carried) > 1:
             continue
         for k, v in enumerate(ins):
             if v in origin and origin[v][0] not in decided:
@@ -230,20 +237,23 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible) -> 
     free = [d for d in range(len(pshape)) if d not in contract and d not in batch]
     if free and free[0] in dims and divisible(pshape[free[0]]):
         out_dim = map_dim(node, g, k, free[0])
-        if isinstance(out_dim, int) and _closed_by_row_matmul(g, node.outputs[0], out_dim, origin):
+        if isinstance(out_dim, int) and _closed_by_row_matmul(g, node.outputs[0], out_dim, origin,
+                                                              divisible):
             decide(i, dims[free[0]])
     if i not in decided:
         decide(i, None)
 
 
-def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin) -> bool:
+def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin, divisible) -> bool:
     """Whether a split of ``dim`` of value ``start`` is closed by a row-parallel matmul before
     anything reduces over it, gathers it, or loses track of it.
 
     Follows every use of the split dimension (backward-pass uses included). A use by a matmul with a
     parameter that contracts the dimension closes that path; a use that carries the dimension on
     continues; a graph output ends a path neutrally; anything else (LayerNorm's reduction over the
-    hidden size, a gather, an operator without a dimension rule) rejects the split.
+    hidden size, a gather, an operator without a dimension rule, a reshape into pieces the model
+    axes do not divide: two key/value heads of grouped-query attention on 8 devices) rejects the
+    split.
     """
     outputs = set(o for o in g.outputs if o is not None)
     closed = False
@@ -253,16 +263,21 @@ def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin) -> bool:
         v, d = todo.pop()
         for nid, k in g.consumers(v):
             node = g.nodes[nid]
-            r = map_dim(node, g, k, d)
+            r = map_dim_results(node, g, k, d)
             if r == CONTRACTED and node.primitive is P.dot_general_p and any(
                     u is not None and u in origin for j, u in enumerate(node.inputs) if j != k):
                 closed = True
                 continue
-            if not isinstance(r, int) or len(node.outputs) != 1:
+            if not isinstance(r, list):
                 return False
-            nxt = (node.outputs[0], r)
-            # A graph output that is used further (a loop body's residuals) is followed on.
-            if nxt not in seen and (node.outputs[0] not in outputs or g.consumers(node.outputs[0])):
-                seen.add(nxt)
-                todo.append(nxt)
+            for o, rd in r:
+                nxt = (node.outputs[o], rd)
+                if not divisible(g.values[nxt[0]].shape[rd]):
+                    if node.backward:  # the gradient of a replicated operand (grouped-query
+                        continue       # attention's shared key/value heads): reduced there
+                    return False
+                # A graph output that is used further (a loop body's residuals) is followed on.
+                if nxt not in seen and (nxt[0] not in outputs or g.consumers(nxt[0])):
+                    seen.add(nxt)
+                    todo.append(nxt)
     return closed

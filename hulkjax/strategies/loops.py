@@ -50,9 +50,10 @@ from hulkjax.trace.primitives import VIEWS
 MAX_LOOP_CANDIDATES = 32  # per loop node (the replicated one included)
 
 
-def cost_model(graph: OpGraph, topology) -> CostModel:
+def cost_model(graph: OpGraph, topology, *, in_loop: bool = False) -> CostModel:
     """The cost model of (graph, topology), loop bodies planned by :func:`loop_candidates`; built
     once and kept on the graph, so every planner of one step judges with the same tables.
+    ``in_loop``: the graph is a loop body, whose collectives are never deferred.
 
     >>> import jax.numpy as jnp, hulkjax as hj
     >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
@@ -64,7 +65,8 @@ def cost_model(graph: OpGraph, topology) -> CostModel:
     cm = cache.get(topology)
     if cm is None:
         cm = cache[topology] = CostModel(
-            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology))
+            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology),
+            in_loop=in_loop)
     return cm
 
 
@@ -296,7 +298,7 @@ def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Re
         carries = tuple((o, b.inputs[bi].index(k)) for o, k in b.carries[bi])
         view = _body_view(sub, roles, carries)
         views.append(view)
-        bcms.append(cost_model(view, topology))
+        bcms.append(cost_model(view, topology, in_loop=True))
     out: list[Resolution] = []
     seen = set()
     rep_compute = None

@@ -14,7 +14,8 @@ Schema (version 1). Units: FLOP/s, bytes, bytes/s (per direction per device), se
       "name": "dgx-h100x2",              # required, non-empty string
       "devices": {                       # required
         "kinds": {                       # optional: kinds not listed here come from DEVICE_SPECS
-          "H100": {"peak_flops": 9.9e14, "memory": 8e10, "hbm_bandwidth": 3.35e12}
+          "H100": {"peak_flops": 9.9e14, "memory": 8e10, "hbm_bandwidth": 3.35e12,
+                   "peak_flops_f32": 4.95e14}  # optional: float32 matmul peak
         },
         "hierarchy": [                   # required, >= 1 region; order = device order
           {"region": "local",            # unique, non-empty
@@ -159,7 +160,7 @@ def from_dict(data: Any, source: str | None = None) -> tuple[dict[str, Any], Cal
     for kind, spec in file_kinds.items():
         path = f"devices.kinds.{kind}"
         c.string(kind, "devices.kinds key")
-        c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"))
+        c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"), ("peak_flops_f32",))
         kinds[kind] = c.build(DeviceSpec, path, kind=kind, **spec)
 
     devices: list[Device] = []
@@ -289,6 +290,7 @@ def to_dict(topo: Any) -> dict[str, Any]:
                 "peak_flops": spec.peak_flops,
                 "memory": spec.memory,
                 "hbm_bandwidth": spec.hbm_bandwidth,
+                **({} if spec.peak_flops_f32 is None else {"peak_flops_f32": spec.peak_flops_f32}),
             },
         )
         if not hierarchy or hierarchy[-1]["region"] != dev.region:

@@ -119,12 +119,36 @@ class DeviceSpec:
       peak_flops: dense bf16/fp16 peak throughput.  # FLOP/s, > 0
       memory: accelerator memory (HBM) capacity.  # bytes, > 0
       hbm_bandwidth: accelerator memory bandwidth.  # bytes/s, > 0
+      peak_flops_f32: dense throughput of float32 matmuls as XLA runs them by default (TF32 tensor
+        cores on Ampere and Hopper, CUDA cores on Volta and Turing, one bfloat16 pass on TPUs);
+        ``None``: the same as ``peak_flops``.  # FLOP/s, > 0
     """
 
     kind: str
     peak_flops: float  # FLOP/s
     memory: float  # bytes
     hbm_bandwidth: float  # bytes/s
+    peak_flops_f32: float | None = None  # FLOP/s
+
+    @property
+    def platform(self) -> str:
+        """``"cpu"``, ``"tpu"`` or ``"gpu"`` (from the kind's name): which compiler backend runs it.
+
+        >>> DEVICE_SPECS["H100"].platform, DEVICE_SPECS["TPUv5e"].platform, DEVICE_SPECS["cpu"].platform
+        ('gpu', 'tpu', 'cpu')
+        """
+        k = self.kind.lower()
+        return "cpu" if k.startswith("cpu") else "tpu" if k.startswith("tpu") else "gpu"
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak FLOP/s for matmuls in ``dtype`` (float32 and wider: ``peak_flops_f32``).
+
+        >>> DEVICE_SPECS["H100"].flops_for("float32") < DEVICE_SPECS["H100"].flops_for("bfloat16")
+        True
+        """
+        if dtype in ("float32", "float64") and self.peak_flops_f32 is not None:
+            return self.peak_flops_f32
+        return self.peak_flops
 
     def __post_init__(self) -> None:
         check_name(self.kind, "DeviceSpec.kind")
@@ -138,6 +162,9 @@ class DeviceSpec:
         ):
             value = check_positive(getattr(self, name), f"DeviceSpec.{name}", unit, fix)
             object.__setattr__(self, name, value)
+        if self.peak_flops_f32 is not None:
+            value = check_positive(self.peak_flops_f32, "DeviceSpec.peak_flops_f32", "FLOP/s", fix)
+            object.__setattr__(self, "peak_flops_f32", value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,21 +299,24 @@ class Device:
         return self.spec.kind
 
 
-def _spec(kind: str, peak_flops: float, memory: float, hbm_bandwidth: float) -> DeviceSpec:
-    return DeviceSpec(kind=kind, peak_flops=peak_flops, memory=memory, hbm_bandwidth=hbm_bandwidth)
+def _spec(kind: str, peak_flops: float, memory: float, hbm_bandwidth: float,
+          f32: float | None = None) -> DeviceSpec:
+    return DeviceSpec(kind=kind, peak_flops=peak_flops, memory=memory, hbm_bandwidth=hbm_bandwidth,
+                      peak_flops_f32=f32)
 
 
-# Vendor specifications (dense bf16/fp16 peak, memory, HBM bandwidth); see
-# /work/shared/reference/topologies.md. V100 is the 32 GB SXM2 part. "cpu" is a nominal device for
+# Vendor specifications (dense bf16/fp16 peak, memory, HBM bandwidth, and the float32 matmul peak
+# XLA's default precision reaches: TF32 on Ampere/Hopper, FP32 CUDA cores before); see
+# /work/shared/reference/topologies.md and the vendors' datasheets. V100 is the 32 GB SXM2 part. "cpu" is a nominal device for
 # planning on fake CPU devices: its numbers are round placeholders, not a measurement.
 DEVICE_SPECS: dict[str, DeviceSpec] = {
     spec.kind: spec
     for spec in (
-        _spec("H100", 9.9e14, 80e9, 3.35e12),
-        _spec("H200", 9.9e14, 141e9, 4.8e12),
-        _spec("A100", 3.12e14, 80e9, 2.0e12),
-        _spec("V100", 1.25e14, 32e9, 0.9e12),
-        _spec("T4", 6.5e13, 16e9, 0.32e12),
+        _spec("H100", 9.9e14, 80e9, 3.35e12, f32=4.95e14),  # TF32 tensor cores, dense
+        _spec("H200", 9.9e14, 141e9, 4.8e12, f32=4.95e14),
+        _spec("A100", 3.12e14, 80e9, 2.0e12, f32=1.56e14),
+        _spec("V100", 1.25e14, 32e9, 0.9e12, f32=1.57e13),  # no TF32: CUDA cores
+        _spec("T4", 6.5e13, 16e9, 0.32e12, f32=8.1e12),
         _spec("TPUv5e", 1.97e14, 16e9, 0.82e12),
         _spec("TPUv5p", 4.59e14, 95e9, 2.76e12),
         _spec("cpu", 1e12, 32e9, 1e11),

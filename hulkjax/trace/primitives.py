@@ -28,7 +28,10 @@ ELEMENTWISE = handles(
     "exp", "exp2", "expm1", "floor", "ge", "gt", "integer_pow", "is_finite", "le", "lgamma",
     "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "pow", "rem",
     "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh",
-    "and", "or", "not", "xor")
+    "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "population_count", "clz", "eq_to", "le_to", "lt_to", "imag", "real", "conj", "complex",
+    "polygamma", "igamma", "igammac", "igamma_grad_a", "bessel_i0e", "bessel_i1e", "zeta",
+    "regularized_incomplete_beta", "random_gamma_grad")
 """Arithmetic, comparisons, transcendentals and selects: one FLOP per output element, operands of
 the result's rank (lax broadcasts only size-1 dimensions)."""
 
@@ -37,7 +40,7 @@ CASTS = handles("convert_element_type", "copy", "add_jaxvals", "reduce_precision
 """Value-preserving unary operators: the result is the operand, maybe in another dtype."""
 
 REDUCTIONS = handles("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                      "reduce_or")
+                      "reduce_or", "reduce_xor")
 """Reductions over ``axes``: the reduced dimensions disappear."""
 
 ARG_REDUCTIONS = handles("argmax", "argmin")
@@ -91,6 +94,16 @@ RANDOM_KEYS = handles("random_split", "random_fold_in")
 SCATTERS = handles("scatter", "scatter_add", "scatter_mul", "scatter_min", "scatter_max")
 """Scatters (with a combiner for all but ``scatter``)."""
 
+COMBINING_SCATTERS = handles("scatter_add", "scatter_mul", "scatter_min", "scatter_max")
+"""Scatters whose partial results combine (sum, product, min, max): updates split over devices
+leave partial results that one all-reduce (with that combiner) completes."""
+
+TOP_K = handles("top_k", "approx_top_k")
+"""The ``k`` largest along one axis (values and indices)."""
+
+PASSTHROUGH = handles("device_put", "sharding_constraint", "optimization_barrier")  # + found below
+"""Operators whose results are their operands, one for one: a layout passes through each."""
+
 LOOPS = handles("scan", "while", "cond")
 """Control flow kept as one graph node whose bodies are sub-graphs, costed by trip count."""
 
@@ -101,7 +114,7 @@ INLINED_BODIES = {P.jit_p: "jaxpr", P.closed_call_p: "call_jaxpr",
 
 NO_DATA_NAMES = ("iota", "random_seed", "random_bits", "random_wrap", "random_unwrap",
                  "threefry2x32", "rng_bit_generator", "rng_uniform", "create_token", "after_all",
-                 "sharding_constraint", "device_put", "optimization_barrier", "name")
+                 "name")
 
 
 @functools.cache
@@ -123,6 +136,7 @@ def discovered(name: str):
 
     emitters = {
         "split": lambda: jax.make_jaxpr(lambda x: jax.lax.split(x, (1, 1)))(two),
+        "optimization_barrier": lambda: jax.make_jaxpr(jax.lax.optimization_barrier)(two),
         "random_wrap": wrap_unwrap,
         "random_unwrap": wrap_unwrap,
     }
@@ -139,3 +153,9 @@ NO_DATA = handles(*NO_DATA_NAMES) | frozenset(
     p for p in (discovered("random_wrap"), discovered("random_unwrap")) if p is not None)
 """Operators with nothing to shard of their own: constants made in place, key plumbing,
 annotations the emitter replaces. Known to the rules without a rule."""
+
+PASSTHROUGH = PASSTHROUGH | frozenset(
+    p for p in (discovered("optimization_barrier"),) if p is not None)
+
+SPLIT = frozenset(p for p in (discovered("split"),) if p is not None)
+"""``split``: one operand into pieces along ``axis`` (not exported by ``jax.extend``)."""

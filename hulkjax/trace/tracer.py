@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import core as jex_core
+from jax.interpreters import partial_eval as pe
 from jax.extend.core import primitives as P
 
 from hulkjax.errors import UnsupportedStepError
@@ -34,9 +35,14 @@ def trace(fn, *args, **kwargs) -> OpGraph:
     Returns:
       The :class:`OpGraph`, inputs named by pytree path rooted at ``fn``'s parameter names.
 
+    Python scalars (``bool``, ``int``, ``float``, ``complex``) are taken as ``jax.jit`` takes
+    them: weakly typed 0-d arrays (``int`` is ``int32`` without x64; ``bool`` is strongly typed),
+    such as flax's ``TrainState.step`` (a Python ``0`` after ``TrainState.create``).
+
     Raises:
-      UnsupportedStepError: keyword arguments, or a leaf that is not an array (Python scalars, strings,
-        objects): such values cannot be sharded. Bind them with ``functools.partial`` first.
+      UnsupportedStepError: keyword arguments, or a leaf that ``jax.jit`` refuses too (strings,
+        functions, objects; an ``int`` too large for its dtype). Bind static values with
+        ``functools.partial`` first.
     """
     if kwargs:
         raise UnsupportedStepError(
@@ -44,16 +50,10 @@ def trace(fn, *args, **kwargs) -> OpGraph:
             f"{sorted(kwargs)}. Pass them positionally, or bind static ones with "
             f"functools.partial(fn, {', '.join(f'{k}=...' for k in sorted(kwargs))}).")
     _check_arity(fn, args)
-    names = _arg_names(fn, len(args))
-    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(args)
-    input_paths = []
-    for path, leaf in leaves_with_path:
-        p = _path_str(path, names)
-        _check_leaf(p, leaf)
-        input_paths.append(p)
-    # Trace on shapes and dtypes alone: shardings of already-placed arrays must not enter the jaxpr.
-    abstract = jax.tree_util.tree_unflatten(
-        in_tree, [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for _, leaf in leaves_with_path])
+    input_paths, in_tree, avals = argument_avals(fn, args)
+    # Trace on shapes, dtypes and weak types alone: shardings of already-placed arrays must not
+    # enter the jaxpr, and a weak type decides dtype promotion inside the step, as under jax.jit.
+    abstract = jax.tree_util.tree_unflatten(in_tree, avals)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
     except UnsupportedStepError:
@@ -70,12 +70,21 @@ def trace(fn, *args, **kwargs) -> OpGraph:
                     "shapes and dtypes; check that it runs under jax.jit with these arguments.")
         raise UnsupportedStepError(
             f"tracing {getattr(fn, '__name__', fn)!r} failed: {e}. {hint}") from e
+    closed = _without_dead_code(closed)
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(out_shape)
     output_paths = [_path_str(path, ("out",), tuple_root=True) for path, _ in out_leaves]
     g = build_graph(closed, input_paths, output_paths, in_tree,
                     jax.tree_util.tree_structure(out_shape))
     g.fn = fn
     return g
+
+
+def _without_dead_code(closed):
+    """The jaxpr without equations whose results reach no output (the forward loss under
+    ``jax.grad`` when the step does not return it): XLA removes them before it partitions, so
+    they must not enter the plan or its cost. Inputs and effectful equations stay."""
+    jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return jex_core.ClosedJaxpr(jaxpr, closed.consts)
 
 
 def build_graph(closed, input_paths, output_paths, in_tree=None, out_tree=None) -> OpGraph:
@@ -252,18 +261,62 @@ def _path_str(path, roots, tuple_root=False) -> str:
     return f"{head}/{tail}" if tail else head
 
 
-def _check_leaf(path: str, leaf) -> None:
-    if isinstance(leaf, (bool, int, float, complex)):
+PYTHON_SCALARS = (bool, int, float, complex)
+"""Python scalar types ``jax.jit`` accepts as arguments (weakly typed, except ``bool``)."""
+
+
+def leaf_aval(leaf) -> jax.ShapeDtypeStruct | None:
+    """How ``jax.jit`` sees an argument leaf: shape, dtype and weak type (``None``: no array).
+
+    Python scalars are weakly typed 0-d arrays (``bool`` is strongly typed); dtypes are JAX's
+    (a float64 numpy array is float32 without x64). Raises ``OverflowError`` for an ``int`` too
+    large for its dtype, as ``jax.jit`` does.
+
+    >>> leaf_aval(0), leaf_aval(True)
+    (ShapeDtypeStruct(shape=(), dtype=int32, weak_type=True), ShapeDtypeStruct(shape=(), dtype=bool))
+    """
+    if not isinstance(leaf, PYTHON_SCALARS) and not (hasattr(leaf, "shape")
+                                                     and hasattr(leaf, "dtype")):
+        return None
+    try:
+        aval = jax.typeof(leaf)
+    except TypeError:  # array-like that JAX does not know: its own shape and dtype
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def argument_avals(fn, args) -> tuple[list[str], Any, list[jax.ShapeDtypeStruct]]:
+    """``(input paths, tree, avals)`` of a step's positional arguments, as ``jax.jit`` sees them.
+
+    Raises:
+      UnsupportedStepError: a leaf that is no array and no Python scalar, named by its path.
+    """
+    names = _arg_names(fn, len(args))
+    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path(args)
+    paths, avals = [], []
+    for path, leaf in leaves_with_path:
+        p = _path_str(path, names)
+        paths.append(p)
+        avals.append(_checked_aval(p, leaf))
+    return paths, in_tree, avals
+
+
+def _checked_aval(path: str, leaf) -> jax.ShapeDtypeStruct:
+    try:
+        aval = leaf_aval(leaf)
+    except OverflowError as e:
         raise UnsupportedStepError(
-            f"argument leaf {path!r} is a Python {type(leaf).__name__} ({leaf!r}); hulkjax shards "
-            f"arrays only. Wrap it as jnp.asarray({leaf!r}) to make it an input, or bind it with "
-            f"functools.partial if it is a static setting.")
-    if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            f"argument leaf {path!r} is a Python {type(leaf).__name__} ({leaf!r}) that does not "
+            f"fit JAX's default dtype ({e}); jax.jit refuses it too. Pass an array of a wider "
+            f"dtype (enable jax_enable_x64 for 64-bit), or bind it with functools.partial if it "
+            f"is a static setting.") from None
+    if aval is None:
         raise UnsupportedStepError(
             f"argument leaf {path!r} is a {type(leaf).__name__}, not an array; hulkjax traces steps "
-            f"whose arguments are pytrees of arrays (or jax.ShapeDtypeStruct). Mark non-array "
-            f"fields as static pytree metadata (flax.struct.field(pytree_node=False)) or bind them "
-            f"with functools.partial.")
+            f"whose arguments are pytrees of arrays, Python numbers or jax.ShapeDtypeStruct. Mark "
+            f"non-array fields as static pytree metadata (flax.struct.field(pytree_node=False)) "
+            f"or bind them with functools.partial.")
+    return aval
 
 
 # ---- input roles, from the data flow --------------------------------------------------------
@@ -280,17 +333,16 @@ def _input_roles(g: OpGraph) -> None:
     (optimizer moments) is owned by the parameter whose update it flows into.
     """
     out_index = {o: i for i, o in enumerate(g.outputs) if o is not None}
-    roles, carried = [], {}
+    carried = {}
     for i, vid in enumerate(g.inputs):
-        val = g.values[vid]
-        out = _carried_to_output(g, vid, out_index, val.shape)
-        if out is None:
-            roles.append(DATA)
-            continue
-        carried[i] = out_index[out]
-        roles.append(PARAMETER if _feeds_computation(g, vid, val.shape) else OPTIMIZER)
+        out = _carried_to_output(g, vid, out_index, g.values[vid].shape)
+        if out is not None:
+            carried[i] = out_index[out]
+    g.carried = carried  # (what is state decides what is a result other than state)
+    roles = [DATA if i not in carried else
+             PARAMETER if _feeds_computation(g, vid, g.values[vid].shape) else OPTIMIZER
+             for i, vid in enumerate(g.inputs)]
     g.input_roles = tuple(roles)
-    g.carried = carried
     param_of = {}  # value id -> param input index, through casts/reshapes
     for i, (vid, r) in enumerate(zip(g.inputs, roles)):
         if r == PARAMETER:
@@ -355,21 +407,30 @@ def _owner_param(g: OpGraph, vid: int, param_of: dict[int, int]) -> int | None:
 
 
 def _feeds_computation(g: OpGraph, vid: int, shape) -> bool:
-    seen, todo = {vid}, [vid]
+    """Whether a state leaf is computed with, not only updated: it reaches the backward pass or a
+    result that is not state (the loss), or it meets an operator that is not a same-shape update
+    (a matmul, a broadcast into activations). Optimizer moments and step counters only ever flow
+    into the update of state; a parameter used first elementwise (Gemma's ``1 + scale``) still
+    reaches the loss."""
+    state_out = {g.outputs[o] for o in g.carried.values()}
+    other_out = {v for v in g.outputs if v is not None} - state_out
+    seen, todo = {vid}, [(vid, True)]  # (value, reached through reshapes and casts only)
     while todo:
-        v = todo.pop()
+        v, direct = todo.pop()
+        if v in other_out:
+            return True
         for nid, _ in g.consumers(v):
             node = g.nodes[nid]
-            if node.primitive in PASS_THROUGH:
-                for o in node.outputs:
-                    if o not in seen:
-                        seen.add(o)
-                        todo.append(o)
-                continue
-            same = node.primitive in SAME_SHAPE_UPDATES and all(
-                g.values[o].shape == g.values[v].shape for o in node.outputs)
-            if not same:
+            if node.backward:
                 return True
+            passing = node.primitive in PASS_THROUGH
+            if direct and not passing and not (node.primitive in SAME_SHAPE_UPDATES and all(
+                    g.values[o].shape == g.values[v].shape for o in node.outputs)):
+                return True
+            for o in node.outputs:
+                if o not in seen:
+                    seen.add(o)
+                    todo.append((o, direct and passing))
     return False
 
 

@@ -158,6 +158,53 @@ def test_a_job_past_its_timeout_is_stopped(tmp_path):
     assert info.value.returncode is None and info.value.process_id is None
 
 
+TRAIN_STATE_MODEL = """
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+
+def make():
+    model = nn.Dense(4)
+    x = jnp.arange(32.0).reshape(8, 4) / 32
+    ts = train_state.TrainState.create(apply_fn=model.apply,
+                                       params=model.init(jax.random.PRNGKey(0), x),
+                                       tx=optax.adam(1e-2))
+    assert type(ts.step) is int  # the Python int TrainState.create leaves
+    ema = jax.tree.map(lambda p: p.astype(jnp.bfloat16), ts.params)
+
+    def step(state, batch):
+        ts, decay = state["ts"], state["decay"]
+        loss_fn = lambda p: jnp.mean((ts.apply_fn(p, batch["x"]) - batch["y"]) ** 2)
+        loss, g = jax.value_and_grad(loss_fn)(ts.params)
+        ts = ts.apply_gradients(grads=g)
+        # A weakly typed Python float keeps the bfloat16 average in bfloat16 (under jax.jit).
+        ema = jax.tree.map(lambda e, p: e * decay + p.astype(jnp.bfloat16) * (1 - decay),
+                           state["ema"], ts.params)
+        return {"ts": ts, "ema": ema, "decay": decay}, {"loss": loss, "step": ts.step}
+
+    return step, {"ts": ts, "ema": ema, "decay": 0.75}, {"x": x, "y": jnp.cos(x)}
+"""
+
+
+def test_python_scalars_in_the_state_run_as_a_job(tmp_path):
+    """A flax TrainState straight from create (a Python int step) and a Python float that keeps
+    a bfloat16 average in bfloat16: every process takes them as jax.jit does (weakly typed,
+    placed with device_put), so the plans' graphs match and each run equals the unsharded step."""
+    (tmp_path / "ts_steps.py").write_text(TRAIN_STATE_MODEL)
+    report = launch(f"{tmp_path / 'ts_steps.py'}:make", TOPO, strategies=["dp", "fsdp"],
+                    processes=2, steps=STEPS, out=str(tmp_path / "run"), timeout=TIMEOUT,
+                    rtol=1e-2, atol=1e-3)  # bfloat16 averages of the parameters
+    for r in report["runs"]:
+        assert r["check"]["match"], (r["strategy"], r["check"])
+        np.testing.assert_allclose(r["losses"], r["check"]["reference_losses"], rtol=1e-5)
+        assert [m["step"] for m in r["metrics"]] == [1, 2, 3]
+        # step, kernel, bias, adam's count, mu and nu of kernel and bias, the averages, decay
+        assert r["check"]["final_state"]["leaves"] == 11
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from flax.training import train_state
 
 import hulkjax as hj
 from hulkjax.errors import StrategyNotApplicableError
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_steps_match, assert_trees_close, first_steps
 
 TOPO = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
 
@@ -99,10 +99,97 @@ def test_a_flax_train_state():
     x = jnp.arange(32.0).reshape(8, 4) / 32
     params = model.init(jax.random.PRNGKey(0), x)
     ts = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-2))
-    ts = ts.replace(step=jnp.asarray(0))  # TrainState.create leaves a Python int (refused)
+    assert type(ts.step) is int  # TrainState.create leaves a Python int, which jax.jit takes
 
     def step(ts, batch):
         loss, g = jax.value_and_grad(lambda p: jnp.mean(ts.apply_fn(p, batch["x"]) ** 2))(ts.params)
         return ts.apply_gradients(grads=g), loss
 
     _matches_jit_under_every_strategy(step, ts, {"x": x})
+
+
+# ---- Python scalars in the state, as jax.jit takes them ------------------------------------
+
+EIGHT = hj.Topology.grid((8,), ("d",), bandwidth=100e9, latency=5e-6)
+
+
+def _types(tree):
+    """Every leaf's (dtype, weak type): what jax.jit's results say beyond their values."""
+    return jax.tree.map(lambda x: (str(x.dtype), bool(x.weak_type)), tree)
+
+
+@pytest.fixture(scope="module")
+def flax_train_state():
+    """A flax TrainState straight from ``TrainState.create`` (``step`` is the Python int 0), the
+    batch, and a step returning the counter among its metrics."""
+    model = nn.Dense(8)
+    x = jnp.arange(64.0).reshape(16, 4) / 64
+    params = model.init(jax.random.PRNGKey(0), x)
+    ts = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-2))
+    assert type(ts.step) is int and ts.step == 0
+
+    def step(ts, batch):
+        def loss_fn(p):
+            return jnp.mean((ts.apply_fn(p, batch["x"]) - batch["y"]) ** 2)
+
+        loss, g = jax.value_and_grad(loss_fn)(ts.params)
+        return ts.apply_gradients(grads=g), {"loss": loss, "step": ts.step}
+
+    batch = {"x": x, "y": jnp.cos(jnp.arange(128.0)).reshape(16, 8)}
+    return ts, batch, step
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_a_train_state_with_a_python_step_under_hulk_shard(flax_train_state, strategy,
+                                                           compile_count):
+    """Three steps equal jax.jit's, the counter comes back as jit returns it (a weakly typed
+    int32), and feeding the step its own result neither plans nor compiles again."""
+    ts, batch, step = flax_train_state
+    refs = first_steps(jax.jit(step), ts, batch)
+    sharded = hj.hulk_shard(step, topology=EIGHT, strategy=strategy)
+    final = assert_steps_match(sharded, ts, batch, refs, compile_count)
+    assert _types(final) == _types(refs[-1][0])
+    assert final.step.dtype == jnp.int32 and final.step.weak_type and int(final.step) == 3
+    plan = sharded.plan
+    assert plan.strategy == strategy
+    (counter,) = [t for t in plan.inputs if t.path == "ts/step"]
+    assert counter.shape == () and counter.dtype == "int32"
+    if strategy == "fsdp":  # the parameters really are sharded
+        kernel = next(t for t in plan.inputs if t.path.endswith("params/params/kernel"))
+        assert any(e is not None for e in kernel.spec), kernel.spec
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_a_train_state_with_a_python_step_through_plan_and_emit(flax_train_state, strategy,
+                                                               compile_count):
+    ts, batch, step = flax_train_state
+    refs = first_steps(jax.jit(step), ts, batch)
+    plan = hj.plan(step, ts, batch, topology=EIGHT, strategy=strategy)
+    emitted = hj.emit(step, plan)
+    final = assert_steps_match(emitted, ts, batch, refs, compile_count)
+    assert _types(final) == _types(refs[-1][0])
+    # A plan read back from JSON is emitted for the same arguments: the step is traced again.
+    again = hj.emit(step, hj.Plan.from_dict(plan.to_dict()))
+    assert_trees_close(again(ts, batch), refs[0])
+
+
+def test_python_scalars_keep_jits_dtype_promotion_and_weak_types(compile_count):
+    """A Python float scales a bfloat16 weight in bfloat16 (it is weakly typed); the scalars come
+    back as jax.jit returns them: weakly typed float32 / int32, and a (strong) bool."""
+
+    def step(state, batch):
+        w = state["w"] * state["decay"]
+        new = {"w": w, "decay": state["decay"], "count": state["count"] + 1, "on": state["on"]}
+        loss = jnp.sum(w.astype(jnp.float32) * batch["x"]) * state["decay"]
+        return new, {"loss": loss, "count": state["count"], "half": state["decay"] * 0.5}
+
+    state = {"w": jnp.ones((8, 4), jnp.bfloat16), "decay": 0.5, "count": 0, "on": True}
+    batch = {"x": jnp.arange(32.0).reshape(8, 4)}
+    refs = first_steps(jax.jit(step), state, batch)
+    assert _types(refs[0][0]) == {"w": ("bfloat16", False), "decay": ("float32", True),
+                                  "count": ("int32", True), "on": ("bool", False)}
+    for strategy in ("dp", "fsdp"):
+        sharded = hj.hulk_shard(step, topology=EIGHT, strategy=strategy)
+        out = sharded(state, batch)
+        assert _types(out) == _types(refs[0]), strategy
+        assert_steps_match(sharded, out[0], batch, refs[1:], compile_count)

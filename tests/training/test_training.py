@@ -63,7 +63,7 @@ def test_a_tiny_training_run_lowers_its_loss(tmp_path, monkeypatch):
     samples = [data.load_or_make(s) for s in specs]
     assert all(s is not None for s in samples)
     assert len(list(tmp_path.rglob("*.npz"))) == 3  # cached on disk
-    params, history = train(samples, epochs=25, lr=3e-3, progress=False)
+    params, history = train(samples, epochs=50, lr=3e-3, progress=False)
     assert history["train_loss"][-1] < 0.6 * history["train_loss"][0], history["train_loss"]
 
 

@@ -1,0 +1,93 @@
+"""What the compiler and the collective library do with collectives, per backend.
+
+The cost model predicts the program XLA compiles, and XLA treats collectives differently on each
+platform:
+
+* **Combining.** XLA merges independent collectives of one kind over the same devices into one
+  (``AllReduceCombiner`` and friends), up to a size threshold, so a step's gradient reductions
+  become a few large all-reduces rather than one per parameter. XLA:CPU combines all-reduces without
+  a practical limit and does not combine all-gathers (measured on jax 0.10 by
+  ``tests/cost/test_backends.py``); XLA:GPU's defaults combine all-reduces, all-gathers and
+  reduce-scatters up to 30 MiB each (``xla_gpu_*_combine_threshold_bytes``); TPUs are modelled like
+  GPUs.
+* **Reduce-scatter.** XLA:CPU does not form reduce-scatters: it all-reduces and slices.
+* **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
+  (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
+  the devices involved, at the pace of the slowest link in it.
+
+The cost model charges a collective that is *deferred* (off the critical path: its result only
+feeds the state update) ``min(1, bytes / threshold)`` of its latency, its share of the combined
+collective it will be merged into; :meth:`~hulkjax.cost.CostModel.program_summary` merges them for
+counts.
+
+>>> BACKENDS["cpu"].reduce_scatter, BACKENDS["gpu"].combines("all-gather")
+(False, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A compiler backend's treatment of collectives.
+
+    Attributes:
+      name: ``"cpu"``, ``"gpu"`` or ``"tpu"``.  # str
+      combine_threshold: bytes up to which independent collectives of a kind are merged
+        (``math.inf``: all of them); kinds not listed are never combined.  # dict[str, float]
+      reduce_scatter: whether reduce-scatters are formed (else all-reduce, then a local slice).
+      hierarchical: whether a collective over several mesh axes runs axis by axis (else one flat
+        ring over all its devices).  # bool
+    """
+
+    name: str
+    combine_threshold: dict[str, float] = field(default_factory=dict)
+    reduce_scatter: bool = True
+    hierarchical: bool = True
+
+    def combines(self, kind: str) -> bool:
+        """Whether independent collectives of ``kind`` are merged."""
+        return kind in self.combine_threshold
+
+    def latency_share(self, kind: str, nbytes: float) -> float:
+        """The share of its latency a deferred collective pays: its share of a combined one.
+
+        >>> BACKENDS["cpu"].latency_share("all-reduce", 1e6), BACKENDS["gpu"].latency_share("all-reduce", 3 * _MIB)
+        (0.0, 0.1)
+        """
+        threshold = self.combine_threshold.get(kind)
+        if threshold is None:
+            return 1.0
+        if math.isinf(threshold):
+            return 0.0
+        return min(1.0, nbytes / threshold)
+
+    def kind_of(self, kind: str) -> str:
+        """The collective the backend really runs for ``kind`` (CPU: all-reduce for a
+        reduce-scatter)."""
+        return "all-reduce" if kind == "reduce-scatter" and not self.reduce_scatter else kind
+
+
+BACKENDS: dict[str, Backend] = {
+    "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False),
+    "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
+                           "reduce-scatter": 30 * _MIB}),
+    "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
+                           "reduce-scatter": 30 * _MIB}),
+}
+"""The backends the cost model knows, by platform name."""
+
+
+def backend_of(topology) -> Backend:
+    """The backend of a topology's devices (the slowest device's platform for mixed clusters).
+
+    >>> import hulkjax as hj
+    >>> backend_of(hj.Topology.grid((8,), ("d",))).name, backend_of(hj.Topology.preset("dgx-h100")).name
+    ('cpu', 'gpu')
+    """
+    return BACKENDS[topology.slowest_device().platform]

@@ -1,0 +1,215 @@
+"""Peak memory per device from what stays live: a liveness walk over the step in program order.
+
+What a device holds at once is its arguments (parameters, optimizer state, its slice of the batch)
+plus, at the worst moment of the step, every intermediate buffer still waiting for a use: the
+activations autodiff saved for the backward pass, gradients not yet consumed by the optimizer,
+and the transient buffers of collectives (a gathered parameter right before its use; on
+backends without reduce-scatters, the whole partial sum before its slice). Buffers are sized at
+their planned layouts. Elementwise chains fuse: a value is a buffer only when an unfusible
+operator makes or reads it (or it is a result of the step), as XLA's loop and reduction fusions
+keep the rest in registers. The state update writes into the donated arguments (no new buffer).
+Loops add their body's transient at the loop.
+
+This is the memory :class:`~hulkjax.plan.Cost` reports (``peak_memory``, ``memory_breakdown``) and
+that ``tests/cost/test_memory.py`` holds against ``compiled.memory_analysis()``. The ILP's
+memory constraint needs an additive model; it uses the per-group sums of
+:meth:`~hulkjax.cost.CostModel.memory` (parameters, gradients, optimizer state and saved
+activations), which bounds this one from above in practice, and the planners re-check their
+result with this walk.
+
+>>> import jax, jax.numpy as jnp, hulkjax as hj
+>>> p = hj.plan(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),
+...             jnp.ones((64, 64)), jnp.ones((128, 64)), topology=hj.Topology.grid((8,), ("d",)),
+...             strategy="dp")
+>>> sorted(k for k, v in p.cost.memory_breakdown.items() if v)
+['activations', 'data', 'gradients', 'parameters']
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from hulkjax.plan.specs import local_shape
+from hulkjax.rules.loops import LoopResolution
+from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, dtype_size
+from hulkjax.trace.primitives import FUSIBLE, PASSTHROUGH, handles
+
+KINDS = ("parameters", "optimizer", "data", "activations", "gradients", "transients")
+"""The kinds of bytes a device holds, as :class:`~hulkjax.plan.Cost` reports them."""
+
+_FUSES_INPUTS = FUSIBLE
+EXPENSIVE = handles("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc",
+                    "erf_inv", "sqrt", "rsqrt", "cbrt", "pow", "sin", "cos", "tan", "atan2", "div",
+                    "integer_pow")
+"""Elementwise operators a fusion does not duplicate into several users: their result is a
+buffer when more than one operator reads it."""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One buffer live at the peak: ``bytes`` of ``kind``, made for ``node`` (``None``: an
+    argument of the step), whose value is ``value`` (``None``: a collective's transient)."""
+
+    node: int | None
+    value: int | None
+    kind: str
+    bytes: float
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """The liveness walk's result.
+
+    Attributes:
+      peak: bytes per device at the worst moment (arguments included).  # float
+      at: the node after which the peak happens (``-1``: before the first node).  # int
+      breakdown: the peak's bytes by kind (:data:`KINDS`).  # dict[str, float]
+      live: the buffers live at the peak (their bytes add up to ``peak``).  # tuple of Buffer
+    """
+
+    peak: float
+    at: int
+    breakdown: dict
+    live: tuple[Buffer, ...]
+
+
+def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
+    """Walk the step in program order under ``assignment`` and find its peak memory per device
+    (``breakdown``: the assignment's :class:`~hulkjax.cost.Breakdown`, if already made)."""
+    g = cm.graph
+    specs = dict(cm.value_specs(assignment))
+    sizes = cm.sizes
+    b = cm.breakdown(assignment, memory=False) if breakdown is None else breakdown
+    # What is computed in place from constants (zeros to scatter into, masks, iota) is made in the
+    # layout its uses slice it to: partitioners propagate the consumers' sharding onto it.
+    free = {v for v, gid in cm.group_of_value.items() if gid == cm.free_group}
+    for n in g.nodes:
+        for k, v in enumerate(n.inputs):
+            if v is None or v not in free:
+                continue
+            gid = cm.group_of_node[n.id]
+            need = cm.local(gid, assignment[gid]).res[n.id].in_specs[k] if n.id in \
+                cm.local(gid, assignment[gid]).res else None
+            have = specs.get(v)
+            if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
+                specs[v] = need
+
+    def nbytes(vid, spec=None):
+        v = g.values[vid]
+        spec = specs.get(vid) if spec is None else spec
+        shape = v.shape if spec is None else local_shape(v.shape, spec, sizes)
+        return float(np.prod(shape, dtype=np.float64)) * dtype_size(v.dtype)
+
+    args: list[Buffer] = []
+    roles = {PARAMETER: "parameters", OPTIMIZER: "optimizer", DATA: "data"}
+    for vid, role in zip(g.inputs, g.input_roles):
+        if role in roles:
+            args.append(Buffer(None, vid, roles[role], nbytes(vid)))
+
+    carried = {g.outputs[o] for o in g.carried.values()}
+    outputs = {v for v in g.outputs if v is not None}
+    fusible = [n.primitive in FUSIBLE for n in g.nodes]
+    end = len(g.nodes)
+
+    def materialized(n, o) -> bool:
+        if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
+            return False  # the operand's own buffer
+        if o in outputs:
+            return True
+        if not fusible[n.id]:
+            return True
+        users = g.consumers(o)
+        if len(users) > 1 and n.primitive in EXPENSIVE:  # not worth recomputing in every user
+            return True
+        return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
+
+    # Intervals [start, stop] (node ids) of every buffer.
+    intervals: list[tuple[int, int, Buffer]] = []
+    for n in g.nodes:
+        for o in n.outputs:
+            if not g.values[o].shape or not materialized(n, o):
+                continue
+            uses = [c for c, _ in g.consumers(o)]
+            stop = end if o in outputs else max(uses, default=n.id)
+            kind = "gradients" if n.backward and n.id in cm.tail else "activations"
+            intervals.append((n.id, stop, Buffer(n.id, o, kind, nbytes(o))))
+    copies: dict[tuple, list] = {}  # one gathered copy per (value, layout), live across its uses
+    for mv in b.moves:
+        if mv.node < 0:
+            continue
+        dst = cm.required(mv.group, assignment[mv.group], mv.node, _operand(g, mv.node, mv.value))
+        if dst is None:
+            continue
+        key = (mv.value, dst)
+        span = copies.setdefault(key, [mv.node, mv.node, nbytes(mv.value, dst)])
+        span[0], span[1] = min(span[0], mv.node), max(span[1], mv.node)
+    for (vid, _), (start, stop, size) in copies.items():
+        intervals.append((start, stop, Buffer(start, None, "transients", size)))
+    # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
+    # buffer until the collective runs, its result another. Deferred ones run combined, once the
+    # last of them is ready: their partial sums wait for it.
+    combined_at: dict[tuple, int] = {}
+    for nid, comms in b.own.items():
+        for c in comms:
+            if c.deferred:
+                key = (cm.backend.kind_of(c.kind), c.axes)
+                combined_at[key] = max(combined_at.get(key, nid), nid)
+    for nid, comms in b.own.items():
+        for c in comms:
+            if c.kind not in ("all-reduce", "reduce-scatter"):
+                continue
+            stop = combined_at[(cm.backend.kind_of(c.kind), c.axes)] if c.deferred else nid
+            kind = "gradients" if c.deferred else "transients"
+            intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
+    for n in g.nodes:  # matmul operands XLA first copies into its canonical dimension order
+        if n.name != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = n.params["dimension_numbers"]
+        for k, (contract, batch) in enumerate(((lc, lb), (rc, rb))):
+            v = n.inputs[k]
+            if v is None:
+                continue
+            rank = len(g.values[v].shape)
+            free = [d for d in range(rank) if d not in contract and d not in batch]
+            order = [*batch, *free, *contract] if k == 0 else [*batch, *contract, *free]
+            if order != list(range(rank)) and (k == 0 or [*batch, *free, *contract] != list(range(rank))):
+                spec = cm.local(cm.group_of_node[n.id], assignment[cm.group_of_node[n.id]]).res
+                need = spec[n.id].in_specs[k] if n.id in spec else None
+                intervals.append((n.id, n.id, Buffer(n.id, None, "transients", nbytes(v, need))))
+    for grp in cm.groups:
+        if grp.kind == "leader":
+            r = grp.candidates[assignment[grp.id]]
+            if isinstance(r, LoopResolution) and r.memory:
+                intervals.append((grp.leader, grp.leader,
+                                  Buffer(grp.leader, None, "transients", float(r.memory))))
+
+    # Sweep: +bytes at start, -bytes after stop; the peak over node boundaries.
+    delta = np.zeros(end + 2)
+    for start, stop, buf in intervals:
+        delta[start] += buf.bytes
+        delta[stop + 1] -= buf.bytes
+    running = np.cumsum(delta)
+    at = int(np.argmax(running)) if len(running) else -1
+    temp = float(running[at]) if len(running) else 0.0
+    live = tuple(a for a in args) + tuple(buf for start, stop, buf in intervals
+                                          if start <= at <= stop)
+    breakdown: dict[str, float] = defaultdict(float)
+    for buf in live:
+        breakdown[buf.kind] += buf.bytes
+    total = sum(a.bytes for a in args) + temp
+    return MemoryReport(total, at, {k: breakdown.get(k, 0.0) for k in KINDS}, live)
+
+
+def _shards(spec, sizes) -> int:
+    n = 1
+    for axes in spec:
+        for a in axes:
+            n *= sizes[a]
+    return n
+
+
+def _operand(g, nid: int, vid: int) -> int:
+    return next(k for k, v in enumerate(g.nodes[nid].inputs) if v == vid)
