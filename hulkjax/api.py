@@ -53,8 +53,8 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
         unknown one raises :class:`~hulkjax.errors.UnknownOptionError`).
 
     >>> import jax, hulkjax as hj, jax.numpy as jnp
-    >>> def step(w, x):  # w is carried to the result: a parameter
-    ...     return w - 0.1 * jax.grad(lambda w: (x @ w).sum())(w)
+    >>> def step(w, x):  # w is carried to the result and computes with x: a parameter
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
     >>> p = hj.plan(step, jnp.ones((8, 4)), jnp.ones((16, 8)),
     ...             topology=hj.Topology.grid((8,), ("d",)), strategy="fsdp")
     >>> p.in_specs

@@ -22,7 +22,7 @@ result with this walk.
 ...             jnp.ones((64, 64)), jnp.ones((128, 64)), topology=hj.Topology.grid((8,), ("d",)),
 ...             strategy="dp")
 >>> sorted(k for k, v in p.cost.memory_breakdown.items() if v)
-['activations', 'data', 'gradients', 'parameters']
+['activations', 'data', 'gradients', 'parameters', 'transients']
 """
 
 from __future__ import annotations
