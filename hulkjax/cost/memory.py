@@ -146,7 +146,7 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
         key = (mv.value, dst)
         span = copies.setdefault(key, [mv.node, mv.node, nbytes(mv.value, dst)])
         span[0], span[1] = min(span[0], mv.node), max(span[1], mv.node)
-    for (vid, _), (start, stop, size) in copies.items():
+    for _, (start, stop, size) in copies.items():
         intervals.append((start, stop, Buffer(start, None, "transients", size)))
     # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
     # buffer until the collective runs, its result another. Deferred ones run combined, once the

@@ -37,10 +37,10 @@ from hulkjax.rules.dims import CONTRACTED, dim_rules, map_dim
 from hulkjax.trace.graph import Node, OpGraph, dtype_size
 from hulkjax.trace.primitives import (
     CASTS,
-    ELEMENTWISE,
-    PER_INPUT_ELEMENT,
     COMBINING_SCATTERS,
+    ELEMENTWISE,
     PASSTHROUGH,
+    PER_INPUT_ELEMENT,
     POOLING,
     SCATTERS,
     SHAPE_OPS,

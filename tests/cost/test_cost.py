@@ -117,7 +117,7 @@ def test_a_slow_axis_costs_more_than_a_fast_one_for_the_same_collective():
     c_slow = hj.plan(m.step, state, batch, topology=slow, strategy="dp").cost
     c_fast = hj.plan(m.step, state, batch, topology=fast, strategy="dp").cost
     assert c_slow.comm_bytes == c_fast.comm_bytes
-    for cost, bw, lat in ((c_slow, 1e9, 1e-5), (c_fast, 1e11, 1e-6)):
+    for cost, bw in ((c_slow, 1e9), (c_fast, 1e11)):
         # One gradient all-reduce per parameter, combined into one by XLA:CPU: no latency left.
         (ar,) = cost.collectives
         assert ar.kind == "all-reduce" and ar.count == 1
