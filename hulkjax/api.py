@@ -23,6 +23,7 @@ import jax
 
 from hulkjax.emit.spmd import ShardedStep, emit
 from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, UnsupportedStepError
+from hulkjax.formatting import format_bytes, format_count, format_time
 from hulkjax.plan.records import Plan
 from hulkjax.rules.support import check_supported
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model
@@ -53,8 +54,8 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
         unknown one raises :class:`~hulkjax.errors.UnknownOptionError`).
 
     >>> import jax, hulkjax as hj, jax.numpy as jnp
-    >>> def step(w, x):  # w is carried to the result: a parameter
-    ...     return w - 0.1 * jax.grad(lambda w: (x @ w).sum())(w)
+    >>> def step(w, x):  # w is carried to the result and computes with x: a parameter
+    ...     return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
     >>> p = hj.plan(step, jnp.ones((8, 4)), jnp.ones((16, 8)),
     ...             topology=hj.Topology.grid((8,), ("d",)), strategy="fsdp")
     >>> p.in_specs
@@ -63,8 +64,26 @@ def plan(fn: Callable, *args, topology, strategy: str = DEFAULT_STRATEGY, strict
     topo = resolve_topology(topology)
     g = graph if graph is not None else trace(fn, *args)
     p = run_planner(strategy, g, topo, **options)
-    check_supported(g, p, strict=strict)
+    check_supported(g, p, strict=strict, gather_cost=_gather_cost(p))
     return p
+
+
+def _gather_cost(plan: Plan) -> Callable[[list], str]:
+    """What replicating some operators forces, in the plan's own cost: the collectives that bring
+    their operands to every device (a phrase for :func:`check_supported`'s warning)."""
+
+    def cost(nodes) -> str:
+        cm = cost_model(plan.graph, plan.topology)
+        ids = {n.id for n in nodes}
+        comms = [m.comm for m in cm.breakdown(plan.assignment, memory=False).moves
+                 if m.node in ids]
+        if not comms:
+            return "its operands were whole on every device already (no collective)"
+        seconds = sum(cm.comm_time(c) for c in comms)
+        return (f"gathering its operands costs {format_time(seconds)} per step "
+                f"({format_count(len(comms), 'collective')}, {format_bytes(sum(c.bytes for c in comms))})")
+
+    return cost
 
 
 def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,

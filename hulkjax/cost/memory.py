@@ -22,7 +22,7 @@ result with this walk.
 ...             jnp.ones((64, 64)), jnp.ones((128, 64)), topology=hj.Topology.grid((8,), ("d",)),
 ...             strategy="dp")
 >>> sorted(k for k, v in p.cost.memory_breakdown.items() if v)
-['activations', 'data', 'gradients', 'parameters']
+['activations', 'data', 'gradients', 'parameters', 'transients']
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
         key = (mv.value, dst)
         span = copies.setdefault(key, [mv.node, mv.node, nbytes(mv.value, dst)])
         span[0], span[1] = min(span[0], mv.node), max(span[1], mv.node)
-    for (vid, _), (start, stop, size) in copies.items():
+    for _, (start, stop, size) in copies.items():
         intervals.append((start, stop, Buffer(start, None, "transients", size)))
     # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
     # buffer until the collective runs, its result another. Deferred ones run combined, once the

@@ -192,10 +192,8 @@ class CostModel:
     0.0
     """
 
-    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None,
-                 in_loop: bool = False):
+    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None):
         self.graph = graph
-        self.in_loop = in_loop
         self.topology = topology
         self.loop_planner = loop_planner
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
@@ -213,8 +211,7 @@ class CostModel:
         self._input_index: dict[int, dict[Spec, int]] = {}
         self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
         self.traffic: list[float] = self._fused_traffic()
-        # a loop body's results are the next iteration's carries: nothing in it is deferred
-        self.tail: frozenset[int] = frozenset() if in_loop else frozenset(self._tail_nodes())
+        self.tail: frozenset[int] = frozenset(self._tail_nodes())
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._edges = self._cross_edges()
@@ -383,8 +380,9 @@ class CostModel:
 
     def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
         """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
-        going back to its input's layout, at the step's end)."""
-        if self.in_loop or (nid != -1 and nid not in self.tail):
+        going back to its input's layout, at the step's end; in a loop body, a carry going back
+        for the next iteration, never deferred)."""
+        if (nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body):
             return tuple(comms)
         return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
 
@@ -793,11 +791,16 @@ class CostModel:
             out[(kind, tuple(sorted(cm.axes, key=order.index)))] += cm.bytes
         return dict(out)
 
-    def program_comm_list(self, assignment) -> list[Comm]:
-        """Every collective :meth:`program_collectives` counts, one entry per execution."""
+    def program_comm_list(self, assignment, *, loops: bool = True) -> list[Comm]:
+        """Every collective :meth:`program_collectives` counts, one entry per execution
+        (``loops=False``: without those of loop bodies)."""
         out: list[Comm] = []
         for gid, c in enumerate(assignment):
-            out.extend(self.local(gid, c).program_comms)
+            loc = self.local(gid, c)
+            if not loops and self.groups[gid].kind == LEADER and isinstance(
+                    self.groups[gid].candidates[c], LoopResolution):
+                continue
+            out.extend(loc.program_comms)
         seen = set()
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
@@ -842,20 +845,30 @@ class CostModel:
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
         order = self.mesh.axis_names
-        groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
-        for cm in self.program_comm_list(assignment):
-            kind = be.kind_of(cm.kind)
-            axes = tuple(sorted(cm.axes, key=order.index))
-            entry = groups[(kind, axes, cm.deferred and be.combines(kind))]
-            entry[0] += 1
-            entry[1] += cm.bytes
+        # A combiner merges collectives of one computation: the step's, and each loop body's
+        # per iteration (then repeated trip_count times).
+        scopes: list[tuple[list[Comm], int]] = [([], 1)]
+        for cm in self.program_comm_list(assignment, loops=False):
+            scopes[0][0].append(cm)
+        for gid, c in enumerate(assignment):
+            r = self.groups[gid].candidates[c] if self.groups[gid].kind == LEADER else None
+            if isinstance(r, LoopResolution):
+                scopes.append((list(r.iteration_comms), r.trips))
         out: dict[tuple, dict] = {}
-        for (kind, axes, combined), (count, nbytes) in groups.items():
-            if combined:
-                count = self._combined_count(kind, nbytes, be)
-            entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
-            entry["count"] += count
-            entry["bytes"] += nbytes
+        for comms, trips in scopes:
+            groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
+            for cm in comms:
+                kind = be.kind_of(cm.kind)
+                axes = tuple(sorted(cm.axes, key=order.index))
+                entry = groups[(kind, axes, cm.deferred and be.combines(kind))]
+                entry[0] += 1
+                entry[1] += cm.bytes
+            for (kind, axes, combined), (count, nbytes) in groups.items():
+                if combined:
+                    count = self._combined_count(kind, nbytes, be)
+                entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
+                entry["count"] += count * trips
+                entry["bytes"] += nbytes * trips
         return out
 
     def _rearranged_from(self, vid: int) -> int:

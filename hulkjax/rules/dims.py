@@ -34,7 +34,9 @@ from hulkjax.trace.primitives import (
     RANDOM_KEYS,
     SIZE_PRESERVING,
     SPLIT,
+    STACK,
     TOP_K,
+    UNSTACK,
 )
 
 CONTRACTED = "contracted"
@@ -87,7 +89,8 @@ def map_dim_results(node: Node, graph: OpGraph, operand: int,
     r = map_dim(node, graph, operand, dim)
     if r is None or r == CONTRACTED:
         return r
-    if node.primitive in SPLIT or node.primitive in TOP_K or node.primitive is P.sort_p:
+    if (node.primitive in SPLIT or node.primitive in TOP_K or node.primitive in UNSTACK
+            or node.primitive is P.sort_p):
         return [(k, r) for k in range(len(node.outputs))]
     return [(0, r)]
 
@@ -245,6 +248,19 @@ def _split_dims(node, graph, operand, dim):
     """Every piece keeps the operand's dimensions (a split of the split axis survives as an
     exchange of blocks when the pieces divide it, see the follow rule)."""
     return dim
+
+
+@register_dim_rule(*STACK)
+def _stack_dims(node, graph, operand, dim):
+    """Every operand's dimensions are the result's, shifted past the new ``axis``."""
+    return dim if dim < node.params["axis"] else dim + 1
+
+
+@register_dim_rule(*UNSTACK)
+def _unstack_dims(node, graph, operand, dim):
+    """Every result has the operand's dimensions but ``axis`` (one result per index of it)."""
+    axis = node.params["axis"]
+    return None if dim == axis else (dim if dim < axis else dim - 1)
 
 
 @register_dim_rule(*TOP_K)

@@ -91,12 +91,16 @@ class LoopResolution(Resolution):
         largest value); what it stacks (``ys``) are outer values, costed by the outer model.
       program_comms: the collectives the compiled program should contain (a value brought to a
         layout once per iteration), repeated ``trip_count`` times.
+      iteration_comms: those of one iteration (a ``cond``: of every branch).
+      trips: how many times the body runs (``trip_count``; 1 for a ``cond``).
       bodies: one :class:`LoopBody` per sub-graph of the node (``node.subgraphs`` order).
     """
 
     compute: float = 0.0
     memory: float = 0.0
     program_comms: tuple[Comm, ...] = ()
+    iteration_comms: tuple[Comm, ...] = ()
+    trips: int = 1
     bodies: tuple[LoopBody, ...] = ()
 
 

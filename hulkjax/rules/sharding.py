@@ -37,16 +37,18 @@ from hulkjax.rules.dims import CONTRACTED, dim_rules, map_dim
 from hulkjax.trace.graph import Node, OpGraph, dtype_size
 from hulkjax.trace.primitives import (
     CASTS,
-    ELEMENTWISE,
-    PER_INPUT_ELEMENT,
     COMBINING_SCATTERS,
+    ELEMENTWISE,
     PASSTHROUGH,
+    PER_INPUT_ELEMENT,
     POOLING,
     SCATTERS,
     SHAPE_OPS,
     SIZE_PRESERVING,
     SPLIT,
+    STACK,
     TOP_K,
+    UNSTACK,
     WINDOW_GRADIENTS,
 )
 
@@ -310,6 +312,26 @@ def _split_follow(node, graph, lead, lead_spec, mesh):
                       _local_bytes(graph, node.inputs[0], lead_spec, mesh)),)
     return Resolution((lead_spec if keep else out,), tuple(out for _ in node.outputs), comms,
                       shards=num_shards(out, mesh.sizes))
+
+
+@register_follow_rule(*STACK)
+def _stack_follow(node, graph, lead, lead_spec, mesh):
+    """Every operand keeps the lead's layout; the new dimension is whole on every device (its
+    entries are the operands)."""
+    axis = node.params["axis"]
+    out = (*lead_spec[:axis], (), *lead_spec[axis:])
+    ins = tuple(None if v is None else tuple(lead_spec) for v in node.inputs)
+    return Resolution(ins, (out,), shards=num_shards(out, mesh.sizes))
+
+
+@register_follow_rule(*UNSTACK)
+def _unstack_follow(node, graph, lead, lead_spec, mesh):
+    """Every result keeps the operand's layout without ``axis``, which is gathered first when it
+    is split (each result is one index of it)."""
+    axis = node.params["axis"]
+    need = tuple(() if d == axis else ax for d, ax in enumerate(lead_spec))
+    out = tuple(ax for d, ax in enumerate(lead_spec) if d != axis)
+    return Resolution((need,), tuple(out for _ in node.outputs), shards=num_shards(out, mesh.sizes))
 
 
 @register_follow_rule(*PASSTHROUGH)

@@ -74,23 +74,27 @@ def handling(prim) -> str:
     return "unsupported"
 
 
-def check_supported(graph: OpGraph, plan, *, strict: bool = False) -> list[str]:
+def check_supported(graph: OpGraph, plan, *, strict: bool = False,
+                    gather_cost: Callable[[list], str] | None = None) -> list[str]:
     """Replicate the operands and results of operators without a rule, warning once per primitive.
 
     Looks inside the bodies of ``scan`` / ``while`` / ``cond`` too (there, the operators are
     replicated through ``plan.bodies``). Returns the names of the unsupported primitives. In strict
     mode, raises :class:`UnsupportedPrimitiveError` naming the first one and its source line
-    instead.
+    instead. ``gather_cost``: given the step's nodes of one such primitive, a phrase saying what
+    gathering their operands costs (the caller's cost model); the warning and the plan's note
+    quote it.
     """
-    found: dict[str, list] = {}  # name -> [count, first node]
+    found: dict[str, list] = {}  # name -> [count, first node, the step's (not bodies') nodes]
     _check(graph, plan.operand_specs, plan.result_specs, plan.bodies, strict, found, "")
-    for name, (count, node) in found.items():
+    for name, (count, node, nodes) in found.items():
+        cost = f"; {gather_cost(nodes)}" if gather_cost is not None and nodes else ""
+        message = (f"no sharding rule for {name!r} ({count} use(s), first at {node.source}); "
+                   f"it was replicated{cost}.")
         warnings.warn(
-            f"no sharding rule for {name!r} ({count} use(s), first at {node.source}); "
-            f"it was replicated. Register one with @hulkjax.rules.register_sharding_rule, or pass "
+            f"{message} Register one with @hulkjax.rules.register_sharding_rule, or pass "
             f"strict=True to make this an error.", UnsupportedPrimitiveWarning, stacklevel=3)
-    if found:
-        plan.notes.append(f"replicated operators without a sharding rule: {sorted(found)}")
+        plan.notes.append(message)
     return sorted(found)
 
 
@@ -126,8 +130,10 @@ def _check(graph: OpGraph, operand_specs, result_specs, bodies, strict: bool, fo
                 f"no sharding rule for {node.name!r} ({where}node {node.id}, {node.source}). "
                 f"Register one with @hulkjax.rules.register_sharding_rule({node.name}_p), or pass "
                 f"strict=False to replicate it.")
-        entry = found.setdefault(node.name, [0, node])
+        entry = found.setdefault(node.name, [0, node, []])
         entry[0] += 1
+        if not where:
+            entry[2].append(node)
         for k, v in enumerate(node.inputs):
             if v is not None and graph.values[v].shape:
                 operand_specs[(node.id, k)] = PartitionSpec()

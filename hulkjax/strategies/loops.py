@@ -50,10 +50,9 @@ from hulkjax.trace.primitives import VIEWS
 MAX_LOOP_CANDIDATES = 32  # per loop node (the replicated one included)
 
 
-def cost_model(graph: OpGraph, topology, *, in_loop: bool = False) -> CostModel:
+def cost_model(graph: OpGraph, topology) -> CostModel:
     """The cost model of (graph, topology), loop bodies planned by :func:`loop_candidates`; built
     once and kept on the graph, so every planner of one step judges with the same tables.
-    ``in_loop``: the graph is a loop body, whose collectives are never deferred.
 
     >>> import jax.numpy as jnp, hulkjax as hj
     >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
@@ -65,8 +64,7 @@ def cost_model(graph: OpGraph, topology, *, in_loop: bool = False) -> CostModel:
     cm = cache.get(topology)
     if cm is None:
         cm = cache[topology] = CostModel(
-            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology),
-            in_loop=in_loop)
+            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology))
     return cm
 
 
@@ -102,6 +100,7 @@ def _body_view(sub: OpGraph, roles: tuple[str, ...], carries) -> OpGraph:
                        out_tree=None, jaxpr=sub.jaxpr, constants=sub.constants, input_roles=roles)
         view.carried = {j: i for i, j in carries if sub.outputs[i] is not None}
         view.owners = {}
+        view.loop_body = True
         views[key] = view
     return view
 
@@ -259,12 +258,14 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
     if b.kind == "cond":
         worst = max(range(len(costs)), key=lambda i: costs[i].time)
         compute, comms = costs[worst].compute, costs[worst].comms
-        program = [cm for c in costs for cm in c.program]  # every branch is in the program
+        iteration = [cm for c in costs for cm in c.program]  # every branch is in the program
+        program, trips = iteration, 1
         memory = max(c.memory for c in costs)
     else:
         compute = trips * sum(c.compute for c in costs)
         comms = [cm for c in costs for cm in c.comms] * trips
-        program = [cm for c in costs for cm in c.program] * trips
+        iteration = [cm for c in costs for cm in c.program]
+        program = iteration * trips
         memory = max(c.memory for c in costs)
     in_specs = []
     for k, v in enumerate(node.inputs):
@@ -282,7 +283,8 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
     shards = 1 if not compute or rep_compute is None else max(1, round(rep_compute / compute))
     return LoopResolution(in_specs=tuple(in_specs), out_specs=tuple(out_specs), comms=tuple(comms),
                           shards=shards, label=label, compute=compute, memory=memory,
-                          program_comms=tuple(program), bodies=bodies)
+                          program_comms=tuple(program), iteration_comms=tuple(iteration),
+                          trips=trips, bodies=bodies)
 
 
 def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Resolution]:
@@ -298,7 +300,7 @@ def loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[Re
         carries = tuple((o, b.inputs[bi].index(k)) for o, k in b.carries[bi])
         view = _body_view(sub, roles, carries)
         views.append(view)
-        bcms.append(cost_model(view, topology, in_loop=True))
+        bcms.append(cost_model(view, topology))
     out: list[Resolution] = []
     seen = set()
     rep_compute = None

@@ -123,6 +123,8 @@ class OpGraph:
       owners: ``{optimizer input index: parameter input index}``: the parameter whose update each
         optimizer-state leaf flows into (optimizer state follows its parameter).
       fn: the function that was traced (``None`` for loop bodies).
+      loop_body: whether the graph is a loop body seen from its loop (its carried results are the
+        next iteration's inputs, not the step's end).  # bool
       memo: space for what layers above derive from the graph and keep with it (the cost model
         per topology, loop-body views); not part of the graph's identity or fingerprint.  # dict
 
@@ -145,6 +147,7 @@ class OpGraph:
         self.input_roles: tuple[str, ...] = tuple(input_roles)
         self.carried: dict[int, int] = {}
         self.owners: dict[int, int] = {}
+        self.loop_body = False
         # The function :func:`hulkjax.trace.trace` traced (None for loop bodies and hand-built
         # graphs): the emitter re-runs this graph's jaxpr, so it checks that it is emitting the
         # same function and re-traces otherwise.

@@ -136,6 +136,8 @@ def discovered(name: str):
 
     emitters = {
         "split": lambda: jax.make_jaxpr(lambda x: jax.lax.split(x, (1, 1)))(two),
+        "stack": lambda: jax.make_jaxpr(lambda x: jnp.stack([x, x]))(two),
+        "unstack": lambda: jax.make_jaxpr(lambda x: jnp.unstack(x))(two),
         "optimization_barrier": lambda: jax.make_jaxpr(jax.lax.optimization_barrier)(two),
         "random_wrap": wrap_unwrap,
         "random_unwrap": wrap_unwrap,
@@ -159,3 +161,9 @@ PASSTHROUGH = PASSTHROUGH | frozenset(
 
 SPLIT = frozenset(p for p in (discovered("split"),) if p is not None)
 """``split``: one operand into pieces along ``axis`` (not exported by ``jax.extend``)."""
+
+STACK = frozenset(p for p in (discovered("stack"),) if p is not None)
+"""``stack`` (``jnp.stack``): same-shaped operands along a new dimension ``axis``."""
+
+UNSTACK = frozenset(p for p in (discovered("unstack"),) if p is not None)
+"""``unstack`` (``jnp.unstack``, the gradient of ``stack``): one result per index of ``axis``."""

@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend import core as jex_core
-from jax.interpreters import partial_eval as pe
 from jax.extend.core import primitives as P
+from jax.interpreters import partial_eval as pe
 
 from hulkjax.errors import UnsupportedStepError
 from hulkjax.trace.flops import flops_of

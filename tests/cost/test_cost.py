@@ -96,12 +96,15 @@ def test_memory_counts_parameters_gradients_optimizer_state_and_saved_activation
     rep = hj.plan(m.step, state, batch, topology=topo, strategy="replicate").cost
     fsdp = hj.plan(m.step, state, batch, topology=topo, strategy="fsdp").cost
     param_bytes = 4 * m.param_count()
+    # The breakdown is of the buffers live at the peak: all the state, the gradients made so far
+    # and the activations still waiting for the backward pass.
     assert rep.memory_breakdown["parameters"] == param_bytes
-    assert rep.memory_breakdown["gradients"] == param_bytes
     assert rep.memory_breakdown["optimizer"] == pytest.approx(2 * param_bytes, rel=0.01)  # mu, nu
+    assert 0 < rep.memory_breakdown["gradients"] <= param_bytes
     assert rep.memory_breakdown["activations"] > 0
+    assert rep.peak_memory == pytest.approx(sum(rep.memory_breakdown.values()))
     # Every dimension divides 8 ways here: ZeRO-3 holds an eighth of the state.
-    for part in ("parameters", "gradients", "optimizer"):
+    for part in ("parameters", "optimizer"):
         assert fsdp.memory_breakdown[part] == pytest.approx(rep.memory_breakdown[part] / 8, rel=0.01)
     assert fsdp.peak_memory < rep.peak_memory
 
@@ -114,7 +117,7 @@ def test_a_slow_axis_costs_more_than_a_fast_one_for_the_same_collective():
     c_slow = hj.plan(m.step, state, batch, topology=slow, strategy="dp").cost
     c_fast = hj.plan(m.step, state, batch, topology=fast, strategy="dp").cost
     assert c_slow.comm_bytes == c_fast.comm_bytes
-    for cost, bw, lat in ((c_slow, 1e9, 1e-5), (c_fast, 1e11, 1e-6)):
+    for cost, bw in ((c_slow, 1e9), (c_fast, 1e11)):
         # One gradient all-reduce per parameter, combined into one by XLA:CPU: no latency left.
         (ar,) = cost.collectives
         assert ar.kind == "all-reduce" and ar.count == 1
@@ -150,7 +153,8 @@ def test_objective_equals_evaluate():
     for _ in range(5):
         a = [int(rng.integers(len(grp.candidates))) for grp in cm.groups]
         assert cm.objective(a) == pytest.approx(cm.evaluate(a).step_time, rel=1e-9)
-        assert cm.memory(a) == pytest.approx(cm.evaluate(a).peak_memory, rel=1e-9)
+        # the ILP's additive memory bounds the liveness peak the plan reports
+        assert cm.memory(a) >= cm.evaluate(a).peak_memory
 
 
 def test_estimate_matches_the_plans_cost():

@@ -53,9 +53,19 @@ def _triple_nodes(graph):
 def test_unknown_primitive_is_never_silent():
     with pytest.raises(UnsupportedPrimitiveError, match="hulkjax_test_triple"):
         hj.plan(step, *ARGS, topology=TOPO, strategy="dp", strict=True)
-    with pytest.warns(hj.errors.UnsupportedPrimitiveWarning, match="hulkjax_test_triple"):
+    with pytest.warns(hj.errors.UnsupportedPrimitiveWarning, match="hulkjax_test_triple") as w:
         p = hj.plan(step, *ARGS, topology=TOPO, strategy="dp")
-    assert any("hulkjax_test_triple" in n for n in p.notes)
+    [note] = [n for n in p.notes if "hulkjax_test_triple" in n]
+    # The warning and the note say where (this file's line) and what the forced gather costs:
+    # the batch-split x @ w is all-gathered into every use (forward, and the loss's recompute).
+    message = str(w[0].message)
+    assert "test_registration.py" in message and "3 use(s)" in message
+    assert "gathering its operands costs" in message
+    assert "gathering its operands costs" in note
+    cm = cost_model(p.graph, TOPO)
+    gathers = [m.comm for m in cm.breakdown(p.assignment, memory=False).moves
+               if p.graph.nodes[m.node].primitive is triple_p]
+    assert gathers and all(c.kind == "all-gather" for c in gathers)
 
 
 def test_registered_rule_shards_costs_and_emits(registered, compile_count):
