@@ -36,17 +36,12 @@ from tests.realmodels.measure import MESHES
 TOPOLOGIES = {name: MESHES[name] for name in ("8", "2x4")}
 
 # Primitives each family's plans replicate with an UnsupportedPrimitiveWarning (no sharding rule
-# yet). The test checks the set exactly: remove a name when its rule lands, add one (with where it
-# comes from) when a change makes a primitive warn.
-#   mixtral: `stack` (8 uses) and `unstack` (4, its transpose) have no rule: keras-hub's
-#   RotaryEmbedding (keras_hub/src/layers/modeling/rotary_embedding.py:172, :204) stacks the
-#   rotated halves and the frequency table instead of concatenating them.
-# Primitives known but left to the SPMD partitioner without a rule of ours do not warn: `split`
-# (GPT-2's fused c_attn, ViT, the rotary sin/cos split, and the transpose of rotate_half's
-# concatenate in LLaMA / Gemma / Mixtral) and Mixtral's router `top_k`. benchmarks/COVERAGE.md
-# lists them with their source lines.
+# yet). The test checks the set exactly: add a name (with where it comes from) when a change or a
+# new family makes a primitive warn, remove it when its rule lands. Every family is fully covered
+# today: `split` (GPT-2's fused c_attn, ViT, rotate_half's gradient), `stack` / `unstack`
+# (keras-hub's RotaryEmbedding), the router's `top_k` and every scatter have rules;
+# benchmarks/COVERAGE.md lists each primitive and how it is handled.
 EXPECTED_UNSUPPORTED: dict[str, frozenset[str]] = {name: frozenset() for name in families.names()}
-EXPECTED_UNSUPPORTED["mixtral"] = frozenset({"stack", "unstack"})
 
 PLANNER_OPTIONS = {"ilp": {"time_limit": 5.0}, "auto": {"time_limit": 5.0}}
 
