@@ -24,6 +24,7 @@ from hulkjax.errors import HulkjaxError as HulkjaxError
 from hulkjax.explain import explain as explain
 from hulkjax.plan import Cost as Cost
 from hulkjax.plan import Plan as Plan
+from hulkjax.plan import Stage as Stage
 from hulkjax.topology import DeviceSpec as DeviceSpec
 from hulkjax.topology import LinkSpec as LinkSpec
 from hulkjax.topology import Topology as Topology
