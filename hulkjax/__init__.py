@@ -19,6 +19,7 @@ from hulkjax.api import hulk_shard as hulk_shard
 from hulkjax.api import plan as plan
 from hulkjax.emit import Collective as Collective
 from hulkjax.emit import ShardedStep as ShardedStep
+from hulkjax.emit import StagedStep as StagedStep
 from hulkjax.emit import emit as emit
 from hulkjax.errors import HulkjaxError as HulkjaxError
 from hulkjax.explain import explain as explain

@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from hulkjax.emit.spmd import ShardedStep, emit
+from hulkjax.emit.dispatch import emit
+from hulkjax.emit.mpmd import StagedStep
+from hulkjax.emit.spmd import ShardedStep
 from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, UnsupportedStepError
 from hulkjax.plan.records import Plan
 from hulkjax.rules.support import check_supported
@@ -134,7 +136,7 @@ class HulkShardedFunction:
         self.donate = donate
         self.options = options
         self._cache: dict = {}
-        self.sharded: ShardedStep | None = None
+        self.sharded: ShardedStep | StagedStep | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -145,7 +147,7 @@ class HulkShardedFunction:
         return tree, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
                            for x in leaves)
 
-    def get_sharded(self, *args) -> ShardedStep:
+    def get_sharded(self, *args) -> ShardedStep | StagedStep:
         """The compiled step for these arguments (planning and compiling on a cache miss)."""
         key = self._key(args)
         step = self._cache.get(key)
@@ -198,4 +200,5 @@ def hulk_shard(fn: Callable | None = None, *, topology, strategy: str = DEFAULT_
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["hulk_shard", "plan", "emit", "compare", "estimate", "HulkShardedFunction", "ShardedStep"]
+__all__ = ["hulk_shard", "plan", "emit", "compare", "estimate", "HulkShardedFunction", "ShardedStep",
+           "StagedStep"]

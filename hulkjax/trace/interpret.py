@@ -202,6 +202,28 @@ def equations(closed) -> list[Equation]:
     return out
 
 
+def constant_values(closed) -> list:
+    """Values of a graph's closed-over constants, in ``OpGraph.constants`` order: the jaxpr's own,
+    then those of the bodies the graph builder inlined, in walk order.
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> cj = jax.make_jaxpr(lambda x: x + np.arange(3.0))(jnp.ones(3))
+    >>> [np.asarray(c).tolist() for c in constant_values(cj)]
+    [[0.0, 1.0, 2.0]]
+    """
+    out = list(closed.consts)
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            body = inlined_body(eqn)
+            if body is not None:
+                out.extend(body[1])
+                walk(body[0])
+
+    walk(closed.jaxpr)
+    return out
+
+
 def literal_operands(closed) -> dict[tuple[int, int], Any]:
     """``{(node id, operand index): value}`` of every literal operand of ``closed``'s graph nodes
     (the operands a graph records as ``None``).
