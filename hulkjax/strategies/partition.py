@@ -263,33 +263,35 @@ def _assign_units(g: OpGraph, phase, f_units, home, n_units: int) -> list[int]:
     # Backward nodes: the latest layer whose activations or parameters they read; else the
     # earliest unit of the gradients they read; else (constants made in place, the seed of the
     # backward pass) the unit of their uses, found below.
-    known: list[int | None] = [None] * len(g.nodes)
-    for n in g.nodes:
-        if phase[n.id] != BACKWARD:
-            continue
-        reads, grads = [], []
-        for v in n.inputs:
-            if v is None:
-                continue
-            p = g.values[v].producer
-            if p is None:
-                if v in input_home:
-                    reads.append(input_home[v])
-            elif phase[p] == FORWARD:
-                reads.append(unit[p])
-            elif phase[p] == BACKWARD and known[p] is not None:
-                grads.append(known[p])
-        known[n.id] = max(reads) if reads else min(grads) if grads else None
-    # Gradients flow to earlier units only: raise each backward node to its backward uses.
-    for n in reversed(g.nodes):
-        if phase[n.id] != BACKWARD:
-            continue
-        uses = [unit[c] for o in n.outputs for c, _ in g.consumers(o) if phase[c] == BACKWARD]
-        mine = known[n.id]
-        if mine is None:
-            unit[n.id] = max(uses) if uses else last
-        else:
-            unit[n.id] = max(mine, max(uses)) if uses else mine
+    backward = [n for n in g.nodes if phase[n.id] == BACKWARD]
+    for sweep in range(6):  # a few sweeps: gradients move when their producers are raised
+        before = [unit[n.id] for n in backward]
+        known: dict[int, int | None] = {}
+        for n in backward:
+            reads, grads = [], []
+            for v in n.inputs:
+                if v is None:
+                    continue
+                p = g.values[v].producer
+                if p is None:
+                    if v in input_home:
+                        reads.append(input_home[v])
+                elif phase[p] == FORWARD:
+                    reads.append(unit[p])
+                elif phase[p] == BACKWARD and known.get(p) is not None:
+                    grads.append(max(known[p], unit[p]) if sweep else known[p])
+            known[n.id] = max(reads) if reads else min(grads) if grads else None
+        # Gradients flow to earlier units only: raise each backward node to its backward uses.
+        for n in reversed(backward):
+            uses = [unit[c] for o in n.outputs for c, _c in g.consumers(o)
+                    if phase[c] == BACKWARD]
+            mine = known[n.id]
+            if mine is None:
+                unit[n.id] = max(uses) if uses else last
+            else:
+                unit[n.id] = max(mine, max(uses)) if uses else mine
+        if [unit[n.id] for n in backward] == before:
+            break
     # Update nodes: with the state they update, else the earliest unit using their result, else
     # the latest unit of what they read.
     carried = {g.outputs[o]: i for i, o in g.carried.items() if g.outputs[o] is not None}

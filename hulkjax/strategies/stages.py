@@ -24,16 +24,19 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   groups: the topology's order, the path of cheapest links (Held-Karp), and the fastest groups
   first are searched;
 * inside a stage the SPMD layouts are one of a few whole-step plans on the group at microbatch size
-  (the ILP's optimum without a memory limit, ``dp``, ``fsdp``, ``megatron``, ``dp_tp``): a stage
-  takes the fastest of them that fits its memory; repeated layers are laid out alike;
+  (the ILP's optimum without a memory limit, seeded with the baselines; ``fsdp``, the leanest in
+  memory; ``dp_tp``): a stage takes the fastest of them that fits its memory; repeated layers are
+  laid out alike;
 * the dynamic program charges the link between consecutive stages with everything crossing the
   boundary between their layers (values skipping a stage are charged at each boundary they
   cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest), and
   bounds a stage's in-flight microbatches by the groups after it in the chain;
 * the bottleneck (the steady-state stage or link time) is enumerated on a geometric grid (ratio
   1.1) between the cheapest and the dearest stage;
-* microbatch counts are powers of two dividing the batch; a step that cannot be microbatched
-  exactly (:mod:`hulkjax.trace.microbatch`) is planned with one microbatch.
+* microbatch counts are powers of two dividing the batch: 1 and 2, then a local search from about
+  four per group that moves to a neighbouring power while the step gets faster (it assumes one
+  best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
+  that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch.
 """
 
 from __future__ import annotations
@@ -47,13 +50,12 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from hulkjax.cost.pipeline import StageWork, local_bytes, node_costs, pipeline_cost, stage_link
-from hulkjax.errors import InvalidOptionError, StrategyNotApplicableError
+from hulkjax.errors import InvalidOptionError, StrategyNotApplicableError, UnsupportedStepError
 from hulkjax.formatting import format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
 from hulkjax.plan.stages import SCHEDULES, Stage
 from hulkjax.strategies.baselines import baseline_assignments
-from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.partition import (
     BACKWARD,
@@ -69,7 +71,7 @@ from hulkjax.trace.microbatch import batch_size, microbatch_graph
 
 log = logging.getLogger("hulkjax.stages")
 
-INTRA_PLANS = ("ilp", "dp", "fsdp", "megatron", "dp_tp")
+INTRA_PLANS = ("ilp", "fsdp", "dp_tp")
 """The SPMD plans a stage may use inside its group (see the module docstring)."""
 MAX_NODE_GROUPS = 16  # the node level is searched on clusters of at most this many nodes
 
@@ -198,11 +200,25 @@ class _Context:
     topology: object
     part: Partition
     time_limit: float
+    solver: object = None  # the intra-stage ILP (strategies.ilp.solve), injected by its users
     plans: dict = field(default_factory=dict)  # (M, sub, name) -> assignment
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
 
     def micro(self, M: int) -> OpGraph:
         return self.graph if M == 1 else microbatch_graph(self.graph, M)
+
+    def usable(self, M: int) -> bool:
+        """Whether the step at ``1 / M`` of the batch has the full step's operators (a batch of
+        one may trace to other operators: size-1 dimensions broadcast differently)."""
+        if M == 1:
+            return True
+        try:
+            m = self.micro(M)
+        except UnsupportedStepError:
+            return False
+        return len(m.nodes) == len(self.graph.nodes) and all(
+            a.primitive is b.primitive and a.inputs == b.inputs
+            for a, b in zip(m.nodes, self.graph.nodes))
 
     def assignments(self, M: int, sub, names=INTRA_PLANS) -> dict[str, list[int]]:
         g = self.micro(M)
@@ -216,11 +232,11 @@ class _Context:
                 elif n == "dp_tp" and "megatron" in base:
                     # One-axis groups: dp_tp's tensor parallelism on the only (fastest) axis.
                     self.plans[(M, sub, n)] = base["megatron"]
-        if "ilp" in missing:
+        if "ilp" in missing and self.solver is not None:
             seeds = [a for (m, s, n), a in self.plans.items() if m == M and s == sub]
             try:
-                res = solve(cm, seeds=seeds, time_limit=self.time_limit,
-                            memory_limit=float("inf"))
+                res = self.solver(cm, seeds=seeds, time_limit=self.time_limit,
+                                  memory_limit=float("inf"))
                 self.plans[(M, sub, "ilp")] = res.assignment
             except Exception as e:  # noqa: BLE001 - a failed solve leaves the baselines
                 log.info("intra-stage ILP on %s failed: %s", sub.name, e)
@@ -547,17 +563,29 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
     return tuple(reversed(path))
 
 
-def search(graph: OpGraph, topology, *, time_limit: float = 10.0, schedule: str = "1f1b",
-           microbatches=None, keep: int = 4, progress=None) -> SearchResult:
+def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
+           schedule: str = "1f1b", microbatches=None, keep: int = 4,
+           progress=None) -> SearchResult:
     """The dynamic program over unit ranges x device groups (see the module docstring).
 
-    Returns the ``keep`` best layouts by exact cost. ``progress`` (a callable taking a string)
-    is told what is being searched.
+    Args:
+      solver: the intra-stage ILP, ``solve(cost_model, seeds=..., time_limit=...,
+        memory_limit=...)`` (:func:`hulkjax.strategies.ilp.solve`); without one, stages choose
+        among the baselines' layouts only.
+      time_limit: seconds for each intra-stage ILP.
+      schedule: the schedule of the layouts returned.
+      microbatches: counts to try (default: see :func:`microbatch_counts`).
+      keep: how many layouts to return.
+      progress: a callable told what is being searched (a string).
+
+    Returns the ``keep`` best layouts by exact cost.
     """
     levels = device_groups(topology)
     if not levels:
         return SearchResult([])
     ctx = _context(graph, topology, time_limit)
+    if solver is not None:
+        ctx.solver = solver
     part = ctx.part
     if len(part.units) < 1:
         return SearchResult([])
@@ -565,8 +593,16 @@ def search(graph: OpGraph, topology, *, time_limit: float = 10.0, schedule: str 
     searched = 0
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
-        Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
-        for M in Ms:
+        tried: dict[int, float] = {}
+
+        def attempt(M: int, level=level, groups=groups, subs=subs, tried=tried) -> float:
+            nonlocal searched
+            if M in tried:
+                return tried[M]
+            tried[M] = math.inf
+            if not ctx.usable(M):
+                log.info("skipping %d microbatches: the step traces differently", M)
+                return math.inf
             if progress is not None:
                 progress(f"{level} x M={M}")
             tables = {}
@@ -580,6 +616,30 @@ def search(graph: OpGraph, topology, *, time_limit: float = 10.0, schedule: str 
                                           ranges=tuple(sol[1]), plans=tuple(sol[2]),
                                           microbatches=M, schedule=schedule)
                     found.append((sol[3], layout))
+                    tried[M] = min(tried[M], sol[3])
+            return tried[M]
+
+        Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
+        if microbatches is not None or len(Ms) <= 3:
+            for M in Ms:
+                attempt(M)
+            continue
+        # One and two microbatches are cheap (their traces exist); the rest is a local search
+        # over the powers of two, from about four per group, assuming one best count.
+        for M in Ms[:2]:
+            attempt(M)
+        rest = Ms[2:]
+        i = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
+        while True:
+            here = attempt(rest[i])
+            up = attempt(rest[i + 1]) if i + 1 < len(rest) else math.inf
+            down = attempt(rest[i - 1]) if i > 0 and up >= here else math.inf
+            if up < here:
+                i += 1
+            elif down < here:
+                i -= 1
+            else:
+                break
     # Exact costs of the dynamic program's best per (level, M, chain).
     exact = []
     for _, layout in sorted(found, key=lambda t: t[0])[:max(keep * 3, 6)]:
@@ -702,17 +762,53 @@ def _dp_tau(W, Z, links, G: int, U: int, tau: float):
     return float(best[picks[0][0], U]), list(reversed(picks))
 
 
-def staged_note(plan: Plan, spmd_time: float) -> str:
+def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
+                solver=None, time_limit: float = 10.0, schedule: str = "1f1b",
+                extra: tuple[Plan, ...] = ()) -> tuple[Plan | None, list[str]]:
+    """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
+    with notes saying what the staged search found. ``extra`` are staged plans already made (the
+    ``pipeline`` baseline) that compete too."""
+    res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule)
+    ctx = _context(graph, topology, time_limit)
+    best = None
+    if res.layouts:
+        t, layout = res.layouts[0]
+        best = (t, layout)
+    rival = min((p for p in extra if p.cost is not None and all(st.fits for st in p.cost.stages)),
+                key=lambda p: p.cost.step_time, default=None)
+    notes = []
+    if best is None and rival is None:
+        if device_groups(topology):
+            notes.append("staged: no staged plan fits the devices' memory")
+        return None, notes
+    if rival is not None and (best is None or rival.cost.step_time < best[0]):
+        plan = rival
+        plan.strategy = strategy
+        plan.source = "pipeline baseline"
+    else:
+        plan = build_plan(ctx, best[1], strategy, source="staged search")
+    if spmd_time is not None and plan.cost.step_time >= spmd_time:
+        notes.append(f"staged: the best staged plan ({format_time(plan.cost.step_time)}, "
+                     f"{len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es)) is not "
+                     f"faster than SPMD ({format_time(spmd_time)})")
+        return None, notes
+    plan.notes.insert(0, staged_note(plan, spmd_time))
+    return plan, notes
+
+
+def staged_note(plan: Plan, spmd_time: float | None) -> str:
     """A line for a plan's notes: the staged plan against the best SPMD plan."""
     st = plan.cost
     parts = ", ".join(f"{len(s.devices)} dev: {s.layers[0]}..{s.layers[-1]}" if len(s.layers) > 1
                       else f"{len(s.devices)} dev: {s.layers[0] if s.layers else '-'}"
                       for s in plan.stages)
+    versus = "no SPMD plan fits" if spmd_time is None else \
+        f"best SPMD {format_time(spmd_time)}"
     return (f"staged: {len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es) "
-            f"({plan.schedule}) at {format_time(st.step_time)} vs best SPMD "
-            f"{format_time(spmd_time)}: {parts}")
+            f"({plan.schedule}) at {format_time(st.step_time)} vs {versus}: {parts}")
 
 
-__all__ = ["INTRA_PLANS", "PipelineOptions", "SearchResult", "StagedLayout", "build_plan",
+__all__ = ["INTRA_PLANS", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
+           "build_plan",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
            "pipeline", "search", "stage_works", "staged_note", "uniform_ranges"]
