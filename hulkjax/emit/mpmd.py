@@ -38,6 +38,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -617,9 +618,10 @@ class StagedStep:
                 return NamedSharding(self.meshes[k], self.plan.inputs[i].spec)
         return NamedSharding(self.meshes[k], PartitionSpec())
 
-    def collectives(self) -> dict[str, list[Collective]]:
+    def program_collectives(self) -> dict[str, list[Collective]]:
         """``{program: collectives}`` read from each compiled stage program's HLO (names
-        ``"F0"``, ``"B1"``, ``"U0"``, ...); axes are those of the program's stage mesh."""
+        ``"F0"``, ``"B1"``, ``"U0"``, ...); axes are those of the program's stage mesh. A
+        microbatch program's collectives run once per microbatch."""
         if not self._built:
             raise RuntimeError("not compiled yet: call the step or .compile(*args) first")
         out = {}
@@ -628,6 +630,29 @@ class StagedStep:
             out[p.name] = collectives_from_hlo(p.compiled.as_text(),
                                                tuple(mesh.devices.shape), tuple(mesh.axis_names))
         return out
+
+    def collectives(self) -> list[Collective]:
+        """Every compiled program's collectives, once per execution in a step (microbatch
+        programs ``microbatches`` times), axes named ``"s<stage>/<axis>"``."""
+        out = []
+        progs = {p.name: p for p in list(self.per_mb.values()) + self.segments}
+        for name, colls in self.program_collectives().items():
+            p = progs[name]
+            times = self.plan.microbatches if p in self.per_mb.values() else 1
+            for c in colls:
+                out += [dataclasses.replace(c, axes=tuple(f"s{p.stage}/{a}" for a in c.axes))
+                        ] * times
+        return out
+
+    def memory_per_device(self) -> float:
+        """The largest per-device footprint of one compiled program (arguments + temporaries +
+        results - aliased), bytes: what XLA says a stage needs while one program runs."""
+        best = 0.0
+        for p in list(self.per_mb.values()) + self.segments:
+            ma = p.compiled.memory_analysis()
+            best = max(best, ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                       + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        return best
 
 
 def _on(x, sharding) -> bool:

@@ -135,7 +135,8 @@ class Plan:
         ``emit`` binds it to real arguments.
       graph: the :class:`~hulkjax.trace.OpGraph` the plan was made on. Not saved.
       assignment: the cost model's candidate per group (what :mod:`hulkjax.explain` and
-        ``hj.estimate`` read back). Not saved.
+        ``hj.estimate`` read back); for staged plans one such list per stage, on the cost model
+        of the step at microbatch size on the stage's devices. Not saved.
     """
 
     strategy: str

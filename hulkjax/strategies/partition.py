@@ -320,7 +320,7 @@ def _assign_units(g: OpGraph, phase, f_units, home, n_units: int) -> list[int]:
                         reads.append(input_home[v])
                 else:
                     reads.append(done.get(p, unit[p]))
-            done[n.id] = max(reads) if reads else last
+            done[n.id] = max(reads) if reads else 0
         unit[n.id] = done[n.id]
     return unit
 

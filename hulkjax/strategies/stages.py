@@ -398,7 +398,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
     return Plan(strategy=strategy, axis_names=tuple(ctx.topology.axis_names),
                 mesh_shape=tuple(ctx.topology.shape), inputs=tuple(inputs), outputs=tuple(outs),
                 cost=cost, stages=tuple(stages), microbatches=layout.microbatches,
-                schedule=layout.schedule, notes=list(dict.fromkeys(notes)), source=source)
+                schedule=layout.schedule, notes=list(dict.fromkeys(notes)), source=source,
+                assignment=tuple(list(w.assignment) for w in works))
 
 
 def _pspec(spec) -> PartitionSpec:
