@@ -17,11 +17,12 @@ from gradients and the loss) is the *update*, run once per step on the combined 
 before them. The depth is the deepest with at most ``max_units`` units. Contiguous runs of units in
 program order are what stages take, so a stage's forward pass only needs earlier stages.
 
-**Backward and update nodes** go to the unit of the layer they belong to, found from the data flow:
-a backward node to the latest unit whose activations or parameters it reads (the layer it
-differentiates), else the earliest of the gradients it reads (a constant made in place goes to
-its uses); then each is raised to the unit of its backward uses, so gradients only flow to earlier
-stages. Parameters live with the unit of their
+**Backward and update nodes** go to the unit of the layer they belong to: a backward node to the
+unit of its module scope (JAX names a transposed operator, and the recomputation of a
+rematerialized layer, with the scope of the forward operator; ``Node.layer``) where that scope
+names one unit; otherwise, from the data flow, to the latest unit whose activations or parameters
+it reads, else the earliest of the gradients it reads (a constant made in place goes to its uses);
+then each is raised to the unit of its backward uses, so gradients only flow to earlier stages. Parameters live with the unit of their
 first forward use (optimizer state with its parameter); an update node goes with the state it
 updates, or the earliest unit that uses its result.
 
@@ -112,7 +113,7 @@ def partition(graph: OpGraph, *, max_units: int = MAX_UNITS) -> Partition:
     phase = _phases(graph, split)
     depth, f_units, labels = _forward_units(graph, phase, max_units)
     home = _homes(graph, phase, f_units)
-    unit = _assign_units(graph, phase, f_units, home, len(labels))
+    unit = _assign_units(graph, phase, f_units, home, len(labels), _scope_units(labels), depth)
     p = Partition(graph=graph, split=split, phase=phase, unit=unit,
                   units=[Unit(lab, k) for k, lab in enumerate(labels)], home=home, depth=depth)
     graph.memo[key] = p
@@ -132,9 +133,15 @@ def _split(graph: OpGraph) -> BatchSplit | None:
 
 def _phases(g: OpGraph, split: BatchSplit | None) -> list[str]:
     if split is not None:
-        per = split.per_microbatch
+        per = set(split.per_microbatch)
     else:  # no batch: what the backward pass needs of the step, and the backward pass
         per = _backward_closure(g)
+    # A step that cannot be microbatched may feed batch aggregates back into per-example work
+    # (batch statistics): that work then runs with the update, after them (one microbatch).
+    for n in g.nodes:
+        if n.id in per and any(v is not None and (p := g.values[v].producer) is not None
+                               and p not in per for v in n.inputs):
+            per.discard(n.id)
     outputs = {v for v in g.outputs if v is not None}
     phase = [UPDATE] * len(g.nodes)
     for n in reversed(g.nodes):
@@ -165,8 +172,18 @@ def _backward_closure(g: OpGraph) -> set[int]:
     return need
 
 
+# Scope components JAX's transformations add (a rematerialized layer's recomputation runs in
+# "rematted_computation" under its own module's scope, repeated): not module scopes.
+_TRANSFORM_SCOPES = frozenset({"rematted_computation", "checkpoint", "remat", "jvp", "transpose",
+                               "vmap", "pjit", "jit"})
+
+
 def _label(layer: str, depth: int) -> str:
-    parts = [p for p in layer.split("/") if p and "->" not in p]
+    parts = []
+    for p in layer.split("/"):
+        if not p or "->" in p or p in _TRANSFORM_SCOPES or (parts and parts[-1] == p):
+            continue
+        parts.append(p)
     return "/".join(parts[:depth])
 
 
@@ -254,8 +271,18 @@ def _homes(g: OpGraph, phase, f_units) -> dict[int, int]:
     return homes
 
 
-def _assign_units(g: OpGraph, phase, f_units, home, n_units: int) -> list[int]:
+def _scope_units(labels: list[str]) -> dict[str, int]:
+    """``{module scope: unit}`` for the scopes that name exactly one unit."""
+    seen: dict[str, list[int]] = defaultdict(list)
+    for k, lab in enumerate(labels):
+        seen[lab].append(k)
+    return {lab: ks[0] for lab, ks in seen.items() if len(ks) == 1 and lab != "(step)"}
+
+
+def _assign_units(g: OpGraph, phase, f_units, home, n_units: int, scopes=None,
+                  depth: int = 0) -> list[int]:
     last = max(n_units - 1, 0)
+    scopes = scopes or {}
     unit = [0] * len(g.nodes)
     input_home = {g.inputs[i]: u for i, u in home.items()}
     for nid, u in f_units.items():
@@ -280,7 +307,11 @@ def _assign_units(g: OpGraph, phase, f_units, home, n_units: int) -> list[int]:
                     reads.append(unit[p])
                 elif phase[p] == BACKWARD and known.get(p) is not None:
                     grads.append(max(known[p], unit[p]) if sweep else known[p])
-            known[n.id] = max(reads) if reads else min(grads) if grads else None
+            scope = scopes.get(_label(n.layer, depth)) if depth else None
+            if scope is not None:  # JAX scopes a gradient as the forward operator it transposes
+                known[n.id] = scope
+            else:
+                known[n.id] = max(reads) if reads else min(grads) if grads else None
         # Gradients flow to earlier units only: raise each backward node to its backward uses.
         for n in reversed(backward):
             uses = [unit[c] for o in n.outputs for c, _c in g.consumers(o)
