@@ -31,6 +31,7 @@ from hulkjax.strategies.realize import assignment_for_inputs, cost_model
 from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.strategies.registry import options_of, run_planner
 from hulkjax.strategies.search import propagate
+from hulkjax.strategies.stages import plan_cost as staged_plan_cost
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.tracer import trace
@@ -89,6 +90,8 @@ def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,
         return globals()["plan"](fn, *args, topology=topology, strategy=strategy, **options).cost
     topo = plan.topology if topology is None else resolve_topology(topology)
     g = trace(fn, *args)
+    if plan.stages is not None:
+        return staged_plan_cost(g, topo, plan)
     cm = cost_model(g, topo)
     if plan.assignment is not None and plan.graph_fingerprint == g.fingerprint() \
             and plan.topology_fingerprint == topo.fingerprint():

@@ -402,6 +402,32 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
                 assignment=tuple(list(w.assignment) for w in works))
 
 
+def plan_cost(graph: OpGraph, topology, plan: Plan):
+    """The pipeline :class:`~hulkjax.plan.Cost` of a staged plan's stages on this step (a plan
+    made here reuses its stages' SPMD choices; a loaded one has them completed from its layouts as
+    a baseline's are)."""
+    from hulkjax.strategies.realize import assignment_for_inputs
+    from hulkjax.strategies.search import propagate
+
+    micro = graph if plan.microbatches == 1 else microbatch_graph(graph, plan.microbatches)
+    works = []
+    for k, st in enumerate(plan.stages):
+        cm = cost_model(micro, group_topology(topology, st.devices))
+        if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
+            a = list(plan.assignment[k])
+        else:
+            specs = [st.value_specs.get(v, t.spec) for v, t in zip(graph.inputs, plan.inputs)]
+            a = propagate(cm, assignment_for_inputs(cm, specs))
+        works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
+                               forward=st.forward, backward=st.backward, update=st.update,
+                               inputs=st.inputs))
+    part = partition(graph)
+    boundary = () if part.split is None else tuple(
+        v for v, c in part.split.boundary.items() if c.kind == "sum")
+    return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
+                         schedule=plan.schedule, boundary=boundary)
+
+
 def _pspec(spec) -> PartitionSpec:
     return PartitionSpec() if spec is None else to_pspec(spec)
 
@@ -810,6 +836,6 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
 
 
 __all__ = ["INTRA_PLANS", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
-           "build_plan",
+           "build_plan", "plan_cost",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
            "pipeline", "search", "stage_works", "staged_note", "uniform_ranges"]
