@@ -63,7 +63,7 @@ TOPOLOGIES = {
     "regional-25g": ("regional", dict(regions=4)),
     "regional-10g": ("regional", dict(regions=4, metro=hj.LinkSpec(bandwidth=10 * GBIT,
                                                                    latency=2e-3))),
-    "mixed": ("mixed", dict(a100=1, v100=1, t4=1)),
+    "mixed": ("mixed", dict(a100=1, v100=2, t4=1)),
     "dgx": ("dgx-h100", dict(nodes=1)),
 }
 EXPERIMENTS = {
@@ -78,9 +78,9 @@ EXPERIMENTS = {
     "regional-10g-2.7b": ("gpt-2.7b", "regional-10g", "regional",
                           "4 sites x 8 A100 over 10 Gbit/s regional links"),
     "mixed-bert-large": ("bert-large", "mixed", "heterogeneous",
-                         "A100 + V100 + T4 nodes (8 GPUs each) over 10 Gbit/s"),
+                         "1 A100 + 2 V100 + 1 T4 nodes (8 GPUs each) over 10 Gbit/s"),
     "mixed-1.5b": ("gpt-1.5b", "mixed", "heterogeneous",
-                   "A100 + V100 + T4 nodes (8 GPUs each) over 10 Gbit/s"),
+                   "1 A100 + 2 V100 + 1 T4 nodes (8 GPUs each) over 10 Gbit/s"),
     "dgx-2.7b": ("gpt-2.7b", "dgx", "one node", "one DGX H100 node"),
 }
 STRATEGIES = [("dp", {}), ("fsdp", {}), ("dp_tp", {}), ("ilp-spmd", {"stages": False}),

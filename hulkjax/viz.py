@@ -82,7 +82,9 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
         than 30x, e.g. when some strategies cross a WAN).
 
     The best strategy (fastest among those that fit in memory) is marked with a star; strategies
-    that do not fit are hatched and labelled.
+    that do not fit are hatched and labelled. A staged plan's bar is its busiest stage's compute
+    and collectives plus the pipeline bubble (fill, drain, waiting on transfers); its memory is
+    its fullest stage's.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -99,16 +101,26 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
     tax, max_ = axes[0], axes[1]
     y = np.arange(len(names))[::-1]
     tunit, tscale = time_unit(max(c.step_time for c in costs))
-    fitting = [c.step_time for c in costs if c.fits]
+    fitting = [c.step_time for c in costs if c.fits and all(st.fits for st in c.stages)]
     best = min(fitting) if fitting else None
     classes = [k for k in ("node", "region", "wan")
                if any(c.link_class.get(a) == k and t for c in costs
                       for a, t in c.comm_time_by_axis.items())]
     segments = [("compute", np.array([c.compute_time for c in costs]), LINK_COLORS["compute"])]
+
+    def by_class(c, k):
+        t = sum(t for a, t in c.comm_time_by_axis.items() if c.link_class.get(a) == k)
+        if c.stages:  # staged: every stage's axes are listed; show the busiest stage's share
+            total = sum(c.comm_time_by_axis.values())
+            return t * c.comm_time / total if total else 0.0
+        return t
+
     for k in classes:
-        vals = np.array([sum(t for a, t in c.comm_time_by_axis.items()
-                             if c.link_class.get(a) == k) for c in costs])
+        vals = np.array([by_class(c, k) for c in costs])
         segments.append((_LINK_NAMES.get(k, f"comm ({k})"), vals, LINK_COLORS.get(k, "#999999")))
+    if any(c.stages for c in costs):
+        segments.append(("pipeline bubble",
+                         np.array([c.bubble for c in costs]), "#c7c7c7"))
     totals = np.array([c.step_time for c in costs]) / tscale
     positive = totals[totals > 0]
     if scale == "auto":

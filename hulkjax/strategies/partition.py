@@ -14,7 +14,8 @@ from gradients and the loss) is the *update*, run once per step on the combined 
 **Layer units**: forward nodes in program order, grouped by their module scope cut to a depth
 (``"GPT2/h_3"``); a scope that encloses its neighbours' (``"GPT2"`` between ``"GPT2/wte"`` and
 ``"GPT2/h_0"``: the position embedding, a residual add) and unscoped nodes (the loss) join the unit
-before them. The depth is the deepest with at most ``max_units`` units. Contiguous runs of units in
+before them. The depth is the deepest with at most ``max_units`` units (when that is much coarser,
+the next depth with consecutive units merged in equal chunks). Contiguous runs of units in
 program order are what stages take, so a stage's forward pass only needs earlier stages.
 
 **Backward and update nodes** go to the unit of the layer they belong to: a backward node to the
@@ -111,9 +112,9 @@ def partition(graph: OpGraph, *, max_units: int = MAX_UNITS) -> Partition:
         return hit
     split = _split(graph)
     phase = _phases(graph, split)
-    depth, f_units, labels = _forward_units(graph, phase, max_units)
+    depth, f_units, labels, scopes = _forward_units(graph, phase, max_units)
     home = _homes(graph, phase, f_units)
-    unit = _assign_units(graph, phase, f_units, home, len(labels), _scope_units(labels), depth)
+    unit = _assign_units(graph, phase, f_units, home, len(labels), _scope_units(scopes), depth)
     p = Partition(graph=graph, split=split, phase=phase, unit=unit,
                   units=[Unit(lab, k) for k, lab in enumerate(labels)], home=home, depth=depth)
     graph.memo[key] = p
@@ -194,19 +195,25 @@ def _forward_units(g: OpGraph, phase, max_units: int):
     for depth in range(1, 8):
         runs = _runs(fwd, depth)
         if best is not None and len(runs) > max_units:
+            if len(best[1]) < max_units // 4:
+                # Too coarse one level up (48 blocks under one model scope): this level's runs,
+                # consecutive ones merged so that at most max_units remain.
+                best = (depth, _merge_runs(runs, max_units))
             break
         best = (depth, runs)
         if depth > max((len(n.layer.split("/")) for n in fwd), default=0):
             break
     depth, runs = best if best is not None else (1, [])
-    f_units, labels = {}, []
-    for k, (label, members) in enumerate(runs):
+    f_units, labels, scopes = {}, [], []
+    for k, run in enumerate(runs):
+        label, members = run[0], run[1]
         labels.append(label)
+        scopes.append(run[2] if len(run) > 2 else [label])
         for nid in members:
             f_units[nid] = k
     if not labels:
-        labels = ["(step)"]
-    return depth, f_units, labels
+        labels, scopes = ["(step)"], [["(step)"]]
+    return depth, f_units, labels, scopes
 
 
 def _runs(fwd, depth: int) -> list[tuple[str, list[int]]]:
@@ -235,6 +242,19 @@ def _runs(fwd, depth: int) -> list[tuple[str, list[int]]]:
         out[1][1][:0] = out[0][1]
         out.pop(0)
     return [(lab, members) for lab, members in out]
+
+
+def _merge_runs(runs, max_units: int):
+    """Consecutive runs merged in chunks of equal size, at most ``max_units`` of them (each
+    keeps the scopes it merged, for :func:`_scope_units`)."""
+    size = -(-len(runs) // max_units)
+    out = []
+    for k in range(0, len(runs), size):
+        chunk = runs[k:k + size]
+        label = chunk[0][0] if len(chunk) == 1 else f"{chunk[0][0]} + {len(chunk) - 1} more"
+        out.append((label, [nid for _, members in chunk for nid in members],
+                    [lab for lab, _ in chunk]))
+    return out
 
 
 def _homes(g: OpGraph, phase, f_units) -> dict[int, int]:
@@ -271,11 +291,12 @@ def _homes(g: OpGraph, phase, f_units) -> dict[int, int]:
     return homes
 
 
-def _scope_units(labels: list[str]) -> dict[str, int]:
+def _scope_units(scopes: list[list[str]]) -> dict[str, int]:
     """``{module scope: unit}`` for the scopes that name exactly one unit."""
     seen: dict[str, list[int]] = defaultdict(list)
-    for k, lab in enumerate(labels):
-        seen[lab].append(k)
+    for k, labs in enumerate(scopes):
+        for lab in labs:
+            seen[lab].append(k)
     return {lab: ks[0] for lab, ks in seen.items() if len(ks) == 1 and lab != "(step)"}
 
 
