@@ -276,6 +276,8 @@ class Attribution:
 def attribute(plan, depth: int | None = None) -> Attribution:
     """Per-operator compute, collectives and memory of a plan (needs ``plan.graph``), from the
     cost model's records (:meth:`~hulkjax.cost.CostModel.breakdown`)."""
+    if plan.stages is not None:
+        return _staged_attribution(plan, depth)
     g, topo = plan.graph, plan.topology
     cm = cost_model(g, topo)
     a = _plan_assignment(plan, cm)
@@ -707,3 +709,58 @@ def pipeline_lines(plan) -> list[str]:
             f"{format_bytes(tr.microbatch_bytes)} per microbatch, {format_bytes(tr.step_bytes)} "
             f"per step; {format_time(tr.time)} per step")
     return lines
+
+
+def _staged_attribution(plan, depth: int | None) -> Attribution:
+    """A staged plan's operators with their stage's records: each node's compute, collectives and
+    layouts come from the cost model of its stage (its group's devices, microbatch shapes), per
+    step (per-microbatch work x microbatches); mesh axes are named ``s<stage>/<axis>``. The
+    assignment and cost model are the first stage's (the group structure is the same)."""
+    from hulkjax.cost.pipeline import node_costs
+
+    g, M = plan.graph, plan.microbatches
+    scms = stage_cost_models(plan)
+    compute = [0.0] * len(g.nodes)
+    own: dict[int, list[Charge]] = {}
+    moves, memory = [], []
+    specs: dict = {}
+    node_layer: dict[int, str] = {}
+    group_layer = _group_layers(scms[0][0], depth)
+    for k, (st, (cm, a)) in enumerate(zip(plan.stages, scms)):
+        nc = node_costs(cm, a)
+        b = cm.breakdown(a)
+        times = {n: M for n in st.forward + st.backward}
+        times.update({n: 1 for n in st.update})
+        order = tuple(cm.topology.axis_names)
+
+        def charge(c, t, k=k, cm=cm, order=order):
+            axes = tuple(f"s{k}/{x}" for x in sorted(c.axes, key=order.index))
+            return Charge(c.kind, axes, c.bytes * t, cm.comm_time(c) * t)
+
+        for nid, t in times.items():
+            compute[nid] = float(nc.compute[nid]) * t
+            own[nid] = [charge(c, t) for c in b.own.get(nid, ())]
+            for o in g.nodes[nid].outputs:
+                if o in b.specs:
+                    specs[o] = b.specs[o]
+        for m in b.moves:
+            if m.node in times:
+                moves.append((m.value, m.node, m.group, charge(m.comm, times[m.node])))
+        held = set(st.inputs)
+        for u in b.memory:
+            ins = cm.groups[u.group].inputs
+            if (u.node is None and ins and ins[0] in held) or (u.node is not None
+                                                               and u.node in times):
+                memory.append((u.node, u.group, u.kind, u.bytes))
+        for i in st.inputs:
+            specs[g.inputs[i]] = b.specs.get(g.inputs[i])
+    for n in g.nodes:
+        label = layer_label(n.layer, depth)
+        if not label:
+            v = next((v for v in n.inputs if v is not None), None)
+            p = None if v is None else g.values[v].producer
+            label = node_layer.get(p, UNSCOPED) if p is not None else UNSCOPED
+        node_layer[n.id] = label
+    return Attribution(graph=g, topology=plan.topology, cm=scms[0][0], assignment=scms[0][1],
+                       group_layer=group_layer, node_layer=node_layer, specs=specs,
+                       compute=compute, own=own, moves=moves, memory=memory)
