@@ -254,6 +254,24 @@ class StagedStep:
                         p.accs.append(o)
             p.reads, p.writes = list(reads), list(writes)
         self._order_per_microbatch(S, M)
+        self._releases(outputs)
+
+    def _releases(self, outputs) -> None:
+        """What a microbatch's values may be dropped after: each once its last reader among the
+        microbatch's programs has run (1F1B then holds a stage's activations only while its
+        microbatches are in flight), unless the update or the step's results need it."""
+        keep = set(outputs) | set(self.boundary)
+        for seg in self.segments:
+            keep.update(seg.reads)
+        sequence = [(k, ph) for k, ph, m in self.order if m == 0]
+        last: dict[int, tuple[int, str]] = {}
+        for key in sequence:
+            for v in self.per_mb[key].reads + self.per_mb[key].writes:
+                last[v] = key
+        self.release: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for v, key in last.items():
+            if v not in keep:
+                self.release[key].append(v)
 
     @property
     def _constants(self) -> set[int]:
@@ -575,6 +593,8 @@ class StagedStep:
                     kept[v].append(x)
             for v, x in zip(p.accs, new):
                 accs[v] = x
+            for v in self.release.get((k, ph), ()):
+                local.pop(v, None)
         # Combine the microbatches: sums scaled by M ** e, per-example results concatenated,
         # independent values from the last microbatch.
         if M > 1:
