@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hulkjax.cost.model import LEADER
-from hulkjax.errors import InfeasiblePlanError
-from hulkjax.formatting import format_spec
+from hulkjax.errors import InfeasiblePlanError, InvalidOptionError, StrategyNotApplicableError
+from hulkjax.formatting import format_bytes, format_spec
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load
@@ -32,8 +32,9 @@ from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
-from hulkjax.strategies.registry import register_strategy
+from hulkjax.strategies.registry import get_strategy, options_of, register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
+from hulkjax.strategies.stages import best_staged, device_groups
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.auto")
@@ -119,6 +120,9 @@ class AutoOptions:
         choice and from each baseline.  # bool
       time_limit: seconds for the shortlist's integer program (it then keeps its best plan so
         far, which starts from the best of the network's choice and the baselines).  # float
+      stages: also consider staged plans where the topology has device groups (regions, nodes,
+        GPU kinds): the staged search of :mod:`hulkjax.strategies.stages` and the ``pipeline``
+        baseline; a staged plan is returned only where it beats the SPMD one.  # bool
     """
 
     top_k: int = TOP_K
@@ -128,6 +132,7 @@ class AutoOptions:
     seed: int = 0
     exact: bool = True
     time_limit: float = 10.0
+    stages: bool = True
 
     def __post_init__(self):
         if self.prior_kind not in ("gnn", "uniform"):
@@ -138,7 +143,36 @@ class AutoOptions:
 
 @register_strategy("auto", options=AutoOptions)
 def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
-    """Plan with the network's prior and cost-model search; never worse than a baseline."""
+    """Plan with the network's prior and cost-model search; never worse than a baseline. With
+    ``stages``, staged plans compete where the topology has device groups: the staged search
+    (its dynamic program and intra-stage ILPs; the network has no device-group head trained yet)
+    and the ``pipeline`` baseline; ``auto`` returns a staged plan only where it is faster."""
+    if not options.stages or not device_groups(topology):
+        return spmd_auto(graph, topology, options)
+    extra = []
+    try:
+        extra.append(get_strategy("pipeline").fn(graph, topology, options_of("pipeline")))
+    except (StrategyNotApplicableError, InvalidOptionError) as e:
+        log.debug("pipeline baseline does not apply: %s", e)
+    try:
+        plan = spmd_auto(graph, topology, options)
+    except InfeasiblePlanError:
+        staged, _ = best_staged(graph, topology, strategy="auto", spmd_time=None, solver=solve,
+                                time_limit=options.time_limit, extra=tuple(extra))
+        if staged is None:
+            raise
+        return staged
+    staged, notes = best_staged(graph, topology, strategy="auto",
+                                spmd_time=plan.cost.step_time, solver=solve,
+                                time_limit=options.time_limit, extra=tuple(extra))
+    if staged is not None:
+        return staged
+    plan.notes.extend(notes)
+    return plan
+
+
+def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
+    """The SPMD part of ``auto``: network prior, shortlist, exact solve and descent."""
     top_k, sweeps, seed = options.top_k, options.sweeps, options.seed
     cm = cost_model(graph, topology)
     t0 = time.perf_counter()

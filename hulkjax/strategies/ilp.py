@@ -45,6 +45,7 @@ from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import polish_memory
+from hulkjax.strategies.stages import best_staged, device_groups
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.ilp")
@@ -64,6 +65,10 @@ class ILPOptions:
         candidates). Meshes of one or two axes have fewer than 256 per group.  # int
       tie_layers: one decision for all groups of equal structure (repeated layers).  # bool
       memory_limit: bytes per device (``None``: the smallest device's memory).  # float | None
+      stages: also solve the two-level model of staged plans (layers on device groups: regions,
+        nodes, GPU kinds; :mod:`hulkjax.strategies.stages`) where the topology has such groups,
+        and return the faster of the two optima.  # bool
+      stage_time_limit: seconds for each intra-stage ILP of the staged search.  # float
     """
 
     time_limit: float = 60.0
@@ -71,6 +76,8 @@ class ILPOptions:
     max_candidates: int = 256
     tie_layers: bool = True
     memory_limit: float | None = None
+    stages: bool = True
+    stage_time_limit: float = 10.0
 
     def __post_init__(self):
         _check_limits(self.time_limit, self.mip_rel_gap)
@@ -93,7 +100,29 @@ def _check_limits(time_limit, mip_rel_gap) -> None:
 
 @register_strategy("ilp", options=ILPOptions)
 def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
-    """Solve for the cost model's optimal plan (see :class:`ILPOptions`)."""
+    """The optimum of the cost model: the SPMD ILP, and with ``stages`` the staged optimum of
+    :func:`hulkjax.strategies.stages.search` when it is faster (see :class:`ILPOptions`)."""
+    if not options.stages or not device_groups(topology):
+        return spmd_ilp(graph, topology, options)
+    try:
+        plan = spmd_ilp(graph, topology, options)
+    except InfeasiblePlanError:
+        staged, _ = best_staged(graph, topology, strategy="ilp", spmd_time=None, solver=solve,
+                                time_limit=options.stage_time_limit)
+        if staged is None:
+            raise
+        return staged
+    staged, notes = best_staged(graph, topology, strategy="ilp",
+                                spmd_time=plan.cost.step_time, solver=solve,
+                                time_limit=options.stage_time_limit)
+    if staged is not None:
+        return staged
+    plan.notes.extend(notes)
+    return plan
+
+
+def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
+    """The SPMD optimum of the cost model (the integer program of the module docstring)."""
     cm = cost_model(graph, topology)
     seeds = baseline_assignments(graph, topology)
     kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
