@@ -22,7 +22,7 @@ import numpy as np
 
 from hulkjax.cost.model import LEADER
 from hulkjax.errors import InfeasiblePlanError, InvalidOptionError, StrategyNotApplicableError
-from hulkjax.formatting import format_bytes, format_spec
+from hulkjax.formatting import format_spec
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load

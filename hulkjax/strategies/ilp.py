@@ -38,7 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hulkjax.cost.model import INPUT, LEADER, CostModel
-from hulkjax.errors import InvalidOptionError
+from hulkjax.errors import InfeasiblePlanError, InvalidOptionError
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
