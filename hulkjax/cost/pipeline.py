@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hulkjax.cost.comm import collective_time
+from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
 from hulkjax.plan.cost import Cost, StageTime, Transfer
 from hulkjax.plan.specs import Spec, local_shape
@@ -333,31 +334,33 @@ def _transfer_bytes(g: OpGraph, v: int, src: StageWork, dst: StageWork) -> float
 
 
 def _stage_memory(s: StageWork, stage_of, k: int, in_flight: int, M: int, boundary) -> dict:
-    nc = node_costs(s.cost_model, s.assignment)
-    g = s.cost_model.graph
-    held = set(s.inputs)
-    mine = set(s.forward) | set(s.backward)
-    reads = {v for n in mine for v in g.nodes[n].inputs if v is not None}
-    mem: dict[str, float] = defaultdict(float)
-    for node, inputs, kind, nbytes in nc.memory:
-        if node is None:
-            if kind in ("parameters", "gradients", "optimizer"):
-                if inputs and inputs[0] in held:
-                    mem[kind] += nbytes
-            elif kind == "data":
-                if any(g.inputs[i] in reads for i in inputs):
-                    mem["data"] += nbytes * in_flight
-        elif kind == "activations" and node in mine:
-            mem["activations"] += nbytes * in_flight
+    """Stage ``k``'s peak bytes per device by kind: the liveness walk
+    (:func:`~hulkjax.cost.memory.liveness`) over the operators it runs, with the parameters and
+    optimizer state it holds and ``in_flight`` microbatches of data and saved activations, plus
+    float32 accumulators for the boundary sums it makes when ``M > 1``."""
+    cm = s.cost_model
+    g = cm.graph
+    key = ("stage_memory", id(cm), tuple(s.assignment), s.forward, s.backward, s.update, s.inputs,
+           in_flight)
+    hit = g.memo.get(key)
+    if hit is not None and hit[0] is cm:
+        mem = dict(hit[1])
+    else:
+        report = liveness(cm, list(s.assignment), nodes=(*s.forward, *s.backward, *s.update),
+                          held=set(s.inputs), in_flight=in_flight)
+        mem = {kind: b for kind, b in report.breakdown.items() if b}
+        g.memo[key] = (cm, dict(mem))
     if M > 1:
+        nc = node_costs(cm, s.assignment)
+        acc = 0.0
         for v in boundary:
             p = g.values[v].producer
             if p is not None and stage_of.get(p) == k:
                 spec = nc.specs.get(v)
-                elems = local_bytes(g, v, spec, s.cost_model.sizes) / max(
-                    dtype_size(g.values[v].dtype), 1)
-                mem["accumulators"] += 4.0 * elems
-    return dict(mem)
+                acc += 4.0 * local_bytes(g, v, spec, cm.sizes) / max(dtype_size(g.values[v].dtype), 1)
+        if acc:
+            mem["accumulators"] = acc
+    return mem
 
 
 def held_inputs(graph: OpGraph, home_stage: dict[int, int], k: int) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hulkjax.cost.model import LEADER
-from hulkjax.errors import InfeasiblePlanError, InvalidOptionError, StrategyNotApplicableError
+from hulkjax.errors import InfeasiblePlanError
 from hulkjax.formatting import format_spec
 from hulkjax.gnn import features as F
 from hulkjax.gnn.infer import log_probs
@@ -32,7 +32,7 @@ from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
-from hulkjax.strategies.registry import get_strategy, options_of, register_strategy
+from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
 from hulkjax.strategies.stages import best_staged, device_groups
 from hulkjax.trace.graph import OpGraph
@@ -149,22 +149,17 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     and the ``pipeline`` baseline; ``auto`` returns a staged plan only where it is faster."""
     if not options.stages or not device_groups(topology):
         return spmd_auto(graph, topology, options)
-    extra = []
-    try:
-        extra.append(get_strategy("pipeline").fn(graph, topology, options_of("pipeline")))
-    except (StrategyNotApplicableError, InvalidOptionError) as e:
-        log.debug("pipeline baseline does not apply: %s", e)
     try:
         plan = spmd_auto(graph, topology, options)
     except InfeasiblePlanError:
         staged, _ = best_staged(graph, topology, strategy="auto", spmd_time=None, solver=solve,
-                                time_limit=options.time_limit, extra=tuple(extra))
+                                time_limit=options.time_limit)
         if staged is None:
             raise
         return staged
     staged, notes = best_staged(graph, topology, strategy="auto",
                                 spmd_time=plan.cost.step_time, solver=solve,
-                                time_limit=options.time_limit, extra=tuple(extra))
+                                time_limit=options.time_limit)
     if staged is not None:
         return staged
     plan.notes.extend(notes)
@@ -196,9 +191,10 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     if not solved:
         found, _ = search(cm, logp, top_k=top_k, sweeps=max(sweeps, 4), seed=seed, seeds=baselines)
         candidates["search"] = found
-    fitting = {k: a for k, a in candidates.items() if cm.memory(a) <= cm.capacity}
+    fitting = {k: a for k, a in candidates.items()
+               if cm.memory(a) <= cm.capacity or cm.peak_memory(a) <= cm.capacity}
     if not fitting:
-        need = min(cm.memory(a) for a in candidates.values())
+        need = min(cm.peak_memory(a) for a in candidates.values())
         raise infeasible_error(cm, need, planner="auto", exhaustive=False, also=(
             "strategy='ilp' (it searches every layout under the memory limit, not a shortlist)"))
     best = min(fitting, key=lambda k: cm.objective(fitting[k]))

@@ -50,7 +50,12 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from hulkjax.cost.pipeline import StageWork, local_bytes, node_costs, pipeline_cost, stage_link
-from hulkjax.errors import InvalidOptionError, StrategyNotApplicableError, UnsupportedStepError
+from hulkjax.errors import (
+    InfeasiblePlanError,
+    InvalidOptionError,
+    StrategyNotApplicableError,
+    UnsupportedStepError,
+)
 from hulkjax.formatting import format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
@@ -789,12 +794,24 @@ def _dp_tau(W, Z, links, G: int, U: int, tau: float):
     return float(best[picks[0][0], U]), list(reversed(picks))
 
 
+STAGED_MIN_GAIN = 0.02
+"""How much faster than the best SPMD plan a staged plan must be predicted to be for ``ilp`` and
+``auto`` to return it: a staged program runs as several programs with host-driven transfers (and
+``hulkjax launch`` runs SPMD plans only), so a tie, or a fraction of a percent that the cost
+model cannot resolve, goes to the single SPMD program."""
+
+
 def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
                 solver=None, time_limit: float = 10.0, schedule: str = "1f1b",
                 extra: tuple[Plan, ...] = ()) -> tuple[Plan | None, list[str]]:
     """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
-    with notes saying what the staged search found. ``extra`` are staged plans already made (the
-    ``pipeline`` baseline) that compete too."""
+    with notes saying what the staged search found. The ``pipeline`` baseline (where it applies)
+    and ``extra`` (staged plans already made) compete with the search's layouts: the search's
+    memory filter is additive, so a hand-made layout it rules out may still fit."""
+    try:
+        extra = (*extra, pipeline(graph, topology, PipelineOptions()))
+    except (StrategyNotApplicableError, InfeasiblePlanError) as e:
+        log.debug("pipeline baseline does not apply: %s", e)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule)
     ctx = _context(graph, topology, time_limit)
     best = None
@@ -814,10 +831,10 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         plan.source = "pipeline baseline"
     else:
         plan = build_plan(ctx, best[1], strategy, source="staged search")
-    if spmd_time is not None and plan.cost.step_time >= spmd_time * (1 - 1e-6):
+    if spmd_time is not None and plan.cost.step_time >= spmd_time * (1 - STAGED_MIN_GAIN):
         notes.append(f"staged: the best staged plan ({format_time(plan.cost.step_time)}, "
                      f"{len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es)) is not "
-                     f"faster than SPMD ({format_time(spmd_time)})")
+                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})")
         return None, notes
     plan.notes.insert(0, staged_note(plan, spmd_time))
     return plan, notes
@@ -835,7 +852,7 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
             f"({plan.schedule}) at {format_time(st.step_time)} vs {versus}: {parts}")
 
 
-__all__ = ["INTRA_PLANS", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
+__all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
            "build_plan", "plan_cost",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
            "pipeline", "search", "stage_works", "staged_note", "uniform_ranges"]
