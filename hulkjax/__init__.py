@@ -19,11 +19,13 @@ from hulkjax.api import hulk_shard as hulk_shard
 from hulkjax.api import plan as plan
 from hulkjax.emit import Collective as Collective
 from hulkjax.emit import ShardedStep as ShardedStep
+from hulkjax.emit import StagedStep as StagedStep
 from hulkjax.emit import emit as emit
 from hulkjax.errors import HulkjaxError as HulkjaxError
 from hulkjax.explain import explain as explain
 from hulkjax.plan import Cost as Cost
 from hulkjax.plan import Plan as Plan
+from hulkjax.plan import Stage as Stage
 from hulkjax.topology import DeviceSpec as DeviceSpec
 from hulkjax.topology import LinkSpec as LinkSpec
 from hulkjax.topology import Topology as Topology

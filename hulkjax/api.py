@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from hulkjax.emit.spmd import ShardedStep, emit
+from hulkjax.emit.dispatch import emit
+from hulkjax.emit.mpmd import StagedStep
+from hulkjax.emit.spmd import ShardedStep
 from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, UnsupportedStepError
 from hulkjax.formatting import format_bytes, format_count, format_time
 from hulkjax.plan.records import Plan
@@ -30,6 +32,7 @@ from hulkjax.strategies.realize import assignment_for_inputs, cost_model
 from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.strategies.registry import options_of, run_planner
 from hulkjax.strategies.search import propagate
+from hulkjax.strategies.stages import plan_cost as staged_plan_cost
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.tracer import argument_avals, leaf_aval, trace
@@ -106,6 +109,8 @@ def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,
         return globals()["plan"](fn, *args, topology=topology, strategy=strategy, **options).cost
     topo = plan.topology if topology is None else resolve_topology(topology)
     g = trace(fn, *args)
+    if plan.stages is not None:
+        return staged_plan_cost(g, topo, plan)
     cm = cost_model(g, topo)
     if plan.assignment is not None and plan.graph_fingerprint == g.fingerprint() \
             and plan.topology_fingerprint == topo.fingerprint():
@@ -153,7 +158,7 @@ class HulkShardedFunction:
         self.donate = donate
         self.options = options
         self._cache: dict = {}
-        self.sharded: ShardedStep | None = None
+        self.sharded: ShardedStep | StagedStep | None = None
 
     @property
     def plan(self) -> Plan | None:
@@ -174,7 +179,7 @@ class HulkShardedFunction:
             argument_avals(self.fn, args)  # raises the error naming the leaf's path
         return tree, tuple((a.shape, str(a.dtype), a.weak_type) for a in avals)
 
-    def get_sharded(self, *args) -> ShardedStep:
+    def get_sharded(self, *args) -> ShardedStep | StagedStep:
         """The compiled step for these arguments (planning and compiling on a cache miss)."""
         key = self._key(args)
         step = self._cache.get(key)
@@ -227,4 +232,5 @@ def hulk_shard(fn: Callable | None = None, *, topology, strategy: str = DEFAULT_
     return wrap if fn is None else wrap(fn)
 
 
-__all__ = ["hulk_shard", "plan", "emit", "compare", "estimate", "HulkShardedFunction", "ShardedStep"]
+__all__ = ["hulk_shard", "plan", "emit", "compare", "estimate", "HulkShardedFunction", "ShardedStep",
+           "StagedStep"]

@@ -97,9 +97,12 @@ def _compare_rows(step_fn, state, batch, topo, strategies, compile_programs: boo
             compiled = step.compile(state, batch)
             row["compile_time"] = time.perf_counter() - t0
             row["collectives"] = summarize(step.collectives(), fold_emulated=True)
-            ma = compiled.memory_analysis()
-            row["memory"] = (ma.argument_size_in_bytes + ma.temp_size_in_bytes
-                             + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+            if p.stages is not None:  # a staged step: the largest program's footprint
+                row["memory"] = step.memory_per_device()
+            else:
+                ma = compiled.memory_analysis()
+                row["memory"] = (ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                                 + ma.output_size_in_bytes - ma.alias_size_in_bytes)
         rows.append(row)
     return graph, rows
 
@@ -108,17 +111,22 @@ def state_bytes_per_device(plan) -> int:
     """Bytes of parameters and optimizer state one device holds under the plan."""
     import numpy as np
 
-    sizes = dict(zip(plan.axis_names, plan.mesh_shape))
-    total = 0
-    for t in plan.inputs:
+    meshes = {None: dict(zip(plan.axis_names, plan.mesh_shape))}
+    holder = {}
+    for k, st in enumerate(plan.stages or ()):  # staged: each leaf on the stage holding it
+        meshes[k] = dict(zip(st.axis_names, st.mesh_shape))
+        holder.update({i: k for i in st.inputs})
+    totals: dict = {}
+    for i, t in enumerate(plan.inputs):
         if t.role not in ("parameter", "optimizer"):
             continue
+        sizes = meshes[holder.get(i)]
         n = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
         for entry in t.spec:
             for a in (entry if isinstance(entry, tuple) else (entry,) if entry else ()):
                 n //= sizes[a]
-        total += n
-    return total
+        totals[holder.get(i)] = totals.get(holder.get(i), 0) + n
+    return max(totals.values(), default=0)
 
 
 def _render(rows, title: str, console) -> None:

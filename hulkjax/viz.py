@@ -83,7 +83,9 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
         than 30x, e.g. when some strategies cross a WAN).
 
     The best strategy (fastest among those that fit in memory) is marked with a star; strategies
-    that do not fit are hatched and labelled.
+    that do not fit are hatched and labelled. A staged plan's bar is its busiest stage's compute
+    and collectives plus the pipeline bubble (fill, drain, waiting on transfers); its memory is
+    its fullest stage's.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -100,16 +102,26 @@ def plot_comparison(plans: Mapping, *, ax=None, path=None, title: str | None = N
     tax, max_ = axes[0], axes[1]
     y = np.arange(len(names))[::-1]
     tunit, tscale = time_unit(max(c.step_time for c in costs))
-    fitting = [c.step_time for c in costs if c.fits]
+    fitting = [c.step_time for c in costs if c.fits and all(st.fits for st in c.stages)]
     best = min(fitting) if fitting else None
     classes = [k for k in ("node", "region", "wan")
                if any(c.link_class.get(a) == k and t for c in costs
                       for a, t in c.comm_time_by_axis.items())]
     segments = [("compute", np.array([c.compute_time for c in costs]), LINK_COLORS["compute"])]
+
+    def by_class(c, k):
+        t = sum(t for a, t in c.comm_time_by_axis.items() if c.link_class.get(a) == k)
+        if c.stages:  # staged: every stage's axes are listed; show the busiest stage's share
+            total = sum(c.comm_time_by_axis.values())
+            return t * c.comm_time / total if total else 0.0
+        return t
+
     for k in classes:
-        vals = np.array([sum(t for a, t in c.comm_time_by_axis.items()
-                             if c.link_class.get(a) == k) for c in costs])
+        vals = np.array([by_class(c, k) for c in costs])
         segments.append((_LINK_NAMES.get(k, f"comm ({k})"), vals, LINK_COLORS.get(k, "#999999")))
+    if any(c.stages for c in costs):
+        segments.append(("pipeline bubble",
+                         np.array([c.bubble for c in costs]), "#c7c7c7"))
     totals = np.array([c.step_time for c in costs]) / tscale
     positive = totals[totals > 0]
     if scale == "auto":
@@ -423,7 +435,8 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
     them, devices are dots coloured by kind. Lines: between mesh-neighbour devices of a node (the
     intra-node link), between nodes of a region, and between regions (labelled with bandwidth and
     latency). With a ``plan``, a box lists each mesh axis with its link class and what the plan
-    spends on it.
+    spends on it; with a staged plan, each stage's devices are ringed in its colour and labelled
+    with its layers, arrows follow the pipeline, and the box lists the transfers per link.
     """
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LogNorm
@@ -563,7 +576,10 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
         xs += [region_pos[r][0] + region_size[r][0] + 0.6 for r in regions]
         ys += [region_pos[r][1] + 1.6 for r in regions]
         ys += [region_pos[r][1] - region_size[r][1] - 0.6 for r in regions]
-    extra = (1.2 + 0.45 * len(topo.axis_names)) if plan is not None else 0.0
+    n_lines, per_line = len(topo.axis_names), 0.45
+    if plan is not None and getattr(plan, "stages", None) is not None and plan.cost is not None:
+        n_lines, per_line = min(len(plan.cost.transfers), 7) + 1, 0.75
+    extra = (1.2 + per_line * n_lines) if plan is not None else 0.0
     extent_w = max(xs) - min(xs) + 0.6
     extent_h = max(ys) - min(ys) + 0.6 + extra
     scale = min(11 / extent_w, 7 / extent_h, 0.9)  # inches per device spacing
@@ -622,7 +638,23 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
             ticks.append(t)
     cb.set_ticks(ticks, labels=[format_rate(t) for t in ticks], fontsize=8)
     cb.minorticks_off()
-    if plan is not None and getattr(plan, "cost", None) is not None:
+    staged = plan is not None and getattr(plan, "stages", None) is not None
+    if staged:
+        _draw_stages(axis, topo, plan, dev_xy)
+    if plan is not None and getattr(plan, "cost", None) is not None and staged:
+        c = plan.cost
+        txt = [f"plan {plan.strategy!r}: {len(plan.stages)} stages x {plan.microbatches} "
+               f"microbatches ({plan.schedule}), step {format_time(c.step_time)}, bubble "
+               f"{format_time(c.bubble)}"]
+        for t in c.transfers:
+            if t.microbatch_bytes or t.step_bytes:
+                txt.append(f"stage {t.src} -> {t.dst} ({t.link}, {format_rate(t.bandwidth)}): "
+                           f"{format_bytes(t.microbatch_bytes)} / microbatch, "
+                           f"{format_bytes(t.step_bytes)} / step, {format_time(t.time)}")
+        axis.text(0.01, 0.01, "\n".join(txt[:8]), transform=axis.transAxes, fontsize=8,
+                  va="bottom", bbox=dict(boxstyle="round", fc="white", ec="#999999", alpha=0.95),
+                  zorder=6)
+    elif plan is not None and getattr(plan, "cost", None) is not None:
         c = plan.cost
         txt = [f"plan {plan.strategy!r}: step {format_time(c.step_time)}"]
         for a, size in zip(topo.axis_names, topo.shape):
@@ -645,6 +677,39 @@ def plot_topology(topology, plan=None, *, ax=None, path=None, title: str | None 
                  f"{len(regions)} region{'s' if len(regions) > 1 else ''}")
     axis.set_title(title, fontsize=11)
     return _save(fig, path)
+
+
+def _draw_stages(axis, topo, plan, dev_xy) -> None:
+    """A staged plan on the topology: each stage's devices ringed in its colour and labelled with
+    its layers; arrows along the pipeline between consecutive stages."""
+    from matplotlib.patches import FancyArrowPatch
+
+    colors = ["#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#e377c2", "#8c564b",
+              "#bcbd22"]
+    centres = []
+    for k, st in enumerate(plan.stages):
+        col = colors[k % len(colors)]
+        pts = np.array([dev_xy[d] for d in st.devices])
+        axis.scatter(pts[:, 0], pts[:, 1], s=260, facecolors="none", edgecolors=col,
+                     linewidths=2.2, zorder=3.5)
+        cx, top = float(pts[:, 0].mean()), float(pts[:, 1].max())
+        centres.append((cx, float(pts[:, 1].mean())))
+        first = st.layers[0] if st.layers else "-"
+        last = st.layers[-1] if st.layers else "-"
+        span = first if first == last else f"{_short(first)} .. {_short(last)}"
+        axis.text(cx, top + 0.55, f"stage {k}: {span}", ha="center", va="bottom", fontsize=7.5,
+                  color=col, fontweight="bold", zorder=6,
+                  bbox=dict(boxstyle="round,pad=0.15", fc="white", ec=col, alpha=0.9))
+    for k in range(len(centres) - 1):
+        arrow = FancyArrowPatch(centres[k], centres[k + 1], arrowstyle="-|>", mutation_scale=14,
+                                connectionstyle="arc3,rad=0.2", color="#444444", lw=1.6,
+                                alpha=0.8, zorder=5)
+        axis.add_patch(arrow)
+
+
+def _short(label: str) -> str:
+    parts = label.split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else label
 
 
 # ---- plot_training_curves ----------------------------------------------------------------------

@@ -5,6 +5,10 @@ import numpy as np
 
 import hulkjax as hj
 
+# Strategies that make an SPMD plan on any topology (``pipeline`` needs regions or nodes; ``ilp``
+# and ``auto`` make SPMD plans on a topology without device groups, as TWO_D_TOPOLOGY).
+SPMD_STRATEGIES = [s for s in hj.strategies.names() if s != "pipeline"]
+
 # The 2 x 4 mesh most tests use: a slow "data" axis and a fast "model" axis.
 TWO_D_TOPOLOGY = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9),
                                   latency=(5e-6, 1e-6))

@@ -76,10 +76,19 @@ class MemoryReport:
     live: tuple[Buffer, ...]
 
 
-def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
+def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
+             in_flight: int = 1) -> MemoryReport:
     """Walk the step in program order under ``assignment`` and find its peak memory per device
-    (``breakdown``: the assignment's :class:`~hulkjax.cost.Breakdown`, if already made)."""
+    (``breakdown``: the assignment's :class:`~hulkjax.cost.Breakdown`, if already made).
+
+    A pipeline stage runs part of the step: ``nodes`` (node ids) are the operators it runs,
+    ``held`` (input indices) the parameters and optimizer state it holds, and ``in_flight`` the
+    microbatches whose data and saved activations (a forward buffer read by the backward pass)
+    it holds at once. A value read only by other stages is sent and freed after it is made.
+    """
     g = cm.graph
+    mine = None if nodes is None else set(nodes)
+    in_flight = max(int(in_flight), 1)
     specs = dict(cm.value_specs(assignment))
     sizes = cm.sizes
     b = cm.breakdown(assignment, memory=False) if breakdown is None else breakdown
@@ -105,8 +114,13 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
 
     args: list[Buffer] = []
     roles = {PARAMETER: "parameters", OPTIMIZER: "optimizer", DATA: "data"}
-    for vid, role in zip(g.inputs, g.input_roles):
-        if role in roles:
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        if role not in roles:
+            continue
+        if role == DATA:
+            if mine is None or any(c in mine for c, _ in g.consumers(vid)):
+                args.append(Buffer(None, vid, "data", nbytes(vid) * in_flight))
+        elif held is None or i in held:
             args.append(Buffer(None, vid, roles[role], nbytes(vid)))
 
     carried = {g.outputs[o] for o in g.carried.values()}
@@ -129,16 +143,21 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
     # Intervals [start, stop] (node ids) of every buffer.
     intervals: list[tuple[int, int, Buffer]] = []
     for n in g.nodes:
+        if mine is not None and n.id not in mine:
+            continue
         for o in n.outputs:
             if not g.values[o].shape or not materialized(n, o):
                 continue
-            uses = [c for c, _ in g.consumers(o)]
+            uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
             stop = end if o in outputs else max(uses, default=n.id)
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
-            intervals.append((n.id, stop, Buffer(n.id, o, kind, nbytes(o))))
+            size = nbytes(o)
+            if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
+                size *= in_flight  # saved for the backward pass of every microbatch in flight
+            intervals.append((n.id, stop, Buffer(n.id, o, kind, size)))
     copies: dict[tuple, list] = {}  # one gathered copy per (value, layout), live across its uses
     for mv in b.moves:
-        if mv.node < 0:
+        if mv.node < 0 or (mine is not None and mv.node not in mine):
             continue
         dst = cm.required(mv.group, assignment[mv.group], mv.node, _operand(g, mv.node, mv.value))
         if dst is None:
@@ -152,12 +171,13 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
     # buffer until the collective runs, its result another. Deferred ones run combined, once the
     # last of them is ready: their partial sums wait for it.
     combined_at: dict[tuple, int] = {}
-    for nid, comms in b.own.items():
+    own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
+    for nid, comms in own.items():
         for c in comms:
             if c.deferred:
                 key = (cm.backend.kind_of(c.kind), c.axes)
                 combined_at[key] = max(combined_at.get(key, nid), nid)
-    for nid, comms in b.own.items():
+    for nid, comms in own.items():
         for c in comms:
             if c.kind not in ("all-reduce", "reduce-scatter"):
                 continue
@@ -165,7 +185,7 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
             kind = "gradients" if c.deferred else "transients"
             intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
     for n in g.nodes:  # matmul operands XLA first copies into its canonical dimension order
-        if n.name != "dot_general":
+        if n.name != "dot_general" or (mine is not None and n.id not in mine):
             continue
         (lc, rc), (lb, rb) = n.params["dimension_numbers"]
         for k, (contract, batch) in enumerate(((lc, lb), (rc, rb))):
@@ -180,7 +200,7 @@ def liveness(cm, assignment, *, breakdown=None) -> MemoryReport:
                 need = spec[n.id].in_specs[k] if n.id in spec else None
                 intervals.append((n.id, n.id, Buffer(n.id, None, "transients", nbytes(v, need))))
     for grp in cm.groups:
-        if grp.kind == "leader":
+        if grp.kind == "leader" and (mine is None or grp.leader in mine):
             r = grp.candidates[assignment[grp.id]]
             if isinstance(r, LoopResolution) and r.memory:
                 intervals.append((grp.leader, grp.leader,

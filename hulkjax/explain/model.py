@@ -140,6 +140,8 @@ class Explanation:
       stages: ``[(device group text, [layer labels])]`` for staged plans; ``None`` for SPMD plans.
       notes: the planner's notes.
       per_layer_note: why there are no rows, or why they do not add up to the cost.
+      pipeline: lines on a staged plan's pipeline: per-stage times and memory, the bubble, the
+        transfers per link (empty for SPMD plans).
     """
 
     strategy: str
@@ -152,6 +154,7 @@ class Explanation:
     stages: list[tuple[str, list[str]]] | None
     notes: list[str]
     per_layer_note: str = ""
+    pipeline: list[str] = field(default_factory=list)
 
     @property
     def total_time(self) -> float:
@@ -273,6 +276,8 @@ class Attribution:
 def attribute(plan, depth: int | None = None) -> Attribution:
     """Per-operator compute, collectives and memory of a plan (needs ``plan.graph``), from the
     cost model's records (:meth:`~hulkjax.cost.CostModel.breakdown`)."""
+    if plan.stages is not None:
+        return _staged_attribution(plan, depth)
     g, topo = plan.graph, plan.topology
     cm = cost_model(g, topo)
     a = _plan_assignment(plan, cm)
@@ -443,6 +448,8 @@ def explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Exp
       depth: cut layer labels to this many components (``2``: ``"GPT2/h_3"``); ``None``: full.
       collapse: show repeated identical layers once (``"GPT2/h_{0..11}/mlp (x12)"``).
     """
+    if plan.stages is not None:
+        return staged_explanation(plan, depth=depth, collapse=collapse)
     topo = plan.topology
     cost = plan.cost
     axes = []
@@ -498,7 +505,7 @@ def explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Exp
         stages = []
         for k, stage in enumerate(plan.stages):
             layers = [r.label for r in rows if k in r.stages]
-            stages.append((_stage_devices(stage), layers))
+            stages.append((_stage_devices(stage, topo), layers))
     mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
     return Explanation(strategy=plan.strategy, topology_name=getattr(topo, "name", "?"),
                        mesh=mesh, axes=axes, cost=cost, rows=rows, collectives=collectives,
@@ -506,18 +513,254 @@ def explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Exp
 
 
 def _stage_nodes(stage) -> list[int]:
-    if isinstance(stage, dict):
-        return list(stage.get("nodes", stage.get("ops", ())))
-    return list(stage[1]) if len(stage) > 1 else []
+    return list(stage.nodes)
 
 
-def _stage_devices(stage) -> str:
-    group = stage.get("devices", stage.get("group")) if isinstance(stage, dict) else stage[0]
-    if isinstance(group, list | tuple) and group and all(isinstance(d, int) for d in group):
-        ids = sorted(group)
-        return (f"devices {ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1))
-                else f"devices {ids}")
-    return str(group)
+def _stage_devices(stage, topology=None) -> str:
+    ids = sorted(stage.devices)
+    text = (f"devices {ids[0]}..{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1))
+            else f"devices {ids}")
+    if topology is not None:
+        devs = [topology.devices[d] for d in ids]
+        kinds = "+".join(dict.fromkeys(d.spec.kind for d in devs))
+        regions = list(dict.fromkeys(d.region for d in devs))
+        nodes = list(dict.fromkeys(d.node for d in devs))
+        where = (regions[0] if len(regions) == 1 and len(topology.regions) > 1
+                 else nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes")
+        text += f" ({len(ids)} x {kinds}, {where})"
+    return text
 
 
 # ---- rendering -----------------------------------------------------------------------------
+
+
+# ---- staged plans ------------------------------------------------------------------------------
+
+def stage_cost_models(plan) -> list:
+    """``[(cost model, assignment)]`` of each stage of a staged plan made in this process: the
+    step at microbatch size on the stage's devices, and the stage's SPMD plan."""
+    from hulkjax.trace.microbatch import microbatch_graph
+
+    g, topo = plan.graph, plan.topology
+    micro = g if plan.microbatches == 1 else microbatch_graph(g, plan.microbatches)
+    out = []
+    for k, st in enumerate(plan.stages):
+        cm = cost_model(micro, topo.subset(st.devices, canonical=True))
+        if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
+            a = list(plan.assignment[k])
+        else:  # a loaded plan: its layouts completed as a baseline's
+            specs = []
+            for i, t in enumerate(plan.inputs):
+                v = g.inputs[i]
+                specs.append(st.value_specs.get(v, t.spec) if i not in st.inputs else t.spec)
+            a = propagate(cm, assignment_for_inputs(cm, specs))
+        out.append((cm, a))
+    return out
+
+
+def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Explanation:
+    """The explanation of a staged plan: per-layer rows with the stage each runs on (their time is
+    the layer's work per step on its stage's devices: per-microbatch forward and backward times
+    ``microbatches``, plus its update), the per-stage pipeline, the bubble and the transfers."""
+    from hulkjax.cost.pipeline import node_costs
+
+    topo, cost, M = plan.topology, plan.cost, plan.microbatches
+    axes, links = [], {}
+    for k, st in enumerate(plan.stages):
+        sub = topo.subset(st.devices, canonical=True) if topo is not None else None
+        for ax, size in zip(st.axis_names, st.mesh_shape):
+            name = f"s{k}/{ax}"
+            link = sub.axis_link(ax) if sub is not None else None
+            cls = sub.axis_scope(ax) if sub is not None else "?"
+            links[name] = cls
+            axes.append(AxisInfo(
+                name=name, size=size, link_class=cls,
+                bandwidth=link.bandwidth if link else float("nan"),
+                latency=link.latency if link else float("nan"),
+                comm_time=cost.comm_time_by_axis.get(name, 0.0) if cost is not None else 0.0,
+                comm_bytes=0.0))
+    rows: list[LayerRow] = []
+    note = ""
+    if plan.graph is None or topo is None:
+        note = ("no per-layer rows: this plan has no traced graph (plans loaded from JSON keep "
+                "layouts and totals only). Re-plan it with hj.plan(step, state, batch, ...).")
+    else:
+        g = plan.graph
+        acc: dict[str, _Acc] = defaultdict(_Acc)
+        stages_of: dict[str, set[int]] = defaultdict(set)
+        scms = stage_cost_models(plan)
+        input_layer: dict[int, str] = {}
+        for i, v in enumerate(g.inputs):
+            uses = sorted((nid for nid, _ in g.consumers(v)), key=lambda n: (g.nodes[n].backward, n))
+            lab = next((layer_label(g.nodes[n].layer, depth) for n in uses
+                        if layer_label(g.nodes[n].layer, depth)), "")
+            input_layer[i] = lab or (BATCH if g.input_roles[i] == DATA else OPTIMIZER_ROW)
+        for k, (st, (cm, a)) in enumerate(zip(plan.stages, scms)):
+            nc = node_costs(cm, a)
+            b = cm.breakdown(a)
+            times = {n: M for n in st.forward + st.backward}
+            times.update({n: 1 for n in st.update})
+            label: dict[int, str] = {}
+            for nid in st.nodes:
+                lab = layer_label(g.nodes[nid].layer, depth)
+                if not lab:  # unscoped: the layer of its first labelled operand
+                    for v in g.nodes[nid].inputs:
+                        p = None if v is None else g.values[v].producer
+                        if p is not None and label.get(p):
+                            lab = label[p]
+                            break
+                label[nid] = lab or UNSCOPED
+                row = acc[label[nid]]
+                row.compute += nc.compute[nid] * times[nid]
+                row.nodes.add(nid)
+                row.order = min(row.order, nid)
+                if nc.time[nid] > 0:
+                    stages_of[label[nid]].add(k)
+
+            def charge(nid, comm, k=k, times=times, label=label, cm=cm):
+                name = label[nid]
+                keyaxes = tuple(f"s{k}/{x}" for x in comm.axes)
+                use = acc[name].comms.get((comm.kind, keyaxes))
+                if use is None:
+                    use = acc[name].comms[(comm.kind, keyaxes)] = CollectiveUse(
+                        kind=comm.kind, axes=keyaxes, links=tuple(links.get(x, "?") for x in keyaxes))
+                use.count += times[nid]
+                use.bytes += comm.bytes * times[nid]
+                use.time += cm.comm_time(comm) * times[nid]
+
+            for nid, comms in b.own.items():
+                if nid in times:
+                    for c in comms:
+                        charge(nid, c)
+            for m in b.moves:
+                if m.node in times:
+                    charge(m.node, m.comm)
+            held = set(st.inputs)
+            mine = set(st.forward) | set(st.backward)
+            inflight = cost.stages[k].in_flight if cost is not None and cost.stages else 1
+            for node, inputs, kind, nbytes in nc.memory:
+                if node is None and inputs and inputs[0] in held and kind != "data":
+                    acc[input_layer[inputs[0]]].memory[kind] += nbytes
+                    stages_of[input_layer[inputs[0]]].add(k)
+                elif node is not None and node in mine and kind == "activations":
+                    acc[label[node]].memory[kind] += nbytes * inflight
+            for i in st.inputs:
+                t = plan.inputs[i]
+                if g.input_roles[i] == PARAMETER:
+                    acc[input_layer[i]].params.append(
+                        f"{_leaf_name(t.path)} {format_shape(t.shape)} {format_spec(t.spec)}")
+                elif g.input_roles[i] == OPTIMIZER:
+                    acc[input_layer[i]].optimizer[f"{format_spec(t.spec)} (stage {k})"] = None
+        for name, lay in acc.items():
+            r = LayerRow(layer=name, parameters=lay.params, optimizer=list(lay.optimizer),
+                         activations=[], order=lay.order, compute=lay.compute,
+                         comm=sum(c.time for c in lay.comms.values()),
+                         memory={k: lay.memory[k] for k in _MEMORY_KINDS if lay.memory.get(k)},
+                         collectives=sorted(lay.comms.values(), key=lambda c: -c.time),
+                         stages=tuple(sorted(stages_of[name])))
+            if r.time or r.memory_total or r.parameters or r.collectives:
+                rows.append(r)
+        rows.sort(key=lambda r: (min(r.stages, default=0), r.order))
+        if collapse:
+            rows = _collapse(rows)
+            rows.sort(key=lambda r: (min(r.stages, default=0), r.order))
+        note = (f"staged plan: each row is its layer's work per step on its stage's devices "
+                f"(forward and backward per microbatch x {M}, plus the update); stages run "
+                f"concurrently, so the rows add up to more than the step. The pipeline lines "
+                f"below give the step.")
+    stage_rows = []
+    for k, st in enumerate(plan.stages):
+        layers = [r.label for r in rows if k in r.stages] or list(st.layers)
+        stage_rows.append((_stage_devices(st, topo), layers))
+    mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
+    return Explanation(strategy=plan.strategy, topology_name=getattr(topo, "name", "?"),
+                       mesh=mesh, axes=axes, cost=cost, rows=rows, collectives=[],
+                       stages=stage_rows, notes=list(plan.notes), per_layer_note=note,
+                       pipeline=pipeline_lines(plan))
+
+
+def pipeline_lines(plan) -> list[str]:
+    """A staged plan's pipeline in words: stages with their layers, times and memory; the bubble;
+    the transfers per link."""
+    c = plan.cost
+    if c is None or not c.stages:
+        return []
+    topo = plan.topology
+    lines = [f"pipeline: {len(plan.stages)} stages x {plan.microbatches} microbatches "
+             f"({plan.schedule}); step {format_time(c.step_time)} = busiest stage's compute "
+             f"{format_time(c.compute_time)} + its communication {format_time(c.comm_time)} + "
+             f"bubble {format_time(c.bubble)}"]
+    for k, (st, t) in enumerate(zip(plan.stages, c.stages)):
+        first = st.layers[0] if st.layers else "-"
+        last = st.layers[-1] if st.layers else "-"
+        span = first if first == last else f"{first} .. {last}"
+        lines.append(
+            f"  stage {k} on {_stage_devices(st, topo)}, mesh "
+            f"{' x '.join(f'{a}={n}' for a, n in zip(st.axis_names, st.mesh_shape))} "
+            f"({st.strategy}): {span} ({len(st.layers)} units); per microbatch forward "
+            f"{format_time(t.forward)}, backward {format_time(t.backward)}; update "
+            f"{format_time(t.update)}; memory {format_bytes(t.peak_memory)} of "
+            f"{format_bytes(t.memory_capacity)}{'' if t.fits else ' (DOES NOT FIT)'}, "
+            f"{t.in_flight} microbatch(es) in flight")
+    for tr in c.transfers:
+        lines.append(
+            f"  transfer stage {tr.src} -> {tr.dst} over {tr.link} links "
+            f"({format_bytes(tr.bandwidth)}/s, {format_time(tr.latency)}): "
+            f"{format_bytes(tr.microbatch_bytes)} per microbatch, {format_bytes(tr.step_bytes)} "
+            f"per step; {format_time(tr.time)} per step")
+    return lines
+
+
+def _staged_attribution(plan, depth: int | None) -> Attribution:
+    """A staged plan's operators with their stage's records: each node's compute, collectives and
+    layouts come from the cost model of its stage (its group's devices, microbatch shapes), per
+    step (per-microbatch work x microbatches); mesh axes are named ``s<stage>/<axis>``. The
+    assignment and cost model are the first stage's (the group structure is the same)."""
+    from hulkjax.cost.pipeline import node_costs
+
+    g, M = plan.graph, plan.microbatches
+    scms = stage_cost_models(plan)
+    compute = [0.0] * len(g.nodes)
+    own: dict[int, list[Charge]] = {}
+    moves, memory = [], []
+    specs: dict = {}
+    node_layer: dict[int, str] = {}
+    group_layer = _group_layers(scms[0][0], depth)
+    for k, (st, (cm, a)) in enumerate(zip(plan.stages, scms)):
+        nc = node_costs(cm, a)
+        b = cm.breakdown(a)
+        times = {n: M for n in st.forward + st.backward}
+        times.update({n: 1 for n in st.update})
+        order = tuple(cm.topology.axis_names)
+
+        def charge(c, t, k=k, cm=cm, order=order):
+            axes = tuple(f"s{k}/{x}" for x in sorted(c.axes, key=order.index))
+            return Charge(c.kind, axes, c.bytes * t, cm.comm_time(c) * t)
+
+        for nid, t in times.items():
+            compute[nid] = float(nc.compute[nid]) * t
+            own[nid] = [charge(c, t) for c in b.own.get(nid, ())]
+            for o in g.nodes[nid].outputs:
+                if o in b.specs:
+                    specs[o] = b.specs[o]
+        for m in b.moves:
+            if m.node in times:
+                moves.append((m.value, m.node, m.group, charge(m.comm, times[m.node])))
+        held = set(st.inputs)
+        for u in b.memory:
+            ins = cm.groups[u.group].inputs
+            if (u.node is None and ins and ins[0] in held) or (u.node is not None
+                                                               and u.node in times):
+                memory.append((u.node, u.group, u.kind, u.bytes))
+        for i in st.inputs:
+            specs[g.inputs[i]] = b.specs.get(g.inputs[i])
+    for n in g.nodes:
+        label = layer_label(n.layer, depth)
+        if not label:
+            v = next((v for v in n.inputs if v is not None), None)
+            p = None if v is None else g.values[v].producer
+            label = node_layer.get(p, UNSCOPED) if p is not None else UNSCOPED
+        node_layer[n.id] = label
+    return Attribution(graph=g, topology=plan.topology, cm=scms[0][0], assignment=scms[0][1],
+                       group_layer=group_layer, node_layer=node_layer, specs=specs,
+                       compute=compute, own=own, moves=moves, memory=memory)

@@ -59,7 +59,14 @@ def _header_lines(e: Explanation) -> list[str]:
         lines.append(f"  axis {x.name} (size {x.size}): {x.link_class} links, "
                      f"{format_rate(x.bandwidth)}, latency {format_time(x.latency)} ({where})")
     c = e.cost
-    if c is not None:
+    if c is not None and c.stages:
+        lines.append(f"predicted step {format_time(c.step_time)}: {len(c.stages)} stages x "
+                     f"{c.microbatches} microbatches ({c.schedule}), bubble "
+                     f"{format_time(c.bubble)}; efficiency {c.efficiency:.1%}")
+        lines.append(f"memory per device: worst stage {format_bytes(c.peak_memory)} of "
+                     f"{format_bytes(c.memory_capacity)} "
+                     f"({'fits' if all(s.fits for s in c.stages) else 'DOES NOT FIT'})")
+    elif c is not None:
         per = ", ".join(f"{x.name}/{x.link_class} {format_time(x.comm_time)}"
                         for x in e.axes if x.comm_time)
         lines.append(f"predicted step {format_time(c.step_time)} = compute "
@@ -83,6 +90,7 @@ def _footer_lines(e: Explanation) -> list[str]:
         lines.append("stages (layers placed on device groups):")
         for k, (devices, layers) in enumerate(e.stages):
             lines.append(f"  stage {k} on {devices}: {', '.join(layers) or '-'}")
+    lines += e.pipeline
     for n in e.notes[:10]:
         lines.append(f"note: {n}")
     if len(e.notes) > 10:

@@ -162,6 +162,12 @@ def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes
             log.info("planning %s on %s", item, topo.name)
             plan = api.plan(m.step, *m.args, topology=topo, strategy=item, graph=graph,
                            **(plan_options or {}))
+        if plan.stages is not None:
+            raise InvalidPlanError(
+                f"plan {plan.strategy!r} is staged ({len(plan.stages)} stages): hulkjax launch "
+                f"runs SPMD plans across processes; staged plans run in one process "
+                f"(hj.emit(step, plan)). For a multi-process job plan with stages=False "
+                f"(strategy 'ilp' or 'auto') or an SPMD strategy.")
         if plan.topology is None or plan.topology.fingerprint() != topo.fingerprint():
             raise InvalidPlanError(
                 f"plan {plan.strategy!r} was made for topology "

@@ -32,6 +32,64 @@ class PredictedCollective:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StageTime:
+    """Predicted time and memory of one stage of a staged plan.
+
+    Attributes:
+      devices: the stage's devices (indices into the topology's).  # tuple of int
+      forward / backward: seconds per microbatch on the stage's devices: compute and the
+        collectives of its SPMD plan (gradients are reduced inside each microbatch's backward).
+      update: seconds of the optimizer update, once per step.  # float
+      compute / comm: seconds per step of compute and of collectives inside the stage.  # float
+      peak_memory: bytes per device at the peak: parameters, gradients, optimizer state, gradient
+        accumulators, and the activations of ``in_flight`` microbatches.  # float
+      memory_capacity: the smallest device memory in the stage, bytes.  # float
+      in_flight: microbatches whose activations the stage holds at once.  # int
+      memory_breakdown: ``peak_memory`` by kind, bytes.  # dict
+    """
+
+    devices: tuple[int, ...]
+    forward: float
+    backward: float
+    update: float
+    compute: float = 0.0
+    comm: float = 0.0
+    peak_memory: float = 0.0
+    memory_capacity: float = float("inf")
+    in_flight: int = 1
+    memory_breakdown: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory <= self.memory_capacity
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transfer:
+    """What one stage sends another over the link between their devices (alpha-beta).
+
+    Attributes:
+      src / dst: stage indices.  # int
+      link: the link class the transfer crosses (``"node" | "region" | "wan"``).  # str
+      bandwidth / latency: that link (bytes/s per device, seconds).  # float
+      microbatch_bytes: bytes per device per microbatch (activations forward, or their
+        gradients backward).  # float
+      step_bytes: bytes per device once per step (parameters a stage reads from the stage that
+        holds them, and the gradients sent back).  # float
+      time: seconds per step on the link (``microbatches`` x per-microbatch + per-step).  # float
+    """
+
+    src: int
+    dst: int
+    link: str
+    bandwidth: float
+    latency: float
+    microbatch_bytes: float = 0.0
+    step_bytes: float = 0.0
+    time: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cost:
     """Predicted time and memory of one training step under a plan (per device, worst device).
 
@@ -47,6 +105,12 @@ class Cost:
       memory_capacity: the smallest device memory of the topology, bytes.  # float
       ideal_time: total FLOPs / total peak FLOP/s of all devices (perfect scaling).  # float
       collectives: predicted collectives grouped by kind and axes.
+      stages: per-stage times and memory of a staged plan (empty for SPMD plans).
+      bubble: seconds of a staged step in which the busiest stage idles (pipeline fill and drain,
+        waiting on transfers); ``step_time = compute_time + comm_time + bubble`` there, with
+        compute and communication those of the busiest stage.  # float
+      transfers: what stages send each other, per pair of stages.
+      microbatches / schedule: of a staged plan (1 / ``None`` for SPMD plans).
     """
 
     step_time: float
@@ -60,6 +124,11 @@ class Cost:
     memory_capacity: float = float("inf")
     ideal_time: float = 0.0
     collectives: tuple[PredictedCollective, ...] = ()
+    stages: tuple[StageTime, ...] = ()
+    bubble: float = 0.0
+    transfers: tuple[Transfer, ...] = ()
+    microbatches: int = 1
+    schedule: str | None = None
 
     @property
     def efficiency(self) -> float:
@@ -73,6 +142,13 @@ class Cost:
 
     def __str__(self) -> str:
         axes = ", ".join(f"{a} {t * 1e3:.3g} ms" for a, t in self.comm_time_by_axis.items() if t)
+        if self.stages:
+            return (f"step {self.step_time * 1e3:.4g} ms over {len(self.stages)} stages x "
+                    f"{self.microbatches} microbatches ({self.schedule}): busiest stage compute "
+                    f"{self.compute_time * 1e3:.4g} ms, comm {self.comm_time * 1e3:.4g} ms, "
+                    f"bubble {self.bubble * 1e3:.4g} ms; efficiency {self.efficiency:.1%}; peak "
+                    f"memory {format_bytes(self.peak_memory)} of "
+                    f"{format_bytes(self.memory_capacity)}")
         return (f"step {self.step_time * 1e3:.4g} ms (compute {self.compute_time * 1e3:.4g} ms, "
                 f"comm {self.comm_time * 1e3:.4g} ms{': ' + axes if axes else ''}); "
                 f"efficiency {self.efficiency:.1%}; peak memory {format_bytes(self.peak_memory)}"
@@ -83,6 +159,10 @@ class Cost:
         d["collectives"] = [asdict(c) | {"axes": list(c.axes)} for c in self.collectives]
         if d["memory_capacity"] == float("inf"):
             d["memory_capacity"] = None
+        d["stages"] = [asdict(st) | {"devices": list(st.devices),
+                                     "memory_capacity": _finite(st.memory_capacity)}
+                       for st in self.stages]
+        d["transfers"] = [asdict(t) for t in self.transfers]
         return d
 
     @classmethod
@@ -92,4 +172,14 @@ class Cost:
                                  for c in d.get("collectives", ()))
         if d.get("memory_capacity") is None:
             d["memory_capacity"] = float("inf")
+        d["stages"] = tuple(
+            StageTime(**(st | {"devices": tuple(st["devices"]),
+                               "memory_capacity": float("inf") if st.get("memory_capacity") is None
+                               else st["memory_capacity"]}))
+            for st in d.get("stages", ()))
+        d["transfers"] = tuple(Transfer(**t) for t in d.get("transfers", ()))
         return cls(**d)
+
+
+def _finite(x: float):
+    return None if x == float("inf") else x

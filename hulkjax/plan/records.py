@@ -22,6 +22,8 @@ from jax.sharding import PartitionSpec
 from hulkjax.errors import InvalidPlanError
 from hulkjax.formatting import format_bytes, format_spec, format_time
 from hulkjax.plan.cost import Cost
+from hulkjax.plan.specs import spec_from_json, spec_to_json
+from hulkjax.plan.stages import SCHEDULES, Stage
 from hulkjax.topology import Topology
 from hulkjax.trace.graph import dtype_size
 
@@ -113,7 +115,13 @@ class Plan:
       graph_fingerprint / topology_fingerprint: what the plan was made for (checked by ``emit``).
       topology: the topology (a ``hulkjax.Topology``), so a loaded plan can be emitted.
       cost: the cost model's verdict (``hulkjax.Cost``) when a planner computed one.
-      stages: ``None`` for SPMD plans; ``[(device group, node ids), ...]`` for staged plans.
+      stages: ``None`` for SPMD plans; for staged (pipeline) plans a tuple of
+        :class:`~hulkjax.plan.Stage`: which devices run which nodes, on which sub-mesh, with which
+        layouts. Then ``inputs[i].spec`` is the layout on the stage holding the leaf,
+        ``axis_names`` / ``mesh_shape`` are the whole topology's mesh, and ``operand_specs`` /
+        ``result_specs`` are empty (each stage has its own).
+      microbatches: microbatches per step (1 for SPMD plans).  # int
+      schedule: ``"1f1b"`` or ``"gpipe"`` for staged plans, ``None`` for SPMD plans.  # str | None
       planning_time: seconds spent planning (tracing excluded).  # float
       notes: what the planner wants a person to know (fallbacks, unsharded dims).  # list of str
       bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
@@ -127,7 +135,8 @@ class Plan:
         ``emit`` binds it to real arguments.
       graph: the :class:`~hulkjax.trace.OpGraph` the plan was made on. Not saved.
       assignment: the cost model's candidate per group (what :mod:`hulkjax.explain` and
-        ``hj.estimate`` read back). Not saved.
+        ``hj.estimate`` read back); for staged plans one such list per stage, on the cost model
+        of the step at microbatch size on the stage's devices. Not saved.
     """
 
     strategy: str
@@ -141,7 +150,9 @@ class Plan:
     topology_fingerprint: str = ""
     topology: Any = None
     cost: Any = None
-    stages: Any = None
+    stages: tuple[Stage, ...] | None = None
+    microbatches: int = 1
+    schedule: str | None = None
     planning_time: float = 0.0
     notes: list[str] = field(default_factory=list)
     bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
@@ -151,6 +162,24 @@ class Plan:
     out_tree: Any = None
     graph: Any = field(default=None, repr=False)  # the OpGraph it was made on (not saved)
     assignment: Any = field(default=None, repr=False)  # cost-model candidate per group (not saved)
+
+    def __post_init__(self):
+        if self.stages is not None:
+            self.stages = tuple(self.stages)
+            if not self.stages or not all(isinstance(st, Stage) for st in self.stages):
+                raise InvalidPlanError(f"Plan.stages must be None (SPMD) or a non-empty tuple of "
+                                       f"hulkjax.plan.Stage, got {self.stages!r}")
+            if self.schedule not in SCHEDULES:
+                raise InvalidPlanError(f"a staged plan's schedule must be one of {SCHEDULES}, "
+                                       f"got {self.schedule!r}")
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise InvalidPlanError(f"Plan.microbatches must be an int >= 1, got "
+                                   f"{self.microbatches!r}")
+
+    @property
+    def staged(self) -> bool:
+        """Whether the plan runs the step as pipeline stages (``stages`` is not ``None``)."""
+        return self.stages is not None
 
     # ---- pytree views ---------------------------------------------------------------------
     @property
@@ -203,7 +232,9 @@ class Plan:
             "topology_fingerprint": self.topology_fingerprint,
             "topology": None if self.topology is None else self.topology.to_dict(),
             "cost": None if self.cost is None else self.cost.to_dict(),
-            "stages": self.stages,
+            "stages": None if self.stages is None else [st.to_dict() for st in self.stages],
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
             "planning_time": self.planning_time,
             "notes": list(self.notes),
             "bodies": bodies_to_json(self.bodies),
@@ -230,7 +261,10 @@ class Plan:
                 topology_fingerprint=d["topology_fingerprint"],
                 topology=topo,
                 cost=cost,
-                stages=d.get("stages"),
+                stages=None if d.get("stages") is None else tuple(
+                    Stage.from_dict(st, bodies=bodies_from_json) for st in d["stages"]),
+                microbatches=int(d.get("microbatches", 1)),
+                schedule=d.get("schedule"),
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
                 bodies=bodies_from_json(d.get("bodies", [])),
@@ -255,16 +289,6 @@ class Plan:
         except json.JSONDecodeError as e:
             raise InvalidPlanError(f"{path}: not a plan JSON file ({e}).") from e
         return cls.from_dict(d)
-
-
-def spec_to_json(spec: PartitionSpec) -> list:
-    return [list(e) if isinstance(e, tuple) else e for e in spec]
-
-
-def spec_from_json(entries) -> PartitionSpec:
-    if not isinstance(entries, list):
-        raise InvalidPlanError(f"a PartitionSpec is stored as a list, got {entries!r}")
-    return PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries])
 
 
 def _tensor_to_json(t: TensorPlan) -> dict:

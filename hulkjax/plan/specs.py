@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec
 
+from hulkjax.errors import InvalidPlanError
+
 Spec = tuple[tuple[str, ...], ...]
 
 
@@ -94,3 +96,19 @@ def with_axis(spec: Spec, dim: int, axis: str) -> Spec:
     out = list(spec)
     out[dim] = (*out[dim], axis)
     return tuple(out)
+
+
+def spec_to_json(spec: PartitionSpec) -> list:
+    """A ``PartitionSpec`` as JSON: one entry per dimension, a list for several axes.
+
+    >>> spec_to_json(PartitionSpec(None, ("a", "b")))
+    [None, ['a', 'b']]
+    """
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
+
+
+def spec_from_json(entries) -> PartitionSpec:
+    """Inverse of :func:`spec_to_json`."""
+    if not isinstance(entries, list):
+        raise InvalidPlanError(f"a PartitionSpec is stored as a list, got {entries!r}")
+    return PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries])

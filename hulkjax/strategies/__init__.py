@@ -11,12 +11,13 @@ one cost model (:func:`cost_model`).
 
 >>> import hulkjax as hj
 >>> hj.strategies.names()
-['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'ilp', 'auto']
+['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'pipeline', 'ilp', 'auto']
 """
 
 from hulkjax.strategies import auto as _auto  # noqa: F401  (registers "auto")
 from hulkjax.strategies import baselines as _baselines  # noqa: F401  (registers the baselines)
 from hulkjax.strategies import ilp as _ilp  # noqa: F401  (registers "ilp")
+from hulkjax.strategies import stages as _stages  # noqa: F401  (registers "pipeline")
 from hulkjax.strategies.auto import AutoOptions as AutoOptions
 from hulkjax.strategies.auto import predict as predict
 from hulkjax.strategies.baselines import BASELINES as BASELINES
@@ -32,3 +33,4 @@ from hulkjax.strategies.registry import register_strategy as register_strategy
 from hulkjax.strategies.registry import run_planner as run_planner
 from hulkjax.strategies.registry import strategies as strategies
 from hulkjax.strategies.specbuilder import SpecBuilder as SpecBuilder
+from hulkjax.strategies.stages import PipelineOptions as PipelineOptions

@@ -34,6 +34,7 @@ from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
+from hulkjax.strategies.stages import best_staged, device_groups
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.auto")
@@ -119,6 +120,9 @@ class AutoOptions:
         choice and from each baseline.  # bool
       time_limit: seconds for the shortlist's integer program (it then keeps its best plan so
         far, which starts from the best of the network's choice and the baselines).  # float
+      stages: also consider staged plans where the topology has device groups (regions, nodes,
+        GPU kinds): the staged search of :mod:`hulkjax.strategies.stages` and the ``pipeline``
+        baseline; a staged plan is returned only where it beats the SPMD one.  # bool
     """
 
     top_k: int = TOP_K
@@ -128,6 +132,7 @@ class AutoOptions:
     seed: int = 0
     exact: bool = True
     time_limit: float = 10.0
+    stages: bool = True
 
     def __post_init__(self):
         if self.prior_kind not in ("gnn", "uniform"):
@@ -138,7 +143,31 @@ class AutoOptions:
 
 @register_strategy("auto", options=AutoOptions)
 def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
-    """Plan with the network's prior and cost-model search; never worse than a baseline."""
+    """Plan with the network's prior and cost-model search; never worse than a baseline. With
+    ``stages``, staged plans compete where the topology has device groups: the staged search
+    (its dynamic program and intra-stage ILPs; the network has no device-group head trained yet)
+    and the ``pipeline`` baseline; ``auto`` returns a staged plan only where it is faster."""
+    if not options.stages or not device_groups(topology):
+        return spmd_auto(graph, topology, options)
+    try:
+        plan = spmd_auto(graph, topology, options)
+    except InfeasiblePlanError:
+        staged, _ = best_staged(graph, topology, strategy="auto", spmd_time=None, solver=solve,
+                                time_limit=options.time_limit)
+        if staged is None:
+            raise
+        return staged
+    staged, notes = best_staged(graph, topology, strategy="auto",
+                                spmd_time=plan.cost.step_time, solver=solve,
+                                time_limit=options.time_limit)
+    if staged is not None:
+        return staged
+    plan.notes.extend(notes)
+    return plan
+
+
+def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
+    """The SPMD part of ``auto``: network prior, shortlist, exact solve and descent."""
     top_k, sweeps, seed = options.top_k, options.sweeps, options.seed
     cm = cost_model(graph, topology)
     t0 = time.perf_counter()
@@ -162,9 +191,10 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     if not solved:
         found, _ = search(cm, logp, top_k=top_k, sweeps=max(sweeps, 4), seed=seed, seeds=baselines)
         candidates["search"] = found
-    fitting = {k: a for k, a in candidates.items() if cm.memory(a) <= cm.capacity}
+    fitting = {k: a for k, a in candidates.items()
+               if cm.memory(a) <= cm.capacity or cm.peak_memory(a) <= cm.capacity}
     if not fitting:
-        need = min(cm.memory(a) for a in candidates.values())
+        need = min(cm.peak_memory(a) for a in candidates.values())
         raise infeasible_error(cm, need, planner="auto", exhaustive=False, also=(
             "strategy='ilp' (it searches every layout under the memory limit, not a shortlist)"))
     best = min(fitting, key=lambda k: cm.objective(fitting[k]))

@@ -126,7 +126,8 @@ def infeasible_error(cm, need: float, *, planner: str, exhaustive: bool = True,
     fixes = [f"a topology whose mesh does not put {a.size} {a.spans} on one axis (e.g. "
              f"{a.size - 1} or {a.size + 1} {a.spans}, or one job per {one})",
              f"sizes that {a.size} divides ({resize})",
-             f"staged plans that place layers per {one} (not in hulkjax yet)",
+             f"staged plans that place layers per {one} (stages=True, the default of 'ilp' "
+             f"and 'auto')",
              "more memory per device", *([also] if also else [])]
     share = "the inputs are" if all(b.splits_nothing for b in blocked) else "most of the inputs is"
     return InfeasiblePlanError(

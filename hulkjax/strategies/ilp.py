@@ -11,7 +11,11 @@ objective unchanged.
 The program always has a plan. Memory is the only constraint between classes and it is a sum over
 them, so the program is feasible exactly when the leanest candidate of every class together fits
 (otherwise :class:`~hulkjax.errors.InfeasiblePlanError` names the cause), and then that choice is a
-solution. HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
+solution. The sum counts every group's bytes at once, which overstates the liveness peak a
+plan reports (:func:`hulkjax.cost.memory.liveness`): when it rules every layout out, the program is
+solved without it and the peak decides (the optimum if it fits, else the fastest of the leanest
+choice and the baselines that fit; only when none does is the plan infeasible, and then no
+exhaustiveness is claimed). HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
 (every baseline's assignment is in the program's space), or that leanest choice. Stopped by its
 time limit, it returns its best solution so far, never worse than that start, with the gap to the
 best proven bound in the plan's notes and in ``plan.solver`` (:class:`ILPResult`). HiGHS runs on
@@ -38,13 +42,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from hulkjax.cost.model import INPUT, LEADER, CostModel
-from hulkjax.errors import InvalidOptionError
+from hulkjax.errors import InfeasiblePlanError, InvalidOptionError
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import polish_memory
+from hulkjax.strategies.stages import best_staged, device_groups
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.ilp")
@@ -64,6 +69,10 @@ class ILPOptions:
         candidates). Meshes of one or two axes have fewer than 256 per group.  # int
       tie_layers: one decision for all groups of equal structure (repeated layers).  # bool
       memory_limit: bytes per device (``None``: the smallest device's memory).  # float | None
+      stages: also solve the two-level model of staged plans (layers on device groups: regions,
+        nodes, GPU kinds; :mod:`hulkjax.strategies.stages`) where the topology has such groups,
+        and return the faster of the two optima.  # bool
+      stage_time_limit: seconds for each intra-stage ILP of the staged search.  # float
     """
 
     time_limit: float = 60.0
@@ -71,6 +80,8 @@ class ILPOptions:
     max_candidates: int = 256
     tie_layers: bool = True
     memory_limit: float | None = None
+    stages: bool = True
+    stage_time_limit: float = 10.0
 
     def __post_init__(self):
         _check_limits(self.time_limit, self.mip_rel_gap)
@@ -93,7 +104,29 @@ def _check_limits(time_limit, mip_rel_gap) -> None:
 
 @register_strategy("ilp", options=ILPOptions)
 def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
-    """Solve for the cost model's optimal plan (see :class:`ILPOptions`)."""
+    """The optimum of the cost model: the SPMD ILP, and with ``stages`` the staged optimum of
+    :func:`hulkjax.strategies.stages.search` when it is faster (see :class:`ILPOptions`)."""
+    if not options.stages or not device_groups(topology):
+        return spmd_ilp(graph, topology, options)
+    try:
+        plan = spmd_ilp(graph, topology, options)
+    except InfeasiblePlanError:
+        staged, _ = best_staged(graph, topology, strategy="ilp", spmd_time=None, solver=solve,
+                                time_limit=options.stage_time_limit)
+        if staged is None:
+            raise
+        return staged
+    staged, notes = best_staged(graph, topology, strategy="ilp",
+                                spmd_time=plan.cost.step_time, solver=solve,
+                                time_limit=options.stage_time_limit)
+    if staged is not None:
+        return staged
+    plan.notes.extend(notes)
+    return plan
+
+
+def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
+    """The SPMD optimum of the cost model (the integer program of the module docstring)."""
     cm = cost_model(graph, topology)
     seeds = baseline_assignments(graph, topology)
     kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
@@ -193,26 +226,38 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     capacity = cm.capacity if memory_limit is None else memory_limit
     prog = _Program(cm, [s for _, s in named], tie_layers=tie_layers, restrict=restrict,
                     max_candidates=max_candidates)
-    if prog.min_memory > capacity:
-        raise infeasible_error(cm, prog.min_memory, planner="ilp")
-    start_name, start = prog.start(cm, named, capacity)
+    # The program's memory is additive (every group's bytes at once), which overstates the peak
+    # of the liveness walk (what a plan reports). When that sum rules every layout out, the
+    # program is solved without it and the liveness peak decides: the optimum if it fits, else the
+    # fastest of the leanest layout and the seeds that fit.
+    limit = capacity if prog.min_memory <= capacity else np.inf
+    start_name, start = prog.start(cm, named, limit)
     build_time = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    found, status, highs_bound = _run_highs(prog, prog.vector(start), capacity,
+    found, status, highs_bound = _run_highs(prog, prog.vector(start), limit,
                                             time_limit=time_limit, mip_rel_gap=mip_rel_gap)
     solve_time = time.perf_counter() - t1
     start_objective = cm.objective(start)
     assignment = start
     if found is not None:
         candidate = prog.decode(found)
-        if cm.memory(candidate) <= capacity and cm.objective(candidate) <= start_objective:
+        if cm.memory(candidate) <= limit and cm.objective(candidate) <= start_objective:
             assignment = candidate
         else:  # within HiGHS's tolerances only: the start is as good and surely fits
             log.debug("HiGHS's solution (%.6g s, %.6g B) kept the start (%.6g s)",
                       cm.objective(candidate), cm.memory(candidate), start_objective)
     if polish:
         assignment = polish_memory(cm, assignment)
+    if limit > capacity and cm.peak_memory(assignment) > capacity:
+        pool = [("leanest", prog.leanest()), *((n, list(a)) for n, a in named)]
+        peaks = [cm.peak_memory(a) for _, a in pool]
+        fits = [(cm.objective(a), i) for i, ((_, a), p) in enumerate(zip(pool, peaks))
+                if p <= capacity]
+        if not fits:
+            raise infeasible_error(cm, min(peaks), planner="ilp", exhaustive=False)
+        start_name, assignment = pool[min(fits)[1]]
+        status = "memory-bound: the fastest fitting of the leanest layout and the seeds"
     objective = cm.objective(assignment)
     bound = max(prog.trivial_bound, highs_bound if np.isfinite(highs_bound) else -np.inf)
     bound = min(bound, objective)

@@ -591,6 +591,94 @@ class Topology:
             keys.setdefault(key(dev), []).append(dev.id)
         return tuple(tuple(ids) for ids in keys.values())
 
+    def subset(self, devices: Sequence[int], *, canonical: bool = False,
+               name: str | None = None) -> Topology:
+        """The topology of some of its devices: a device group (a pipeline stage's cluster).
+
+        Devices keep their specs and (unless ``canonical``) their region and node names; links
+        between them are the topology's. The mesh follows the hierarchy: axes ``("region",
+        "node", "gpu")`` over the group's regions, nodes per region and devices per node (size-1
+        axes dropped), or one flat ``"gpu"`` axis when regions or nodes hold unequal numbers. For
+        per-axis topologies (``grid``, ``tpu-v5e``) the group must be a block of the mesh; it keeps
+        the axes it spans, with their links.
+
+        Args:
+          devices: device ids; sorted into the topology's (hierarchical) order.
+          canonical: name regions ``r0, r1, ...`` and nodes ``n0, n1, ...`` in order, so that
+            groups of the same shape (four 8-GPU nodes of one kind over the same links) are equal
+            topologies: cost tables keyed by topology are then shared between them.
+          name: the sub-topology's name (default: derived from the parent's, or from the shape).
+
+        >>> topo = Topology.preset("hetero")
+        >>> sub = topo.subset(topo.groups("kind")[1])
+        >>> sub.shape, sub.slowest_device().kind, sub.axis_link("gpu").bandwidth
+        ((4,), 'V100', 150000000000.0)
+        """
+        ids = sorted({self._check_device_id(d, "subset(devices)") for d in devices})
+        if not ids:
+            raise InvalidTopologyError("subset(devices=[]): a device group needs a device.")
+        if self.axis_links is not None:
+            return self._grid_subset(ids, name)
+        devs = [self.devices[i] for i in ids]
+        region_names = list(dict.fromkeys(d.region for d in devs))
+        node_names = list(dict.fromkeys(d.node for d in devs))
+        rename_r = {r: (f"r{k}" if canonical else r) for k, r in enumerate(region_names)}
+        rename_n = {n: (f"n{k}" if canonical else n) for k, n in enumerate(node_names)}
+        new = tuple(Device(id=k, spec=d.spec, region=rename_r[d.region], node=rename_n[d.node])
+                    for k, d in enumerate(devs))
+        keep = set(region_names) | set(node_names)
+        rename = {**rename_r, **rename_n}
+        links = tuple(PairLink(between=(rename[a], rename[b]), link=p.link)
+                      for p in self.links for a, b in [p.between] if a in keep and b in keep)
+        per_node = [sum(1 for d in devs if d.node == n) for n in node_names]
+        per_region = [sum(1 for n in node_names if self._region_of_node[n] == r)
+                      for r in region_names]
+        if len(set(per_node)) == 1 and len(set(per_region)) == 1:
+            axes = [("region", len(region_names)), ("node", per_region[0]), ("gpu", per_node[0])]
+            kept = [(a, s) for a, s in axes if s > 1] or [("gpu", 1)]
+        else:
+            kept = [("gpu", len(ids))]
+        multi_node = any(k > 1 for k in per_node)
+        multi_region_nodes = any(k > 1 for k in per_region)
+        if name is None:
+            kinds = "+".join(dict.fromkeys(d.spec.kind for d in devs))
+            name = (f"group-{len(ids)}x{kinds}" if canonical
+                    else f"{self.name}[{ids[0]}..{ids[-1]}]")
+        return Topology(
+            name=name,
+            devices=new,
+            axis_names=tuple(a for a, _ in kept),
+            shape=tuple(s for _, s in kept),
+            node_link=self.node_link if multi_node else None,
+            region_link=self.region_link if multi_region_nodes else None,
+            wan_link=self.wan_link if len(region_names) > 1 else None,
+            links=links,
+        )
+
+    def _grid_subset(self, ids: list[int], name: str | None) -> Topology:
+        coords = np.array(np.unravel_index(np.array(ids), self.shape)).T
+        values = [sorted(set(coords[:, k].tolist())) for k in range(len(self.shape))]
+        if math.prod(len(v) for v in values) != len(ids):
+            raise InvalidTopologyError(
+                f"subset(devices={ids[:8]}{'...' if len(ids) > 8 else ''}) of per-axis topology "
+                f"'{self.name}' is not a block of its mesh {dict(zip(self.axis_names, self.shape))}"
+                f"; give whole rows or blocks (e.g. the devices of one index along the first "
+                f"axis).")
+        kept = [k for k, v in enumerate(values) if len(v) > 1] or [len(self.shape) - 1]
+        spec = self.devices[ids[0]].spec
+        devices = tuple(Device(id=k, spec=self.devices[i].spec, region=self.devices[i].region,
+                               node=self.devices[i].node) for k, i in enumerate(ids))
+        if any(d.spec != spec for d in devices):
+            raise InvalidTopologyError(f"subset of '{self.name}' mixes device kinds in one "
+                                       f"per-axis mesh; give devices of one kind.")
+        return Topology(
+            name=name or f"{self.name}[{ids[0]}..{ids[-1]}]",
+            devices=devices,
+            axis_names=tuple(self.axis_names[k] for k in kept),
+            shape=tuple(len(values[k]) for k in kept),
+            axis_links=tuple(self.axis_links[k] for k in kept),
+        )
+
     @property
     def regions(self) -> tuple[str, ...]:
         """Region names in device order."""
@@ -761,7 +849,7 @@ class Topology:
         """Names accepted by :meth:`preset`, sorted.
 
         >>> Topology.presets()[:2]
-        ['dgx-h100', 'geo']
+        ['dgx-h100', 'dtfm']
         """
         return sorted(presets)
 

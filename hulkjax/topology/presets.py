@@ -9,7 +9,7 @@ Latencies that no source gives are marked as estimates.
 Presets do not create size-1 mesh axes (``dgx-h100`` with one node has the single axis ``gpu``).
 
 >>> sorted(names())
-['dgx-h100', 'geo', 'hetero', 'tpu-v5e']
+['dgx-h100', 'dtfm', 'geo', 'hetero', 'mixed', 'regional', 'tpu-v5e']
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from hulkjax.topology.specs import (
     PairLink,
 )
 
-__all__ = ["GEO_WAN_MEASUREMENTS", "names", "preset_builders", "register_preset"]
+__all__ = ["DTFM_WAN_MEASUREMENTS", "GEO_WAN_MEASUREMENTS", "names", "preset_builders",
+           "register_preset"]
 
 logger = logging.getLogger(__name__)
 
@@ -408,4 +409,213 @@ def hetero(
         node_link=node_link,
         region_link=inter_node if len(entries) > 1 else None,
         links=links,
+    )
+
+
+# ---------------------------------------------------------------------------------------- regional
+
+METRO_25G = LinkSpec(bandwidth=_gbps(25), latency=2e-3)
+# A cloud region's GPU nodes joined by InfiniBand-class networking (DGX: 400 Gb/s per GPU).
+REGION_INFINIBAND = LinkSpec(bandwidth=50e9, latency=5e-6)
+
+
+@register_preset("regional")
+def regional(
+    regions: int = 4,
+    nodes_per_region: int = 1,
+    gpus_per_node: int = 8,
+    device: str | DeviceSpec = "A100",
+    metro: LinkSpec = METRO_25G,
+    inter_node: LinkSpec = REGION_INFINIBAND,
+    intra_node: dict[str, LinkSpec] | None = None,
+) -> Topology:
+    """GPU clusters in nearby sites (regions of one metro area or country) joined by fast
+    regional links: the setting where placing layers on sites beats every SPMD plan.
+
+    Sources: regional / metro links of 10-25 Gb/s between sites (hulkjax issue 12; DT-FM's
+    universities case has 5 Gb/s inside a site, topologies.md); the 2 ms latency of a metro link
+    is an estimate. Inside a site: the device's NVLink inside a node (A100: NVLink3 300 GB/s) and
+    400 Gb/s InfiniBand per GPU between nodes (5 us, an estimate). Bandwidths are per device per
+    direction, as everywhere in hulkjax: ``metro`` is what each device can send to the other
+    site.
+
+    Mesh axes ``("region", "node", "gpu")`` with size-1 axes dropped; ``groups("region")`` are the
+    sites.
+
+    Args:
+      regions: number of sites.
+      nodes_per_region: GPU nodes per site.
+      gpus_per_node: GPUs per node.
+      device: a ``DeviceSpec`` or a kind in ``DEVICE_SPECS`` (default A100).
+      metro: the link between sites (default 25 Gb/s, 2 ms).
+      inter_node: the link between nodes of one site.
+      intra_node: per-kind link inside a node, overriding the built-in NVLink table.
+
+    >>> topo = regional()
+    >>> topo.shape, topo.axis_scope("region"), topo.axis_bandwidth("region") * 8 / 1e9
+    ((4, 8), 'wan', 25.0)
+    """
+    n_regions = _positive_int(regions, "regional", "regions")
+    n_nodes = _positive_int(nodes_per_region, "regional", "nodes_per_region")
+    gpus = _positive_int(gpus_per_node, "regional", "gpus_per_node")
+    for arg, value in (("metro", metro), ("inter_node", inter_node)):
+        if not isinstance(value, LinkSpec):
+            raise InvalidTopologyError(
+                f"preset 'regional': {arg} must be a LinkSpec, got {arg}={value!r}.")
+    spec = resolve_device(device, "preset 'regional': device")
+    devices: list[Device] = []
+    for r in range(n_regions):
+        for j in range(n_nodes):
+            first = len(devices)
+            devices.extend(Device(id=first + g, spec=spec, region=f"site{r}", node=f"site{r}-node{j}")
+                           for g in range(gpus))
+    axis_names, shape = _mesh_axes([("region", n_regions), ("node", n_nodes), ("gpu", gpus)])
+    return Topology(
+        name=f"regional-{n_regions}x{n_nodes * gpus}{spec.kind}",
+        devices=tuple(devices),
+        axis_names=axis_names,
+        shape=shape,
+        node_link=_intra_node_link(spec, "regional", intra_node) if gpus > 1 else None,
+        region_link=inter_node if n_nodes > 1 else None,
+        wan_link=metro if n_regions > 1 else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------- mixed
+
+
+@register_preset("mixed")
+def mixed(
+    h100: int = 0,
+    a100: int = 1,
+    v100: int = 1,
+    t4: int = 1,
+    gpus_per_node: int = 8,
+    inter_node: LinkSpec = ETHERNET_10G,
+) -> Topology:
+    """A HeteroG / Metis-style cluster: nodes of several GPU generations over 10 Gb/s Ethernet.
+
+    Sources (via topologies.md and papers.md): Metis mixes V100 / P100 / T4 / A100 nodes of 8 GPUs
+    with 10 Gb/s between nodes; HeteroG and HAP use ~10 Gb/s between V100 / P100 nodes. Device
+    numbers are the vendor tables (H100 9.9e14, A100 3.12e14, V100 1.25e14, T4 6.5e13 bf16/fp16
+    FLOP/s; T4 has 16 GB); inside a node each generation's NVLink, or PCIe for the T4. A thin
+    wrapper over :func:`hetero` listing node counts by kind, fastest first.
+
+    Args:
+      h100 / a100 / v100 / t4: nodes of each kind.
+      gpus_per_node: GPUs per node.
+      inter_node: link between nodes (default 10 GbE).
+
+    >>> topo = mixed()
+    >>> [s.kind for s in topo.device_specs()], topo.shape
+    (['A100', 'V100', 'T4'], (3, 8))
+    """
+    counts = (("H100", h100), ("A100", a100), ("V100", v100), ("T4", t4))
+    for kind, n in counts:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InvalidTopologyError(f"preset 'mixed': {kind.lower()} must be an int >= 0 (a "
+                                       f"number of nodes), got {n!r}.")
+    gpus = _positive_int(gpus_per_node, "mixed", "gpus_per_node")
+    nodes = [(kind, gpus) for kind, n in counts for _ in range(n)]
+    if not nodes:
+        raise InvalidTopologyError("preset 'mixed': give at least one node (a100=1, ...).")
+    topo = hetero(nodes=nodes, inter_node=inter_node)
+    name = "mixed-" + "-".join(f"{n}x{kind}" for kind, n in counts if n)
+    return topo.with_mesh(topo.shape, topo.axis_names, name=name)
+
+
+# ---------------------------------------------------------------------------------------- dtfm
+
+DTFM_WAN_MEASUREMENTS: dict[tuple[str, str], tuple[float, float]] = {
+    ("oregon", "virginia"): (67, 0.79), ("oregon", "ohio"): (49, 1.10),
+    ("oregon", "tokyo"): (96, 0.523), ("oregon", "seoul"): (124, 0.46),
+    ("oregon", "singapore"): (163, 0.341), ("oregon", "sydney"): (139, 0.36),
+    ("oregon", "london"): (136, 0.42), ("oregon", "frankfurt"): (143, 0.404),
+    ("oregon", "ireland"): (124, 0.482), ("virginia", "ohio"): (11, 1.12),
+    ("virginia", "tokyo"): (143, 0.524), ("virginia", "seoul"): (172, 0.500),
+    ("virginia", "singapore"): (230, 0.364), ("virginia", "sydney"): (197, 0.383),
+    ("virginia", "london"): (76, 1.16), ("virginia", "frankfurt"): (90, 1.02),
+    ("virginia", "ireland"): (67, 1.05), ("ohio", "tokyo"): (130, 0.694),
+    ("ohio", "seoul"): (159, 0.529), ("ohio", "singapore"): (197, 0.452),
+    ("ohio", "sydney"): (185, 0.484), ("ohio", "london"): (86, 1.05),
+    ("ohio", "frankfurt"): (99, 0.799), ("ohio", "ireland"): (77, 1.14),
+    ("tokyo", "seoul"): (34, 1.10), ("tokyo", "singapore"): (73, 1.01),
+    ("tokyo", "sydney"): (100, 0.761), ("tokyo", "london"): (210, 0.366),
+    ("tokyo", "frankfurt"): (223, 0.36), ("tokyo", "ireland"): (199, 0.465),
+    ("seoul", "singapore"): (74, 1.14), ("seoul", "sydney"): (148, 0.58),
+    ("seoul", "london"): (238, 0.342), ("seoul", "frankfurt"): (235, 0.358),
+    ("seoul", "ireland"): (228, 0.335), ("singapore", "sydney"): (92, 0.816),
+    ("singapore", "london"): (169, 0.500), ("singapore", "frankfurt"): (155, 0.535),
+    ("singapore", "ireland"): (179, 0.492), ("sydney", "london"): (262, 0.326),
+    ("sydney", "frankfurt"): (265, 0.328), ("sydney", "ireland"): (254, 0.344),
+    ("london", "frankfurt"): (14, 1.14), ("london", "ireland"): (12, 1.09),
+    ("frankfurt", "ireland"): (24, 1.08),
+}
+"""DT-FM's measured links between AWS regions: (latency ms, bandwidth Gb/s), from
+``scheduler/heuristic_evolutionary_solver/config.py`` of DS3Lab/DT-FM (Yuan et al., NeurIPS'22)."""
+
+DTFM_US_REGIONS: dict[tuple[str, str], tuple[float, float]] = {
+    ("virginia", "oregon"): (67, 1.15), ("virginia", "california"): (59, 1.05),
+    ("virginia", "ohio"): (11, 1.12), ("oregon", "california"): (12, 1.25),
+    ("oregon", "ohio"): (49, 1.10), ("california", "ohio"): (52, 1.02),
+}
+"""DT-FM's case 3 (four US regions): (latency ms, bandwidth Gb/s) between regions."""
+
+DTFM_CASES = {
+    "us-regions": (("virginia", "oregon", "california", "ohio"), DTFM_US_REGIONS, 16),
+    "cities": (("oregon", "virginia", "ohio", "tokyo", "seoul", "london", "frankfurt", "ireland"),
+               DTFM_WAN_MEASUREMENTS, 8),
+}
+# DT-FM's machines inside one region: 2 Gb/s and 5 ms between instances (its config.py).
+DTFM_IN_REGION = LinkSpec(bandwidth=_gbps(2), latency=5e-3)
+
+
+@register_preset("dtfm")
+def dtfm(case: str = "cities", gpus_per_region: int | None = None,
+         device: str | DeviceSpec = "V100") -> Topology:
+    """DT-FM's decentralized-training clusters (Yuan et al., NeurIPS'22): single-GPU cloud
+    instances in several regions, with the latency and bandwidth DT-FM measured between regions.
+
+    Sources: DS3Lab/DT-FM ``scheduler/heuristic_evolutionary_solver/config.py``: case 3
+    (``"us-regions"``: Virginia, Oregon, California, Ohio; 1.02-1.25 Gb/s and 11-67 ms between
+    regions) and case 4 (``"cities"``: eight cities worldwide, 0.33-1.16 Gb/s and 11-238 ms; the
+    full measured table is :data:`DTFM_WAN_MEASUREMENTS`); inside a region 2 Gb/s and 5 ms between
+    instances. Every GPU is its own node (one V100 per instance, as DT-FM's simulation). DT-FM
+    used 64 GPUs (16 per US region, 8 per city).
+
+    Mesh axes ``("region", "node")``: regions x instances per region.
+
+    Args:
+      case: ``"us-regions"`` or ``"cities"``.
+      gpus_per_region: instances per region (default DT-FM's: 16 or 8).
+      device: the GPU of each instance.
+
+    >>> topo = dtfm("us-regions", gpus_per_region=2)
+    >>> topo.regions, topo.link(0, 2).latency
+    (('virginia', 'oregon', 'california', 'ohio'), 0.067)
+    """
+    if case not in DTFM_CASES:
+        raise InvalidTopologyError(f"preset 'dtfm': case={case!r}; use one of {sorted(DTFM_CASES)}.")
+    names, table, default_gpus = DTFM_CASES[case]
+    gpus = _positive_int(default_gpus if gpus_per_region is None else gpus_per_region, "dtfm",
+                         "gpus_per_region")
+    spec = resolve_device(device, "preset 'dtfm': device")
+    devices = tuple(Device(id=r * gpus + g, spec=spec, region=name, node=f"{name}-{g}")
+                    for r, name in enumerate(names) for g in range(gpus))
+    links = []
+    for (a, b), (ms, gbit) in table.items():
+        if a in names and b in names:
+            links.append(PairLink(between=(a, b),
+                                  link=LinkSpec(bandwidth=_gbps(gbit), latency=ms / 1e3)))
+    slowest = min(gbit for (a, b), (_, gbit) in table.items() if a in names and b in names)
+    worst_ms = max(ms for (a, b), (ms, _) in table.items() if a in names and b in names)
+    axis_names, shape = _mesh_axes([("region", len(names)), ("node", gpus)])
+    return Topology(
+        name=f"dtfm-{case}-{len(names)}x{gpus}",
+        devices=devices,
+        axis_names=axis_names,
+        shape=shape,
+        region_link=DTFM_IN_REGION if gpus > 1 else None,
+        wan_link=LinkSpec(bandwidth=_gbps(slowest), latency=worst_ms / 1e3),
+        links=tuple(links),
     )

@@ -155,3 +155,119 @@ def _as_aval(x, aval):
     if dtype is None or isinstance(x, jax.Array):
         return x
     return jax.numpy.asarray(x, dtype)
+
+
+# ---- evaluating a subset of a graph's nodes (staged emission) ----------------------------------
+
+class Equation(NamedTuple):
+    """The equation behind one graph node, with the literal operands it receives.
+
+    ``literals`` maps operand index to value: a literal written in the equation, or one passed to
+    the inlined body the equation sits in (the graph records both as ``None`` operands).
+    """
+
+    eqn: Any
+    literals: dict
+
+
+def equations(closed) -> list[Equation]:
+    """The equation behind every graph node of ``closed`` (a ``ClosedJaxpr``), by node id.
+
+    Walks the jaxpr as the graph builder does (inlined bodies descended into), so
+    ``equations(graph.jaxpr)[i]`` is the equation of ``graph.nodes[i]``: its primitive, its
+    parameters, its literal operands and its context.
+
+    >>> import jax, jax.numpy as jnp
+    >>> cj = jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(jnp.ones(3))
+    >>> [e.eqn.primitive.name for e in equations(cj)], float(equations(cj)[1].literals[1])
+    (['sin', 'mul'], 2.0)
+    """
+    out: list[Equation] = []
+
+    def walk(jaxpr, bound: dict):
+        for eqn in jaxpr.eqns:
+            lits = {}
+            for k, a in enumerate(eqn.invars):
+                if isinstance(a, jex_core.Literal):
+                    lits[k] = a.val
+                elif a in bound:
+                    lits[k] = bound[a]
+            body = inlined_body(eqn)
+            if body is None:
+                out.append(Equation(eqn, lits))
+            else:
+                walk(body[0], {iv: lits[k] for k, iv in enumerate(body[0].invars) if k in lits})
+
+    walk(closed.jaxpr, {})
+    return out
+
+
+def constant_values(closed) -> list:
+    """Values of a graph's closed-over constants, in ``OpGraph.constants`` order: the jaxpr's own,
+    then those of the bodies the graph builder inlined, in walk order.
+
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> cj = jax.make_jaxpr(lambda x: x + np.arange(3.0))(jnp.ones(3))
+    >>> [np.asarray(c).tolist() for c in constant_values(cj)]
+    [[0.0, 1.0, 2.0]]
+    """
+    out = list(closed.consts)
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            body = inlined_body(eqn)
+            if body is not None:
+                out.extend(body[1])
+                walk(body[0])
+
+    walk(closed.jaxpr)
+    return out
+
+
+def literal_operands(closed) -> dict[tuple[int, int], Any]:
+    """``{(node id, operand index): value}`` of every literal operand of ``closed``'s graph nodes
+    (the operands a graph records as ``None``).
+
+    >>> import jax, jax.numpy as jnp
+    >>> {k: float(v) for k, v in literal_operands(jax.make_jaxpr(lambda x: x * 2.0)(jnp.ones(3))).items()}
+    {(0, 1): 2.0}
+    """
+    return {(nid, k): v for nid, e in enumerate(equations(closed)) for k, v in e.literals.items()}
+
+
+def evaluate(graph, eqns: Sequence[Equation], node_ids: Sequence[int], env: dict, *,
+             on_operand: OperandHook | None = None, on_result: ResultHook | None = None,
+             on_body: BodyHook | None = None) -> dict:
+    """Run some of a graph's nodes, in the order given, on values keyed by value id.
+
+    ``eqns`` is :func:`equations` of the graph's jaxpr; ``env`` maps value ids to arrays (the graph
+    inputs and constants the nodes read, and the results of nodes run before) and receives every
+    result. The hooks are :func:`interpret`'s, with the graph's node ids. The staged emitter builds
+    each stage's program from this: a stage runs a subset of one traced step.
+
+    >>> import jax, jax.numpy as jnp
+    >>> import hulkjax as hj
+    >>> g = hj.trace(lambda x: jnp.sin(x) * 2, jnp.ones(3))
+    >>> env = evaluate(g, equations(g.jaxpr), [0], {g.inputs[0]: jnp.zeros(3)})
+    >>> env[g.nodes[0].outputs[0]].tolist()
+    [0.0, 0.0, 0.0]
+    """
+    for nid in node_ids:
+        node = graph.nodes[nid]
+        eqn, lits = eqns[nid]
+        invals = [lits[k] if k in lits else env[v] for k, v in enumerate(node.inputs)]
+        if on_operand is not None:
+            invals = [x if k in lits else on_operand(nid, k, x) for k, x in enumerate(invals)]
+        params = eqn.params
+        if on_body is not None and eqn.primitive in LOOPS:
+            hooks = on_body(nid)
+            if hooks:
+                params = _hooked_loop_params(eqn, hooks)
+        with eqn.ctx.manager:
+            ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+        outs = list(ans) if eqn.primitive.multiple_results else [ans]
+        if on_result is not None:
+            outs = on_result(nid, outs)
+        for v, x in zip(node.outputs, outs):
+            env[v] = x
+    return env

@@ -10,6 +10,7 @@ NumPy (:mod:`hulkjax.gnn.infer`), held equal to :class:`~hulkjax.training.model.
 tests.
 """
 
+from hulkjax.training.model import GroupHead as GroupHead
 from hulkjax.training.model import PlannerNet as PlannerNet
 from hulkjax.training.train import run as run
 from hulkjax.training.train import save as save

@@ -77,3 +77,64 @@ class PlannerNet(nn.Module):
         score = _MLP((self.hidden, 1))(nn.gelu(cand + nn.Dense(self.hidden)(h)[:, None, :]))[..., 0]
         score = jnp.where(mask, score, -1e9)
         return jax.nn.log_softmax(score, axis=-1)
+
+
+class _ChainLayer(nn.Module):
+    """Layer units along the step: each from itself and its two neighbours."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, u):
+        zero = jnp.zeros_like(u[:1])
+        prev = jnp.concatenate([zero, u[:-1]], 0)
+        nxt = jnp.concatenate([u[1:], zero], 0)
+        return nn.LayerNorm()(u + _MLP((self.hidden, self.hidden))(
+            jnp.concatenate([u, prev, nxt], -1)))
+
+
+class _GroupLayer(nn.Module):
+    """Device groups attending to each other through the links between them."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, g, links):
+        n = g.shape[0]
+        gi = jnp.broadcast_to(g[:, None, :], (n, n, g.shape[1]))
+        gj = jnp.broadcast_to(g[None, :, :], (n, n, g.shape[1]))
+        logits = nn.Dense(1)(jnp.tanh(nn.Dense(self.hidden)(
+            jnp.concatenate([gi, gj, links], -1))))[..., 0]
+        alpha = jax.nn.softmax(logits, axis=-1)
+        msg = nn.Dense(self.hidden)(jnp.concatenate([gj, links], -1)) * alpha[..., None]
+        return nn.LayerNorm()(g + _MLP((self.hidden, self.hidden))(msg.sum(1)))
+
+
+class GroupHead(nn.Module):
+    """The device-group head (Hulk: a distribution over device groups per layer unit).
+
+    Call with ``(unit_x, group_x, link_x)`` of a :class:`hulkjax.gnn.groups.StageGraph`; returns
+    ``log P(unit k on group j)``, ``[units, groups]``. Not trained yet; planning's NumPy twin is
+    :func:`hulkjax.gnn.groups.group_log_probs`.
+
+    >>> import jax, jax.numpy as jnp
+    >>> head = GroupHead(hidden=8, layers=1)
+    >>> x = (jnp.zeros((3, 8)), jnp.zeros((2, 8)), jnp.zeros((2, 2, 3)))
+    >>> head.apply(head.init(jax.random.key(0), *x), *x).shape
+    (3, 2)
+    """
+
+    hidden: int = 64
+    layers: int = 3
+
+    @nn.compact
+    def __call__(self, unit_x, group_x, link_x):
+        u = _MLP((self.hidden, self.hidden))(unit_x)
+        g = _MLP((self.hidden, self.hidden))(group_x)
+        links = _MLP((self.hidden // 2,))(link_x)
+        for _ in range(self.layers):
+            u = _ChainLayer(self.hidden)(u)
+            g = _GroupLayer(self.hidden)(g, links)
+        pair = nn.gelu(nn.Dense(self.hidden)(u)[:, None, :] + nn.Dense(self.hidden)(g)[None])
+        score = _MLP((self.hidden, 1))(pair)[..., 0]
+        return jax.nn.log_softmax(score, axis=-1)

@@ -114,7 +114,8 @@ def test_malformed_plan_json_names_the_problem(tmp_path):
 def test_compare_gives_one_plan_per_applicable_strategy(mlp):
     m, state, batch = mlp
     plans = hj.compare(m.step, state, batch, topology=TOPO)
-    assert list(plans) == hj.strategies.names()
+    # 'pipeline' needs regions or nodes: a grid has neither.
+    assert list(plans) == [s for s in hj.strategies.names() if s != "pipeline"]
     assert {p.strategy for p in plans.values()} == set(plans)
     one_d = hj.compare(m.step, state, batch, topology=hj.Topology.grid((8,), ("d",)))
     assert "dp_tp" not in one_d and "dp" in one_d

@@ -5,7 +5,7 @@ import pytest
 
 import hulkjax as hj
 from hulkjax import zoo
-from tests.helpers import assert_steps_match, first_steps
+from tests.helpers import SPMD_STRATEGIES, assert_steps_match, first_steps
 
 MODELS = ["mlp", "transformer-block", "mlp-nnx", "transformer-block-nnx", "cnn"]
 TOPO = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
@@ -20,7 +20,7 @@ def model_run(request):
     return m, state, batch, first_steps(jax.jit(m.step), state, batch, STEPS)
 
 
-@pytest.mark.parametrize("strategy", hj.strategies.names())
+@pytest.mark.parametrize("strategy", SPMD_STRATEGIES)
 def test_sharded_steps_match_unsharded(model_run, strategy, compile_count):
     m, state, batch, refs = model_run
     step = hj.hulk_shard(m.step, topology=TOPO, strategy=strategy)

@@ -88,7 +88,8 @@ def test_device_rejects_bad_values():
 
 
 def test_presets_list_and_unknown_name():
-    assert Topology.presets() == ["dgx-h100", "geo", "hetero", "tpu-v5e"]
+    assert Topology.presets() == ["dgx-h100", "dtfm", "geo", "hetero", "mixed", "regional",
+                                  "tpu-v5e"]
     with pytest.raises(InvalidTopologyError) as e:
         Topology.preset("dgx-a100")
     msg = str(e.value)

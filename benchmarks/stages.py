@@ -1,0 +1,384 @@
+"""Staged plans against SPMD: wide-area, regional and heterogeneous clusters (hulkjax issue 12).
+
+Every number is the **cost model's prediction** of one training step (nothing is compiled or
+run). For each experiment (a model on a cluster) the step is traced once on abstract arguments and
+planned with ``dp``, ``fsdp``, ``dp_tp``, the SPMD optimum (``ilp`` with ``stages=False``), the
+uniform ``pipeline`` baseline, and hulkjax's planners with staged plans enabled (``ilp``: the
+two-level optimum; ``auto``, the default). The planning time of the staged planner on a freshly
+traced step (cold caches) is measured separately for the 2.7B GPT on 32 devices.
+
+Results go to ``benchmarks/results/stages.json``, a markdown section (``benchmarks/STAGES.md``,
+also spliced into ``benchmarks/RESULTS.md`` between markers) and ``benchmarks/results/stages.png``.
+
+Usage::
+
+    python benchmarks/stages.py                  # every experiment (~20 minutes on 2 cores)
+    python benchmarks/stages.py --quick          # small models, same clusters: a smoke test
+    python benchmarks/stages.py --only regional-2.7b
+    python benchmarks/stages.py --report-only    # markdown and plot from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+import jax
+from tqdm import tqdm
+
+import hulkjax as hj
+from hulkjax import zoo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+JSON_PATH = os.path.join(RESULTS_DIR, "stages.json")
+MD_PATH = os.path.join(HERE, "STAGES.md")
+PLOT_PATH = os.path.join(RESULTS_DIR, "stages.png")
+RESULTS_MD = os.path.join(HERE, "RESULTS.md")
+BEGIN, END = "<!-- stages:begin -->", "<!-- stages:end -->"
+
+GBIT = 1e9 / 8
+# Realistic training settings: bfloat16 compute, rematerialized transformer blocks (GPT), AdamW.
+MODELS = {
+    "gpt-1.3b": ("gpt2", dict(size="1b", batch=64, dtype="bfloat16", remat=True)),
+    "gpt-2.7b": ("gpt2", dict(size="1b", n_layers=32, d_model=2560, n_heads=32, batch=128,
+                              dtype="bfloat16", remat=True)),
+    "gpt-1.5b": ("gpt2", dict(size="1b", n_layers=48, d_model=1600, n_heads=25, batch=128,
+                              dtype="bfloat16", remat=True)),
+    "bert-large": ("bert", dict(size="base", n_layers=24, d_model=1024, n_heads=16, d_ff=4096,
+                                seq_len=512, batch=128, dtype="bfloat16")),
+}
+QUICK_MODELS = {k: ("gpt2", dict(size="small", batch=32, dtype="bfloat16", remat=True))
+                for k in MODELS}
+TOPOLOGIES = {
+    "dtfm-us": ("dtfm", dict(case="us-regions")),
+    "dtfm-cities": ("dtfm", dict(case="cities")),
+    "regional-25g": ("regional", dict(regions=4)),
+    "regional-10g": ("regional", dict(regions=4, metro=hj.LinkSpec(bandwidth=10 * GBIT,
+                                                                   latency=2e-3))),
+    "mixed": ("mixed", dict(a100=1, v100=2, t4=1)),
+    "dgx": ("dgx-h100", dict(nodes=1)),
+}
+EXPERIMENTS = {
+    # key: (model, topology, family, what it shows)
+    "wan-us-1.3b": ("gpt-1.3b", "dtfm-us", "wide-area",
+                    "DT-FM case 3: 4 US regions x 16 V100 instances (2 Gbit/s inside a region, "
+                    "1.02-1.25 Gbit/s between)"),
+    "wan-cities-1.3b": ("gpt-1.3b", "dtfm-cities", "wide-area",
+                        "DT-FM case 4: 8 cities x 8 V100 instances (0.34-1.16 Gbit/s)"),
+    "regional-2.7b": ("gpt-2.7b", "regional-25g", "regional",
+                      "4 sites x 8 A100 over 25 Gbit/s metro links"),
+    "regional-10g-2.7b": ("gpt-2.7b", "regional-10g", "regional",
+                          "4 sites x 8 A100 over 10 Gbit/s regional links"),
+    "mixed-bert-large": ("bert-large", "mixed", "heterogeneous",
+                         "1 A100 + 2 V100 + 1 T4 nodes (8 GPUs each) over 10 Gbit/s"),
+    "mixed-1.5b": ("gpt-1.5b", "mixed", "heterogeneous",
+                   "1 A100 + 2 V100 + 1 T4 nodes (8 GPUs each) over 10 Gbit/s"),
+    "dgx-2.7b": ("gpt-2.7b", "dgx", "one node", "one DGX H100 node"),
+}
+STRATEGIES = [("dp", {}), ("fsdp", {}), ("dp_tp", {}), ("ilp-spmd", {"stages": False}),
+              ("pipeline", {}), ("ilp", {}), ("auto", {})]
+TARGETS = {  # family: (vs best SPMD, vs pipeline, vs dp)
+    "regional": (1.5, 1.2, None),
+    "wide-area": (1.0, None, None),
+    "heterogeneous": (None, 1.15, 1.5),
+}
+
+
+def run(keys, quick: bool) -> dict:
+    out = {"meta": _meta(quick), "experiments": {}}
+    models = QUICK_MODELS if quick else MODELS
+    traced: dict[str, tuple] = {}
+    for key in tqdm(keys, desc="experiments"):
+        model_key, topo_key, family, what = EXPERIMENTS[key]
+        name, cfg = models[model_key]
+        preset, kw = TOPOLOGIES[topo_key]
+        topo = hj.Topology.preset(preset, **kw)
+        if model_key not in traced:
+            m = zoo.get(name, **cfg)
+            state, batch = m.abstract()
+            t0 = time.perf_counter()
+            g = hj.trace(m.step, state, batch)
+            traced[model_key] = (m, state, batch, g, time.perf_counter() - t0)
+        m, state, batch, g, trace_time = traced[model_key]
+        rec = {"model": model_key, "zoo": [name, cfg], "params": m.param_count(),
+               "nodes": len(g.nodes), "trace_time": trace_time, "topology": topo.name,
+               "preset": [preset, {k: repr(v) for k, v in kw.items()}],
+               "devices": topo.num_devices, "family": family, "what": what, "plans": {}}
+        for label, opts in STRATEGIES:
+            strategy = "ilp" if label == "ilp-spmd" else label
+            t0 = time.perf_counter()
+            try:
+                p = hj.plan(m.step, state, batch, topology=topo, strategy=strategy, graph=g,
+                            **opts)
+                rec["plans"][label] = _record(p, time.perf_counter() - t0)
+            except hj.errors.StrategyNotApplicableError as e:
+                rec["plans"][label] = {"status": "n/a", "error": str(e)}
+            except hj.errors.InfeasiblePlanError as e:
+                rec["plans"][label] = {"status": "infeasible", "error": str(e)}
+            except Exception as e:  # noqa: BLE001 - a failure is recorded, the run goes on
+                rec["plans"][label] = {"status": "error", "error": f"{type(e).__name__}: {e}",
+                                       "traceback": traceback.format_exc()[-2000:]}
+        out["experiments"][key] = rec
+    if "regional-2.7b" in keys and not quick:
+        out["planning_time"] = _cold_planning_time()
+    return out
+
+
+def _cold_planning_time() -> dict:
+    """``auto`` (the default planner, staged plans enabled) on a freshly traced 2.7B GPT over
+    32 devices: the time ``hj.plan`` takes after tracing, caches cold."""
+    name, cfg = MODELS["gpt-2.7b"]
+    m = zoo.get(name, **cfg)
+    state, batch = m.abstract()
+    topo = hj.Topology.preset(*[TOPOLOGIES["regional-25g"][0]], **TOPOLOGIES["regional-25g"][1])
+    t0 = time.perf_counter()
+    g = hj.trace(m.step, state, batch)
+    trace = time.perf_counter() - t0
+    p = hj.plan(m.step, state, batch, topology=topo, strategy="auto", graph=g)
+    return {"model": "gpt-2.7b", "topology": topo.name, "devices": topo.num_devices,
+            "trace_time": trace, "planning_time": p.planning_time,
+            "step_time": p.cost.step_time, "staged": p.stages is not None}
+
+
+def _record(p, wall: float) -> dict:
+    c = p.cost
+    rec = {"status": "ok", "strategy": p.strategy, "step_time": c.step_time,
+           "compute_time": c.compute_time, "comm_time": c.comm_time, "bubble": c.bubble,
+           "peak_memory": c.peak_memory, "memory_capacity": c.memory_capacity,
+           "fits": bool(c.fits if not c.stages else all(s.fits for s in c.stages)),
+           "efficiency": c.efficiency, "planning_time": p.planning_time, "wall_time": wall,
+           "staged": p.stages is not None, "notes": list(p.notes[:3])}
+    if p.stages is not None:
+        rec["microbatches"] = p.microbatches
+        rec["schedule"] = p.schedule
+        rec["stages"] = [{"devices": [st.devices[0], st.devices[-1]], "n": len(st.devices),
+                          "kind": "", "layers": [st.layers[0], st.layers[-1]] if st.layers else [],
+                          "units": len(st.layers), "strategy": st.strategy,
+                          "forward": t.forward, "backward": t.backward, "update": t.update,
+                          "memory": t.peak_memory, "capacity": t.memory_capacity}
+                         for st, t in zip(p.stages, c.stages)]
+        rec["transfers"] = [{"src": t.src, "dst": t.dst, "link": t.link,
+                             "bandwidth": t.bandwidth, "microbatch_bytes": t.microbatch_bytes,
+                             "step_bytes": t.step_bytes, "time": t.time} for t in c.transfers]
+    return rec
+
+
+def _meta(quick: bool) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                                capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": commit, "hulkjax": hj.__version__, "jax": jax.__version__,
+            "python": platform.python_version(), "cpus": os.cpu_count(), "quick": quick}
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+def _ms(t):
+    return "-" if t is None else f"{t * 1e3:,.4g}"
+
+
+def _ok(rec):
+    return rec.get("status") == "ok" and rec.get("fits")
+
+
+def report(data: dict) -> str:
+    meta = data["meta"]
+    lines = [
+        "## Staged plans: layers on device groups vs SPMD",
+        "",
+        f"Generated by `python benchmarks/stages.py` on {meta['date']}: hulkjax {meta['hulkjax']}"
+        f" at commit `{meta['commit']}`, jax {meta['jax']}, Python {meta['python']}, "
+        f"{meta['cpus']} CPUs{' (QUICK: small models)' if meta.get('quick') else ''}. Raw "
+        f"numbers: `benchmarks/results/stages.json`.",
+        "",
+        "Every number is the cost model's prediction of one training step (ms): SPMD plans from "
+        "`hulkjax.cost`, staged plans from `hulkjax.cost.pipeline` (per-stage SPMD costs on each "
+        "group's devices, alpha-beta transfers between groups, the 1F1B / GPipe schedule with its "
+        "bubble). Models in bfloat16 with AdamW; GPT blocks rematerialized. `ilp-spmd` is the SPMD "
+        "optimum; `pipeline` the uniform staged baseline (one stage per region or node, equal "
+        "layers, dp_tp inside, 2 x stages microbatches); `ilp` the two-level optimum (SPMD or "
+        "staged, whichever is faster); `auto` the default planner. **Bold**: the fastest plan "
+        "that fits memory; † does not fit.",
+        "",
+    ]
+    cols = [label for label, _ in STRATEGIES]
+    lines.append("| experiment | model | cluster | " + " | ".join(cols) + " | hulkjax plan |")
+    lines.append("|---|---|---|" + "---:|" * len(cols) + "---|")
+    for key, rec in data["experiments"].items():
+        plans = rec["plans"]
+        fit = [p["step_time"] for p in plans.values() if _ok(p)]
+        best = min(fit) if fit else None
+        cells = []
+        for label in cols:
+            p = plans.get(label, {})
+            if p.get("status") != "ok":
+                cells.append(p.get("status", "-"))
+                continue
+            s = _ms(p["step_time"]) + ("" if p["fits"] else " †")
+            cells.append(f"**{s}**" if best is not None and p["fits"]
+                         and p["step_time"] <= best * (1 + 1e-9) else s)
+        chosen = plans.get("ilp", {})
+        if chosen.get("staged"):
+            desc = (f"{len(chosen['stages'])} stages x {chosen['microbatches']} mb: " + ", ".join(
+                f"{s['n']} dev {s['units']} units" for s in chosen["stages"]))
+        else:
+            desc = "SPMD" if chosen.get("status") == "ok" else chosen.get("status", "-")
+        lines.append(f"| {key} | {rec['model']} ({rec['params'] / 1e9:.2f}B) | {rec['what']} | "
+                     + " | ".join(cells) + f" | {desc} |")
+    lines += ["", "### Against the targets", "",
+              "Ratios are predicted step times (baseline / hulkjax's plan, which fits memory); "
+              "best SPMD is the fastest SPMD plan that fits; † the baseline itself does not fit "
+              "memory (its time is still the cost model's).", "",
+              "| experiment | family | best SPMD / hulkjax | pipeline / hulkjax | dp / hulkjax | "
+              "targets | met |", "|---|---|---:|---:|---:|---|---|"]
+    for key, rec in data["experiments"].items():
+        plans = rec["plans"]
+        ours = plans.get("ilp", {})
+        if not _ok(ours):
+            lines.append(f"| {key} | {rec['family']} | - | - | - | - | no plan |")
+            continue
+        t = ours["step_time"]
+        spmd = [plans[k]["step_time"] for k in ("dp", "fsdp", "dp_tp", "ilp-spmd")
+                if _ok(plans.get(k, {}))]
+
+        def vs(label, plans=plans, t=t):  # a baseline that does not fit still has a time (†)
+            p = plans.get(label, {})
+            return None if p.get("status") != "ok" else (p["step_time"] / t, p["fits"])
+
+        ratios = {"spmd": (min(spmd) / t, True) if spmd else None,
+                  "pipeline": vs("pipeline"), "dp": vs("dp")}
+        want = TARGETS.get(rec["family"], (None, None, None))
+        if rec["family"] == "one node":
+            target = "auto stays SPMD"
+            met = "yes" if not plans.get("auto", {}).get("staged") else "no"
+        else:
+            parts, ok = [], True
+            for name, need in zip(("spmd", "pipeline", "dp"), want):
+                if need is None:
+                    continue
+                parts.append(f"{name} >= {need}x")
+                ok = ok and ratios[name] is not None and ratios[name][0] >= need - 1e-9
+            target, met = ", ".join(parts), "yes" if ok else "**no**"
+
+        def fmt(r):
+            return "-" if r is None else f"{r[0]:.2f}x" + ("" if r[1] else " †")
+        lines.append(f"| {key} | {rec['family']} | {fmt(ratios['spmd'])} | "
+                     f"{fmt(ratios['pipeline'])} | {fmt(ratios['dp'])} | {target} | {met} |")
+    pt = data.get("planning_time")
+    if pt:
+        lines += ["", f"Planning time (target: under 60 s on 2 cores): `auto` with staged plans "
+                      f"on a freshly traced {pt['model']} over {pt['devices']} devices "
+                      f"({pt['topology']}) took **{pt['planning_time']:.1f} s** after a "
+                      f"{pt['trace_time']:.1f} s trace; its plan is "
+                      f"{'staged' if pt['staged'] else 'SPMD'} at {_ms(pt['step_time'])} ms."]
+    lines += ["", "### The staged plans hulkjax chose", ""]
+    for key, rec in data["experiments"].items():
+        p = rec["plans"].get("ilp", {})
+        if not p.get("staged"):
+            continue
+        lines.append(f"**{key}** ({rec['what']}): {len(p['stages'])} stages x "
+                     f"{p['microbatches']} microbatches ({p['schedule']}), bubble "
+                     f"{_ms(p['bubble'])} ms, planned in {p['planning_time']:.1f} s")
+        lines.append("")
+        lines.append("| stage | devices | layers | SPMD inside | fwd / bwd per mb (ms) | "
+                     "update (ms) | memory / capacity (GB) |")
+        lines.append("|---:|---|---|---|---:|---:|---:|")
+        for k, s in enumerate(p["stages"]):
+            layers = " .. ".join(dict.fromkeys(s["layers"])) if s["layers"] else "-"
+            lines.append(f"| {k} | {s['devices'][0]}..{s['devices'][1]} ({s['n']}) | {layers} "
+                         f"({s['units']} units) | {s['strategy']} | {_ms(s['forward'])} / "
+                         f"{_ms(s['backward'])} | {_ms(s['update'])} | "
+                         f"{s['memory'] / 1e9:.1f} / {s['capacity'] / 1e9:.0f} |")
+        links = [t for t in p["transfers"] if t["microbatch_bytes"] or t["step_bytes"]]
+        if links:
+            lines.append("")
+            lines.append("Transfers: " + "; ".join(
+                f"{t['src']}->{t['dst']} ({t['link']}, {t['bandwidth'] * 8 / 1e9:.3g} Gbit/s): "
+                f"{t['microbatch_bytes'] / 1e6:.3g} MB/mb + {t['step_bytes'] / 1e6:.3g} MB/step"
+                for t in links[:6]))
+        lines.append("")
+    lines += ["![Predicted step time per strategy and experiment](results/stages.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: str) -> None:
+    from matplotlib.figure import Figure
+
+    exps = list(data["experiments"])
+    cols = [label for label, _ in STRATEGIES]
+    fig = Figure(figsize=(max(8, 1.6 * len(exps) + 2), 4.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(cols)
+    colors = ["#9ecae1", "#6baed6", "#3182bd", "#08519c", "#fdae6b", "#e6550d", "#a63603"]
+    for j, label in enumerate(cols):
+        xs, ys, hatches = [], [], []
+        for i, key in enumerate(exps):
+            p = data["experiments"][key]["plans"].get(label, {})
+            if p.get("status") == "ok":
+                xs.append(i + (j - len(cols) / 2 + 0.5) * width)
+                ys.append(p["step_time"])
+                hatches.append("" if p["fits"] else "//")
+        bars = ax.bar(xs, ys, width=width, color=colors[j % len(colors)], label=label)
+        for b, h in zip(bars, hatches):
+            b.set_hatch(h)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(exps)), exps, rotation=15, fontsize=8)
+    ax.set_ylabel("predicted step time (s, log)")
+    ax.set_title("Staged plans vs SPMD (cost model; hatched: does not fit memory)")
+    ax.legend(fontsize=8, ncol=4)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    fig.savefig(path, dpi=110)
+
+
+def splice(md: str) -> None:
+    """Put the section into RESULTS.md between the markers (appended the first time)."""
+    text = open(RESULTS_MD).read() if os.path.exists(RESULTS_MD) else ""
+    block = f"{BEGIN}\n{md}\n{END}"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    with open(RESULTS_MD, "w") as f:
+        f.write(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small models (smoke test)")
+    ap.add_argument("--only", nargs="*", choices=list(EXPERIMENTS), help="these experiments")
+    ap.add_argument("--report-only", action="store_true", help="markdown + plot from the JSON")
+    args = ap.parse_args(argv)
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    if args.report_only:
+        with open(JSON_PATH) as f:
+            data = json.load(f)
+    else:
+        data = run(args.only or list(EXPERIMENTS), args.quick)
+        if not args.quick and not args.only:
+            with open(JSON_PATH, "w") as f:
+                json.dump(data, f, indent=1)
+    md = report(data)
+    if args.quick or args.only:
+        print(md)
+        return 0
+    with open(MD_PATH, "w") as f:
+        f.write(md + "\n")
+    plot(data, PLOT_PATH)
+    splice(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""The cost of a staged (pipeline) plan, built on the cost model of each stage's device group.
+
+Where this sits::
+
+    stage k: CostModel(microbatch graph, sub-topology of its devices) + an SPMD assignment
+             + the nodes it runs (forward / backward per microbatch, update per step)
+                          |  per-node compute, collectives and memory (CostModel.breakdown)
+                          v
+    pipeline_cost: per-stage times, transfers between stages (alpha-beta on the link between
+    their devices), the schedule (1F1B or GPipe) -> hulkjax.Cost with stages, bubble, transfers
+
+**Per stage** (each number from the stage's own cost model, so a stage of V100s computes at the
+V100's pace and its collectives pay its own links):
+
+* ``forward`` / ``backward``: per microbatch, the roofline compute of its forward / backward nodes
+  at the microbatch's shapes, the collectives its SPMD plan implies for them (a weight gradient is
+  reduced inside each microbatch's backward pass, as the emitted program does) and the layout
+  changes into them;
+* ``update``: once per step, its optimizer nodes and the layout changes of its state;
+* memory per device: its parameters, gradients and optimizer state, float32 gradient accumulators
+  (more than one microbatch), and the saved activations and data of the microbatches in flight
+  (1F1B: ``min(M, S - k)`` on stage ``k``; GPipe: ``M``).
+
+**Transfers**: every value one stage produces and another reads is sent over the link between
+their devices (``Topology.link``, the slowest pair): per microbatch for activations and their
+gradients, once per step for parameters read by another stage and for gradients sent to the stage
+that updates them. Bytes per device are what each receiving device must get of its layout, spread
+over the sending devices (``max(dst_local, dst_local * n_dst / n_src)``); one message per
+microbatch and direction pays the latency.
+
+**Schedule** (``M`` microbatches, stage work ``w_k = f_k + b_k``, link times ``c``):
+
+* 1F1B: ``sum_k w_k + sum_links (c_fwd + c_bwd) + (M - 1) * max(max_k w_k, max_links
+  max(c_fwd, c_bwd))``: transfers overlap with compute in the steady state (links are full duplex),
+  the fill and drain pay every stage and link once;
+* GPipe: the same for the forward phase (``f``, ``c_fwd``), then for the backward phase;
+
+then the per-step transfers, then the slowest stage's update. The *bubble* is what the busiest
+stage does not spend computing or communicating: ``step - its compute - its collectives``.
+
+Approximations (stated so a reader knows what the number means): transfers ride separate links
+and engines (they never slow a stage's compute); a stage's forward and backward take the same time
+for every microbatch; values of several transfers between one pair of stages in one direction go
+as one message; the update starts when the last microbatch's backward ends on every stage (a
+stage that finishes early does not start its update early); host dispatch is free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hulkjax.cost.comm import collective_time
+from hulkjax.cost.memory import liveness
+from hulkjax.cost.model import CostModel
+from hulkjax.plan.cost import Cost, StageTime, Transfer
+from hulkjax.plan.specs import Spec, local_shape
+from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
+
+
+@dataclass
+class StageWork:
+    """What one stage runs, on which devices, and how (the input of :func:`pipeline_cost`).
+
+    Attributes:
+      devices: indices into the topology's devices.  # tuple of int
+      cost_model: the cost model of the step at microbatch size on the stage's sub-topology.
+      assignment: its SPMD plan (a candidate per cost-model group).  # list of int
+      forward / backward / update: node ids it runs.  # tuple of int
+      inputs: argument leaves it holds.  # tuple of int
+    """
+
+    devices: tuple[int, ...]
+    cost_model: CostModel
+    assignment: list[int]
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    update: tuple[int, ...]
+    inputs: tuple[int, ...] = ()
+
+
+@dataclass
+class NodeCosts:
+    """Per-node time, compute and communication of one assignment, and its memory records.
+
+    Attributes:
+      time / compute / comm: seconds per node (``time = compute + comm``); ``comm`` holds the
+        node's own collectives and the layout changes of its operands.  # np.ndarray
+      state_moves: ``{input index: seconds}``: carried state results brought back to the layout of
+        their input.  # dict
+      memory: ``(node or None, input indices of its group, kind, bytes)`` per device.  # list
+      specs: planned layout of every value.  # dict
+    """
+
+    time: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    state_moves: dict[int, float] = field(default_factory=dict)
+    memory: list = field(default_factory=list)
+    specs: dict = field(default_factory=dict)
+
+
+def node_costs(cm: CostModel, assignment) -> NodeCosts:
+    """Per-node costs of ``assignment`` under ``cm`` (memoized on the cost model's graph)."""
+    key = ("node_costs", id(cm), tuple(assignment))
+    memo = cm.graph.memo
+    hit = memo.get(key)
+    if hit is not None and hit[0] is cm:
+        return hit[1]
+    g = cm.graph
+    b = cm.breakdown(list(assignment))
+    compute = np.array(b.compute, dtype=np.float64)
+    comm = np.zeros(len(g.nodes))
+    for nid, comms in b.own.items():
+        comm[nid] += sum(cm.comm_time(c) for c in comms)
+    carried_input = {g.outputs[o]: i for i, o in g.carried.items() if g.outputs[o] is not None}
+    state_moves: dict[int, float] = defaultdict(float)
+    for m in b.moves:
+        t = cm.comm_time(m.comm)
+        if m.node >= 0:
+            comm[m.node] += t
+        elif m.value in carried_input:
+            state_moves[carried_input[m.value]] += t
+    memory = [(u.node, cm.groups[u.group].inputs, u.kind, u.bytes) for u in b.memory]
+    out = NodeCosts(time=compute + comm, compute=compute, comm=comm,
+                    state_moves=dict(state_moves), memory=memory, specs=b.specs)
+    memo[key] = (cm, out)
+    return out
+
+
+def local_bytes(graph: OpGraph, vid: int, spec: Spec | None, sizes) -> float:
+    """Bytes of value ``vid`` on one device under ``spec`` (the whole value without one)."""
+    v = graph.values[vid]
+    if spec is None:
+        return float(v.nbytes)
+    return float(np.prod(local_shape(v.shape, spec, sizes), dtype=np.float64)) * dtype_size(v.dtype)
+
+
+def stage_link(topology, src: tuple[int, ...], dst: tuple[int, ...]):
+    """The slowest link between two device groups (one device per node compared)."""
+    def reps(ids):
+        seen: dict[str, int] = {}
+        for d in ids:
+            seen.setdefault(topology.devices[d].node, d)
+        return list(seen.values())
+
+    links = [topology.link(a, b) for a in reps(src) for b in reps(dst)]
+    return min(links, key=lambda ln: (ln.bandwidth, -ln.latency))
+
+
+def link_class(topology, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
+    a, b = topology.devices[src[0]], topology.devices[dst[0]]
+    if a.region != b.region:
+        return "wan"
+    return "region" if a.node != b.node else "node"
+
+
+def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbatches: int,
+                  schedule: str = "1f1b", boundary=()) -> Cost:
+    """The :class:`~hulkjax.plan.Cost` of a staged plan (see the module docstring).
+
+    Args:
+      topology: the whole cluster.
+      graph: the step at full batch (its FLOPs give the ideal time).
+      stages: the stages in pipeline order.
+      microbatches: ``M``.
+      schedule: ``"1f1b"`` or ``"gpipe"``.
+      boundary: value ids accumulated over microbatches (gradients and summed losses; their
+        float32 accumulators count in memory when ``M > 1``).
+    """
+    M, S = microbatches, len(stages)
+    work = [_stage_times(s) for s in stages]
+    stage_of: dict[int, int] = {}
+    phase_of: dict[int, str] = {}
+    for k, s in enumerate(stages):
+        for ph, nodes in (("F", s.forward), ("B", s.backward), ("U", s.update)):
+            for nid in nodes:
+                stage_of[nid] = k
+                phase_of[nid] = ph
+    holder = {i: k for k, s in enumerate(stages) for i in s.inputs}
+    transfers = _transfers(topology, stages, stage_of, phase_of, holder, M)
+    f = [w["f"] for w in work]
+    b = [w["b"] for w in work]
+    u = [w["u"] for w in work]
+    fwd_links = [t for t in transfers.values() if t["fwd"] > 0]
+    bwd_links = [t for t in transfers.values() if t["bwd"] > 0]
+    cf = [t["fwd"] for t in fwd_links]
+    cb = [t["bwd"] for t in bwd_links]
+    if schedule == "gpipe":
+        t_f = sum(f) + sum(cf) + (M - 1) * max(max(f), max(cf, default=0.0))
+        t_b = sum(b) + sum(cb) + (M - 1) * max(max(b), max(cb, default=0.0))
+        t_pipe = t_f + t_b
+    else:
+        w = [x + y for x, y in zip(f, b)]
+        duplex = [max(t["fwd"], t["bwd"]) for t in transfers.values()]
+        t_pipe = sum(w) + sum(cf) + sum(cb) + (M - 1) * max(max(w), max(duplex, default=0.0))
+    t_step_transfers = sum(t["step"] for t in transfers.values())
+    step = t_pipe + t_step_transfers + max(u)
+    # The busiest stage: its compute and collectives; the rest of the step is bubble.
+    busy = [M * (work[k]["f"] + work[k]["b"]) + work[k]["u"] for k in range(S)]
+    kb = int(np.argmax(busy))
+    compute = work[kb]["compute_step"](M)
+    comm = busy[kb] - compute
+    in_flight = [M if schedule == "gpipe" else min(M, S - k) for k in range(S)]
+    stage_times, worst = [], None
+    for k, s in enumerate(stages):
+        mem = _stage_memory(s, stage_of, k, in_flight[k], M, boundary)
+        cap = min(topology.devices[d].spec.memory for d in s.devices)
+        st = StageTime(devices=tuple(s.devices), forward=f[k], backward=b[k], update=u[k],
+                       compute=work[k]["compute_step"](M), comm=busy[k] - work[k]["compute_step"](M),
+                       peak_memory=float(sum(mem.values())), memory_capacity=cap,
+                       in_flight=in_flight[k], memory_breakdown=mem)
+        stage_times.append(st)
+        if worst is None or st.peak_memory / cap > worst.peak_memory / worst.memory_capacity:
+            worst = st
+    by_axis: dict[str, float] = {}
+    scopes: dict[str, str] = {}
+    for k, s in enumerate(stages):
+        for axis, t in work[k]["comm_by_axis"](M).items():
+            by_axis[f"s{k}/{axis}"] = t
+            scopes[f"s{k}/{axis}"] = s.cost_model.topology.axis_scope(axis)
+    total_peak = sum(d.spec.peak_flops for d in topology.devices)
+    recs = tuple(Transfer(src=a, dst=c, link=t["class"], bandwidth=t["link"].bandwidth,
+                          latency=t["link"].latency, microbatch_bytes=t["mb_bytes"],
+                          step_bytes=t["step_bytes"], time=M * (t["fwd"] + t["bwd"]) + t["step"])
+                 for (a, c), t in sorted(transfers.items()))
+    return Cost(step_time=step, compute_time=compute, comm_time=comm,
+                comm_time_by_axis=by_axis, comm_bytes={}, link_class=scopes,
+                peak_memory=worst.peak_memory, memory_breakdown=dict(worst.memory_breakdown),
+                memory_capacity=worst.memory_capacity,
+                ideal_time=graph.total_flops / total_peak if total_peak else 0.0,
+                stages=tuple(stage_times), bubble=max(step - compute - comm, 0.0),
+                transfers=recs, microbatches=M, schedule=schedule)
+
+
+def _stage_times(s: StageWork) -> dict:
+    nc = node_costs(s.cost_model, s.assignment)
+    f = float(sum(nc.time[n] for n in s.forward))
+    b = float(sum(nc.time[n] for n in s.backward))
+    u = float(sum(nc.time[n] for n in s.update)) + sum(nc.state_moves.get(i, 0.0)
+                                                         for i in s.inputs)
+    cf = float(sum(nc.compute[n] for n in s.forward + s.backward))
+    cu = float(sum(nc.compute[n] for n in s.update))
+    cm = s.cost_model
+
+    def comm_by_axis(M: int) -> dict[str, float]:
+        """Seconds per step on each axis of the stage's mesh (own collectives and moves)."""
+        b_ = cm.breakdown(list(s.assignment))
+        per: dict[str, float] = defaultdict(float)
+        mine_mb = set(s.forward) | set(s.backward)
+        mine_u = set(s.update)
+
+        def add(comm, times):
+            for axis, t in _axis_times(cm, comm).items():
+                per[axis] += t * times
+
+        for nid, comms in b_.own.items():
+            times = M if nid in mine_mb else 1 if nid in mine_u else 0
+            for c in comms:
+                if times:
+                    add(c, times)
+        for m in b_.moves:
+            times = M if m.node in mine_mb else 1 if m.node in mine_u else 0
+            if times:
+                add(m.comm, times)
+        return dict(per)
+
+    return {"f": f, "b": b, "u": u, "compute_step": lambda M: M * cf + cu,
+            "comm_by_axis": comm_by_axis}
+
+
+def _axis_times(cm: CostModel, comm) -> dict[str, float]:
+    return collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
+
+
+def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
+    """``{(src, dst): {"fwd", "bwd", "step" seconds, bytes, link}}`` (per microbatch for fwd / bwd)."""
+    g = stages[0].cost_model.graph
+    per: dict[tuple[int, int], dict] = {}
+    sent: set[tuple[int, int]] = set()
+
+    def entry(a, c):
+        e = per.get((a, c))
+        if e is None:
+            link = stage_link(topology, stages[a].devices, stages[c].devices)
+            e = per[(a, c)] = {"fwd": 0.0, "bwd": 0.0, "step": 0.0, "mb_bytes": 0.0,
+                               "step_bytes": 0.0, "link": link,
+                               "class": link_class(topology, stages[a].devices,
+                                                   stages[c].devices),
+                               "_fb": 0.0, "_bb": 0.0, "_sb": 0.0}
+        return e
+
+    input_index = {v: i for i, v in enumerate(g.inputs)}
+    for n in g.nodes:
+        c = stage_of.get(n.id)
+        if c is None:
+            continue
+        for v in n.inputs:
+            if v is None:
+                continue
+            p = g.values[v].producer
+            if p is None:
+                i = input_index.get(v)
+                if i is None or g.input_roles[i] == DATA:
+                    continue  # constants are everywhere; the batch comes from the host
+                a = holder.get(i)
+                kind = "step"
+            else:
+                a = stage_of.get(p)
+                pp, pc = phase_of.get(p), phase_of.get(n.id)
+                kind = "step" if "U" in (pp, pc) else ("bwd" if pp == "B" and pc == "B" else "fwd")
+            if a is None or a == c or (v, c) in sent:
+                continue
+            sent.add((v, c))
+            nbytes = _transfer_bytes(g, v, stages[a], stages[c])
+            e = entry(a, c)
+            e["_" + {"fwd": "fb", "bwd": "bb", "step": "sb"}[kind]] += nbytes
+    for e in per.values():
+        link = e["link"]
+        for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("step", e["_sb"])):
+            e[key] = link.latency + b / link.bandwidth if b > 0 else 0.0
+        e["mb_bytes"] = e["_fb"] + e["_bb"]
+        e["step_bytes"] = e["_sb"]
+    return per
+
+
+def _transfer_bytes(g: OpGraph, v: int, src: StageWork, dst: StageWork) -> float:
+    """Bytes per receiving device: its shard of the destination layout, spread over senders."""
+    dspec = node_costs(dst.cost_model, dst.assignment).specs.get(v)
+    d_local = local_bytes(g, v, dspec, dst.cost_model.sizes)
+    return max(d_local, d_local * len(dst.devices) / max(len(src.devices), 1))
+
+
+def _stage_memory(s: StageWork, stage_of, k: int, in_flight: int, M: int, boundary) -> dict:
+    """Stage ``k``'s peak bytes per device by kind: the liveness walk
+    (:func:`~hulkjax.cost.memory.liveness`) over the operators it runs, with the parameters and
+    optimizer state it holds and ``in_flight`` microbatches of data and saved activations, plus
+    float32 accumulators for the boundary sums it makes when ``M > 1``."""
+    cm = s.cost_model
+    g = cm.graph
+    key = ("stage_memory", id(cm), tuple(s.assignment), s.forward, s.backward, s.update, s.inputs,
+           in_flight)
+    hit = g.memo.get(key)
+    if hit is not None and hit[0] is cm:
+        mem = dict(hit[1])
+    else:
+        report = liveness(cm, list(s.assignment), nodes=(*s.forward, *s.backward, *s.update),
+                          held=set(s.inputs), in_flight=in_flight)
+        mem = {kind: b for kind, b in report.breakdown.items() if b}
+        g.memo[key] = (cm, dict(mem))
+    if M > 1:
+        nc = node_costs(cm, s.assignment)
+        acc = 0.0
+        for v in boundary:
+            p = g.values[v].producer
+            if p is not None and stage_of.get(p) == k:
+                spec = nc.specs.get(v)
+                acc += 4.0 * local_bytes(g, v, spec, cm.sizes) / max(dtype_size(g.values[v].dtype), 1)
+        if acc:
+            mem["accumulators"] = acc
+    return mem
+
+
+def held_inputs(graph: OpGraph, home_stage: dict[int, int], k: int) -> tuple[int, ...]:
+    """Argument leaves stage ``k`` holds: parameters and optimizer state homed on it."""
+    return tuple(i for i, s in sorted(home_stage.items())
+                 if s == k and graph.input_roles[i] in (PARAMETER, OPTIMIZER))
+
+
+__all__ = ["NodeCosts", "StageWork", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
+           "stage_link"]

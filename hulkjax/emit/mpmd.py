@@ -1,0 +1,726 @@
+"""Emit a staged plan: one jitted program per stage and phase, transfers, a host-driven schedule.
+
+Where this sits::
+
+    Plan.stages (hj.Stage: devices, sub-mesh, node ids per phase, layouts)
+        |   the traced step at the full batch and at the microbatch size (trace.microbatch)
+        v
+    per stage k:  F_k (its forward nodes)  B_k (its backward nodes, accumulating gradients)
+                  on its sub-mesh, from the microbatch trace; U (the optimizer) from the full trace
+        |   jax.device_put of activations / gradients to the next stage's NamedSharding
+        v
+    StagedStep(state, batch): the batch cut into M microbatches; F and B in GPipe or 1F1B order
+    for every microbatch; the accumulated gradients (and summed losses) combined exactly (M ** e
+    times their sum, see hulkjax.trace.microbatch); the update once per step on each stage.
+
+Every program re-runs the plan's nodes of one traced step (:func:`hulkjax.trace.interpret.evaluate`)
+with the stage's planned constraints, so the staged step computes what the unsharded step computes.
+Programs are lowered and compiled by :meth:`StagedStep.compile` before any argument is touched.
+Donation as in SPMD emission: each state leaf's buffer is given to the program that writes its new
+value (the last to read it); gradient accumulators are donated from microbatch to microbatch.
+
+What cannot be emitted with several microbatches (the plan then raises and says why): steps whose
+batch-dependent part is not a sum over examples (batch statistics, a loss normalized by a
+data-dependent count, reductions over the batch that are not sums, random numbers drawn per example),
+see :mod:`hulkjax.trace.microbatch`. Such steps run staged with one microbatch.
+
+>>> import jax, jax.numpy as jnp, hulkjax as hj
+>>> from hulkjax import zoo
+>>> m = zoo.get("mlp", size="tiny")
+>>> state, batch = m.init(seed=0)
+>>> plan = hj.plan(m.step, state, batch, topology=hj.Topology.preset("hetero"),
+...                strategy="pipeline")
+>>> step = hj.emit(m.step, plan, donate=False)
+>>> _, metrics = step(state, batch)
+>>> bool(abs(metrics["loss"] - m.step(state, batch)[1]["loss"]) < 1e-5)
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from hulkjax.emit.hlo import Collective, collectives_from_hlo
+from hulkjax.emit.spmd import _place_copy as place_copy
+from hulkjax.errors import (
+    DonatedArgumentError,
+    InvalidPlanError,
+    NotEnoughDevicesError,
+    PlanMismatchError,
+    UnsupportedStepError,
+)
+from hulkjax.plan.records import BodyPlan, Plan
+from hulkjax.trace.graph import OpGraph, dtype_name
+from hulkjax.trace.interpret import BodyHooks, constant_values, equations, evaluate
+from hulkjax.trace.microbatch import analyze, microbatch_graph
+from hulkjax.trace.tracer import trace
+
+log = logging.getLogger("hulkjax.emit")
+
+F, B, U = "F", "B", "U"
+
+
+class _Program:
+    """One jitted program: some nodes of one graph on one stage's mesh.
+
+    ``reads``: value ids it takes (in order); ``writes``: value ids it returns; ``accs``: boundary
+    value ids it adds into float32 accumulators (taken after ``reads``, returned after
+    ``writes``).
+    """
+
+    def __init__(self, name: str, stage: int, graph: OpGraph, nodes: list[int]):
+        self.name, self.stage, self.graph, self.nodes = name, stage, graph, nodes
+        self.reads: list[int] = []
+        self.writes: list[int] = []
+        self.accs: list[int] = []
+        self.donate: tuple[int, ...] = ()
+        self.compiled = None
+
+
+class StagedStep:
+    """A staged plan compiled for its stages: call it like the original step.
+
+    Attributes:
+      fn: the user's step.
+      plan: the staged :class:`~hulkjax.plan.Plan` it runs.
+      meshes: one ``jax.sharding.Mesh`` per stage (its sub-mesh of ``jax.devices()``).
+      programs: ``{(stage, phase): compiled program}`` after :meth:`compile` (phase ``"F"``,
+        ``"B"``, ``"U0"``, ``"U1"``, ... for the update's segments).
+    """
+
+    def __init__(self, fn: Callable, plan: Plan, *, donate: bool = True, devices=None):
+        if not isinstance(plan, Plan) or plan.stages is None:
+            raise InvalidPlanError("StagedStep needs a staged plan (plan.stages is not None); "
+                                   "emit SPMD plans with hj.emit, which picks the right emitter.")
+        if plan.topology is None:
+            raise InvalidPlanError("the staged plan has no topology to place its stages on; "
+                                   "plans from hj.plan or Plan.load carry one.")
+        if plan.topology_fingerprint and plan.topology.fingerprint() != plan.topology_fingerprint:
+            raise PlanMismatchError(
+                f"the plan's topology {plan.topology.name!r} has fingerprint "
+                f"{plan.topology.fingerprint()}, but the plan was made for "
+                f"{plan.topology_fingerprint} (was the plan file edited?). Re-plan.")
+        self.fn, self.plan, self.donate = fn, plan, donate
+        devs = list(jax.devices() if devices is None else devices)
+        n = plan.topology.num_devices
+        if len(devs) < n:
+            raise NotEnoughDevicesError(
+                f"the staged plan's topology {plan.topology.name!r} needs {n} devices but JAX has "
+                f"{len(devs)}; for fake CPU devices set jax.config.update('jax_num_cpu_devices', "
+                f"{n}) before JAX starts.")
+        self.meshes = []
+        for st in plan.stages:
+            grid = np.empty(len(st.devices), dtype=object)
+            grid[:] = [devs[d] for d in st.devices]
+            self.meshes.append(jax.sharding.Mesh(
+                grid.reshape(st.mesh_shape), st.axis_names,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(st.axis_names)))
+        self.programs: dict[tuple[int, str], object] = {}
+        self._graph: OpGraph | None = plan.graph
+        self._built = False
+
+    def __repr__(self) -> str:
+        state = "compiled" if self._built else "not compiled"
+        return (f"StagedStep({getattr(self.fn, '__name__', 'step')}, strategy="
+                f"{self.plan.strategy!r}, {len(self.plan.stages)} stages x "
+                f"{self.plan.microbatches} microbatches, {state})")
+
+    # ---- building -------------------------------------------------------------------------
+    def _bind_graph(self, args) -> OpGraph:
+        if self._graph is not None and getattr(self._graph, "fn", None) is not self.fn:
+            self._graph = None
+        if self._graph is None:
+            g = trace(self.fn, *args)
+            if self.plan.graph_fingerprint and g.fingerprint() != self.plan.graph_fingerprint:
+                raise PlanMismatchError(
+                    f"the plan was made for another step (graph fingerprint "
+                    f"{self.plan.graph_fingerprint}, this step traces to {g.fingerprint()}). "
+                    f"Re-plan with hj.plan(fn, *args, topology=...).")
+            self._graph = g
+            self.plan.graph = g
+            self.plan.in_tree, self.plan.out_tree = g.in_tree, g.out_tree
+        return self._graph
+
+    def _check_args(self, args) -> list:
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        if self.plan.in_tree is not None and tree != self.plan.in_tree:
+            raise PlanMismatchError(f"arguments have structure {tree}, the plan expects "
+                                    f"{self.plan.in_tree}. Re-plan for these arguments.")
+        if len(leaves) != len(self.plan.inputs):
+            raise PlanMismatchError(f"got {len(leaves)} argument leaves, the plan has "
+                                    f"{len(self.plan.inputs)}. Re-plan for these arguments.")
+        for leaf, t in zip(leaves, self.plan.inputs):
+            shape = tuple(getattr(leaf, "shape", ()))
+            dtype = dtype_name(leaf.dtype) if hasattr(leaf, "dtype") else type(leaf).__name__
+            if shape != t.shape or dtype != t.dtype:
+                raise PlanMismatchError(f"argument {t.path!r} is {dtype}{list(shape)}, the plan was "
+                                        f"made for {t.dtype}{list(t.shape)}. Re-plan for new "
+                                        f"shapes (hj.hulk_shard does this automatically).")
+        return leaves
+
+    def _sharding(self, k: int, v: int) -> NamedSharding | None:
+        spec = self.plan.stages[k].value_specs.get(v)
+        return None if spec is None else NamedSharding(self.meshes[k], spec)
+
+    def compile(self, *args):
+        """Trace (if needed), then lower and compile every stage program for these arguments
+        (arrays or ``ShapeDtypeStruct`` s); returns ``self.programs``."""
+        if self._built:
+            return self.programs
+        g = self._bind_graph(args)
+        self._check_args(args)
+        plan = self.plan
+        M = plan.microbatches
+        self.full = g
+        stage_of, phase_of = {}, {}
+        for k, st in enumerate(plan.stages):
+            for ph, nodes in ((F, st.forward), (B, st.backward), (U, st.update)):
+                for nid in nodes:
+                    if nid in stage_of:
+                        raise InvalidPlanError(f"node {nid} is in two stages of the plan.")
+                    stage_of[nid] = k
+                    phase_of[nid] = ph
+        missing = [n.id for n in g.nodes if n.id not in stage_of]
+        if missing:
+            raise InvalidPlanError(f"the staged plan leaves {len(missing)} operators of the step "
+                                   f"to no stage (e.g. node {missing[0]}). Re-plan.")
+        self.stage_of, self.phase_of = stage_of, phase_of
+        if M > 1:
+            micro = microbatch_graph(g, M)
+            split = analyze(g, micro)
+            if not split.exact:
+                raise UnsupportedStepError(
+                    f"this step cannot be cut into {M} microbatches exactly: "
+                    f"{split.problems[0]}. Plan it with microbatches=1 (hulkjax's planners do so "
+                    f"for such steps).")
+            per = {n for n, ph in phase_of.items() if ph != U}
+            if per != set(split.per_microbatch):
+                raise PlanMismatchError(
+                    "the plan's per-microbatch operators are not the step's batch-dependent "
+                    "ones (was the plan made for another step?). Re-plan.")
+            self.micro, self.boundary = micro, split.boundary
+            self.split_inputs = set(split.split_inputs)
+        else:
+            self.micro, self.boundary, self.split_inputs = g, {}, set()
+        self.holder = {i: k for k, st in enumerate(plan.stages) for i in st.inputs}
+        self._plan_programs()
+        self._compile_programs()
+        self._built = True
+        log.info("compiled %d stage programs for %s", len(self.programs),
+                 getattr(self.fn, "__name__", "step"))
+        return self.programs
+
+    def _plan_programs(self) -> None:
+        plan, g = self.plan, self.full
+        M = plan.microbatches
+        S = len(plan.stages)
+        self.per_mb: dict[tuple[int, str], _Program] = {}
+        for k, st in enumerate(plan.stages):
+            for ph, nodes in ((F, st.forward), (B, st.backward)):
+                if nodes:
+                    self.per_mb[(k, ph)] = _Program(f"{ph}{k}", k, self.micro, list(nodes))
+        self.segments = self._update_segments()
+        programs = list(self.per_mb.values()) + self.segments
+        owner = {}
+        for p in programs:
+            for nid in p.nodes:
+                owner[nid] = p
+        outputs = [v for v in g.outputs if v is not None]
+        sums = {v for v, c in self.boundary.items() if c.kind == "sum"} if M > 1 else set()
+        for p in programs:
+            mine = set(p.nodes)
+            reads: dict[int, None] = {}
+            writes: dict[int, None] = {}
+            for nid in p.nodes:
+                for v in g.nodes[nid].inputs:
+                    if v is None or v in self._constants:
+                        continue
+                    prod = g.values[v].producer
+                    if prod is None or prod not in mine:
+                        reads[v] = None
+                for o in g.nodes[nid].outputs:
+                    uses = [c for c, _ in g.consumers(o) if c not in mine]
+                    if (uses or o in outputs or o in self.boundary) and o not in sums:
+                        writes[o] = None
+                    if o in sums:
+                        p.accs.append(o)
+            p.reads, p.writes = list(reads), list(writes)
+        self._order_per_microbatch(S, M)
+        self._releases(outputs)
+
+    def _releases(self, outputs) -> None:
+        """What a microbatch's values may be dropped after: each once its last reader among the
+        microbatch's programs has run (1F1B then holds a stage's activations only while its
+        microbatches are in flight), unless the update or the step's results need it."""
+        keep = set(outputs) | set(self.boundary)
+        for seg in self.segments:
+            keep.update(seg.reads)
+        sequence = [(k, ph) for k, ph, m in self.order if m == 0]
+        last: dict[int, tuple[int, str]] = {}
+        for key in sequence:
+            for v in self.per_mb[key].reads + self.per_mb[key].writes:
+                last[v] = key
+        self.release: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for v, key in last.items():
+            if v not in keep:
+                self.release[key].append(v)
+
+    @property
+    def _constants(self) -> set[int]:
+        return set(self.full.constants)
+
+    def _update_segments(self) -> list[_Program]:
+        """The update's nodes in runs of one stage, in a dependency order with fewest runs."""
+        g = self.full
+        nodes = [n.id for n in g.nodes if self.phase_of[n.id] == U]
+        todo = set(nodes)
+        deps = {}
+        for nid in nodes:
+            deps[nid] = {g.values[v].producer for v in g.nodes[nid].inputs
+                         if v is not None and g.values[v].producer in todo}
+        done: set[int] = set()
+        segments: list[_Program] = []
+        current = None
+        while todo:
+            ready = [n for n in nodes if n in todo and deps[n] <= done]
+            by_stage = defaultdict(list)
+            for n in ready:
+                by_stage[self.stage_of[n]].append(n)
+            k = current if current in by_stage else max(by_stage, key=lambda s: len(by_stage[s]))
+            run = []
+            while True:
+                batch = [n for n in nodes if n in todo and self.stage_of[n] == k
+                         and deps[n] <= done]
+                if not batch:
+                    break
+                for n in batch:
+                    todo.discard(n)
+                    done.add(n)
+                run.extend(batch)
+            run.sort()
+            segments.append(_Program(f"U{len(segments)}", k, g, run))
+            current = None
+        return segments
+
+    def _order_per_microbatch(self, S: int, M: int) -> None:
+        """The host's dispatch order of (stage, phase, microbatch)."""
+        has = lambda k, ph: (k, ph) in self.per_mb  # noqa: E731
+        order = []
+        if self.plan.schedule == "gpipe":
+            for m in range(M):
+                order += [(k, F, m) for k in range(S) if has(k, F)]
+            for m in range(M):
+                order += [(k, B, m) for k in reversed(range(S)) if has(k, B)]
+        else:  # 1F1B: stage k warms up with S - k - 1 forwards, then alternates
+            queues = []
+            for k in range(S):
+                warm = min(S - k - 1, M)
+                q = [(F, m) for m in range(warm)]
+                f, b = warm, 0
+                while f < M or b < M:
+                    if f < M:
+                        q.append((F, f))
+                        f += 1
+                    if b < M:
+                        q.append((B, b))
+                        b += 1
+                queues.append([(ph, m) for ph, m in q if has(k, ph)])
+            done = set()
+            heads = [0] * S
+            while any(h < len(q) for h, q in zip(heads, queues)):
+                progressed = False
+                for k in range(S):
+                    while heads[k] < len(queues[k]):
+                        ph, m = queues[k][heads[k]]
+                        if not self._ready(k, ph, m, done, S):
+                            break
+                        order.append((k, ph, m))
+                        done.add((k, ph, m))
+                        heads[k] += 1
+                        progressed = True
+                if not progressed:
+                    raise InvalidPlanError("the stages' forward and backward programs depend on "
+                                           "each other in a cycle; re-plan.")
+        self.order = order
+
+    def _ready(self, k, ph, m, done, S) -> bool:
+        if ph == F:
+            return all((j, F, m) in done for j in range(k) if (j, F) in self.per_mb)
+        return all((j, F, m) in done for j in range(S) if (j, F) in self.per_mb) and all(
+            (j, B, m) in done for j in range(k + 1, S) if (j, B) in self.per_mb)
+
+    # ---- compiling --------------------------------------------------------------------------
+    def _program_fn(self, p: _Program):
+        st = self.plan.stages[p.stage]
+        mesh = self.meshes[p.stage]
+        graph = p.graph
+        eqns = self._equations(graph)
+        consts = self._constant_env(graph)
+        on_operand, on_result = _node_hooks(mesh, st.operand_specs, st.result_specs)
+        on_body = _body_hooks(mesh, st.bodies)
+        n_reads, accs = len(p.reads), p.accs
+        mine = set(p.nodes)
+        nodes = [n for n in p.nodes if n in mine]
+
+        def fn(*args):
+            env = dict(consts)
+            env.update(zip(p.reads, args[:n_reads]))
+            evaluate(graph, eqns, nodes, env, on_operand=on_operand, on_result=on_result,
+                     on_body=on_body)
+            outs = [env[v] for v in p.writes]
+            new = [a + env[v].astype(jnp.float32)
+                   for a, v in zip(args[n_reads:], accs)]
+            return outs, new
+
+        return fn
+
+    def _equations(self, graph):
+        key = id(graph)
+        cache = self.__dict__.setdefault("_eqn_cache", {})
+        if key not in cache:
+            cache[key] = equations(graph.jaxpr)
+        return cache[key]
+
+    def _constant_env(self, graph) -> dict:
+        return dict(zip(graph.constants, constant_values(graph.jaxpr)))
+
+    def _compile_programs(self) -> None:
+        g = self.full
+        shard: dict[tuple[int, int], object] = {}  # (stage, value) -> sharding it arrives in
+        input_index = {v: i for i, v in enumerate(g.inputs)}
+        jaxpr_avals = {v: a for v, a in zip(g.inputs, g.jaxpr.in_avals)}
+        micro_avals = {v: a for v, a in zip(self.micro.inputs, self.micro.jaxpr.in_avals)}
+
+        def target(k, v):
+            s = self._sharding(k, v)
+            if s is None and v in input_index:
+                i = input_index[v]
+                s = NamedSharding(self.meshes[k], self.plan.inputs[i].spec) \
+                    if self.holder.get(i) == k else NamedSharding(self.meshes[k], PartitionSpec())
+            return s
+
+        def abstract(k, v, graph, sharding):
+            if v in (jaxpr_avals if graph is g else micro_avals):
+                a = (jaxpr_avals if graph is g else micro_avals)[v]
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+            val = graph.values[v]
+            dtype = self._dtype_of(graph, v)
+            return jax.ShapeDtypeStruct(val.shape, dtype, sharding=sharding)
+
+        self._acc_sharding = {}
+        produced: dict[int, tuple[int, object]] = {}  # value -> (stage, sharding) as produced
+        M = self.plan.microbatches
+
+        def compile_one(p: _Program, key):
+            k = p.stage
+            ins = []
+            for v in p.reads:
+                src = produced.get(v)
+                if src is not None and src[0] == k and self._sharding(k, v) is None:
+                    s = src[1]  # stays on this stage: as its producer left it
+                else:
+                    s = target(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                shard[(k, v)] = s
+                ins.append(abstract(k, v, p.graph, s))
+            accs = []
+            for v in p.accs:
+                s = self._sharding(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                self._acc_sharding[v] = s
+                val = p.graph.values[v]
+                accs.append(jax.ShapeDtypeStruct(val.shape, jnp.float32, sharding=s))
+            outs = []
+            for v in p.writes:
+                outs.append(self._out_sharding(k, v))
+            fn = self._program_fn(p)
+            donate = tuple(range(len(ins), len(ins) + len(accs)))
+            donate += tuple(j for j in p.donate if j < len(ins))
+            jitted = jax.jit(fn, out_shardings=(outs, [self._acc_sharding[v] for v in p.accs]),
+                             donate_argnums=donate)
+            compiled = jitted.lower(*ins, *accs).compile()
+            p.compiled = compiled
+            self.programs[key] = compiled
+            out_sh, _ = compiled.output_shardings
+            for v, s in zip(p.writes, out_sh):
+                produced[v] = (k, s)
+
+        order = [(k, F) for k in range(len(self.plan.stages)) if (k, F) in self.per_mb]
+        order += [(k, B) for k in reversed(range(len(self.plan.stages))) if (k, B) in self.per_mb]
+        for key in order:
+            compile_one(self.per_mb[key], key)
+        if M > 1:
+            for v in self.boundary:
+                prod = self.micro.values[v].producer
+                k = self.stage_of[prod]
+                s = self._acc_sharding.get(v) or self._sharding(k, v) or \
+                    produced.get(v, (k, NamedSharding(self.meshes[k], PartitionSpec())))[1]
+                produced[v] = (k, s)
+        self._donations()
+        for seg in self.segments:
+            compile_one(seg, (seg.stage, seg.name))
+        self._produced = produced
+
+    def _dtype_of(self, graph, v):
+        return self._value_dtypes(graph)[v]
+
+    def _value_dtypes(self, graph):
+        cache = self.__dict__.setdefault("_dtype_cache", {})
+        if id(graph) not in cache:
+            dt = {}
+            for v, a in zip(graph.inputs, graph.jaxpr.in_avals):
+                dt[v] = a.dtype
+            for e, n in zip(self._equations(graph), graph.nodes):
+                for o, ov in zip(n.outputs, e.eqn.outvars):
+                    dt[o] = ov.aval.dtype
+            for v in graph.constants:
+                dt.setdefault(v, None)
+            cache[id(graph)] = dt
+        return cache[id(graph)]
+
+    def _out_sharding(self, k: int, v: int):
+        g = self.full
+        carried = {g.outputs[o]: i for i, o in g.carried.items()}
+        if v in carried and self.holder.get(carried[v]) == k:
+            return NamedSharding(self.meshes[k], self.plan.inputs[carried[v]].spec)
+        return self._sharding(k, v)
+
+    def _donations(self) -> None:
+        """Give each held state leaf's buffer to the update segment writing its new value, when
+        no later program reads it."""
+        if not self.donate:
+            return
+        g = self.full
+        last_read: dict[int, int] = {}
+        for j, seg in enumerate(self.segments):
+            for v in seg.reads:
+                last_read[v] = j
+        for i, o in g.carried.items():
+            vin, vout = g.inputs[i], g.outputs[o]
+            if vout is None:
+                continue
+            prod = g.values[vout].producer
+            for j, seg in enumerate(self.segments):
+                if prod in seg.nodes and vin in seg.reads and last_read.get(vin) == j \
+                        and self.holder.get(i) == seg.stage:
+                    seg.donate = seg.donate + (seg.reads.index(vin),)
+
+    # ---- running ----------------------------------------------------------------------------
+    def __call__(self, *args):
+        self.compile(*args)
+        leaves = self._check_args(args)
+        g, plan = self.full, self.plan
+        M = plan.microbatches
+        for x, t in zip(leaves, plan.inputs):
+            if isinstance(x, jax.Array) and x.is_deleted():
+                raise DonatedArgumentError(
+                    f"argument {t.path!r} has been deleted: its buffer was donated to an earlier "
+                    f"call of this step. Pass the state the step returned, or emit with "
+                    f"donate=False.")
+        env: dict[int, object] = {}
+        # State leaves on the stage holding them (passed through when already in place).
+        donated = set()
+        if self.donate:
+            for seg in self.segments:
+                donated.update(seg.reads[j] for j in seg.donate)
+        for i, (x, t) in enumerate(zip(leaves, plan.inputs)):
+            k = self.holder.get(i)
+            if k is None:
+                continue
+            s = NamedSharding(self.meshes[k], t.spec)
+            v = g.inputs[i]
+            if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim) \
+                    and not (v in donated and any(y is x for y in leaves[:i])):
+                env[v] = x
+            else:
+                env[v] = place_copy(x, s, force=v in donated and isinstance(x, jax.Array))
+        data = {g.inputs[i]: x for i, x in enumerate(leaves) if self.holder.get(i) is None}
+        for v, x in data.items():  # data no microbatch splits is the same for every one
+            if g.inputs.index(v) not in self.split_inputs:
+                env[v] = x
+        moved: dict[tuple[int, int], object] = {}  # per-step copies on other stages
+
+        def fetch(k, v, local):
+            if v in local:
+                x = local[v]
+            elif v in env:
+                x = env[v]
+            else:
+                raise InvalidPlanError(f"value {v} is read on stage {k} before it is computed; "
+                                       f"re-plan.")
+            want = self._want(k, v)
+            if _on(x, want):
+                return x
+            key = (k, v)
+            if v in env and key in moved:
+                return moved[key]
+            y = jax.device_put(x, want)
+            if v in env:
+                moved[key] = y
+            return y
+
+        micro_envs = [dict() for _ in range(M)]
+        b = None
+        for m in range(M):
+            for v, x in data.items():
+                i = g.inputs.index(v)
+                if i in self.split_inputs:
+                    b = x.shape[0] // M
+                    micro_envs[m][v] = x[m * b:(m + 1) * b]
+                else:
+                    micro_envs[m][v] = x
+        accs: dict[int, object] = {}
+        for p in self.per_mb.values():
+            for v in p.accs:
+                s = self._acc_sharding[v]
+                accs[v] = jnp.zeros(p.graph.values[v].shape, jnp.float32, device=s)
+        kept: dict[int, list] = defaultdict(list)  # concat boundaries, per microbatch
+        for k, ph, m in self.order:
+            p = self.per_mb[(k, ph)]
+            local = micro_envs[m]
+            args_ = [fetch(k, v, local) for v in p.reads]
+            outs, new = p.compiled(*args_, *[accs[v] for v in p.accs])
+            for v, x in zip(p.writes, outs):
+                local[v] = x
+                c = self.boundary.get(v)
+                if c is not None and c.kind == "concat":
+                    kept[v].append(x)
+            for v, x in zip(p.accs, new):
+                accs[v] = x
+            for v in self.release.get((k, ph), ()):
+                local.pop(v, None)
+        # Combine the microbatches: sums scaled by M ** e, per-example results concatenated,
+        # independent values from the last microbatch.
+        if M > 1:
+            last = micro_envs[-1]
+            for v, c in self.boundary.items():
+                dtype = self._dtype_of(self.full, v)
+                if c.kind == "sum":
+                    env[v] = _combine(accs[v], c.scale(M), dtype)
+                elif c.kind == "concat":
+                    env[v] = (jnp.concatenate(kept[v], axis=c.dim) * c.scale(M)).astype(dtype)
+                else:
+                    env[v] = last[v]
+        else:
+            env.update({v: x for v, x in micro_envs[0].items() if v not in data})
+        for seg in self.segments:
+            args_ = [fetch(seg.stage, v, {}) for v in seg.reads]
+            outs, _ = seg.compiled(*args_)
+            env.update(zip(seg.writes, outs))
+        result = []
+        for v in g.outputs:
+            if v is None:
+                result.append(jnp.zeros((), jnp.float32))
+                continue
+            x = env.get(v, data.get(v))
+            if x is None and v in micro_envs[0]:
+                x = micro_envs[0][v]
+            result.append(x)
+        return jax.tree_util.tree_unflatten(plan.out_tree, result)
+
+    def _want(self, k: int, v: int):
+        s = self._sharding(k, v)
+        if s is not None:
+            return s
+        prod = self._produced.get(v)
+        if prod is not None and prod[0] == k:
+            return prod[1]
+        g = self.full
+        if v in g.inputs:
+            i = g.inputs.index(v)
+            if self.holder.get(i) == k:
+                return NamedSharding(self.meshes[k], self.plan.inputs[i].spec)
+        return NamedSharding(self.meshes[k], PartitionSpec())
+
+    def program_collectives(self) -> dict[str, list[Collective]]:
+        """``{program: collectives}`` read from each compiled stage program's HLO (names
+        ``"F0"``, ``"B1"``, ``"U0"``, ...); axes are those of the program's stage mesh. A
+        microbatch program's collectives run once per microbatch."""
+        if not self._built:
+            raise RuntimeError("not compiled yet: call the step or .compile(*args) first")
+        out = {}
+        for p in list(self.per_mb.values()) + self.segments:
+            mesh = self.meshes[p.stage]
+            out[p.name] = collectives_from_hlo(p.compiled.as_text(),
+                                               tuple(mesh.devices.shape), tuple(mesh.axis_names))
+        return out
+
+    def collectives(self) -> list[Collective]:
+        """Every compiled program's collectives, once per execution in a step (microbatch
+        programs ``microbatches`` times), axes named ``"s<stage>/<axis>"``."""
+        out = []
+        progs = {p.name: p for p in list(self.per_mb.values()) + self.segments}
+        for name, colls in self.program_collectives().items():
+            p = progs[name]
+            times = self.plan.microbatches if p in self.per_mb.values() else 1
+            for c in colls:
+                out += [dataclasses.replace(c, axes=tuple(f"s{p.stage}/{a}" for a in c.axes))
+                        ] * times
+        return out
+
+    def memory_per_device(self) -> float:
+        """The largest per-device footprint of one compiled program (arguments + temporaries +
+        results - aliased), bytes: what XLA says a stage needs while one program runs."""
+        best = 0.0
+        for p in list(self.per_mb.values()) + self.segments:
+            ma = p.compiled.memory_analysis()
+            best = max(best, ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                       + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        return best
+
+
+def _on(x, sharding) -> bool:
+    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and \
+        x.sharding.is_equivalent_to(sharding, x.ndim)
+
+
+def _combine(acc, scale: float, dtype):
+    return (acc * scale).astype(dtype) if scale != 1.0 else acc.astype(dtype)
+
+
+def _node_hooks(mesh, operand_specs, result_specs):
+    op_specs = {k: NamedSharding(mesh, s) for k, s in operand_specs.items()}
+    res_specs = {k: NamedSharding(mesh, s) for k, s in result_specs.items()}
+    result_nodes = {n for n, _ in res_specs}
+    wsc = jax.lax.with_sharding_constraint
+
+    def on_operand(nid, k, x):
+        s = op_specs.get((nid, k))
+        return x if s is None else wsc(x, s)
+
+    def on_result(nid, outs):
+        if nid not in result_nodes:
+            return outs
+        return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
+                for k, x in enumerate(outs)]
+
+    return (on_operand if op_specs else None), (on_result if res_specs else None)
+
+
+def _body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
+    if not bodies:
+        return None
+    wsc = jax.lax.with_sharding_constraint
+
+    def boundary(specs: dict):
+        shardings = {j: NamedSharding(mesh, s) for j, s in specs.items()}
+        if not shardings:
+            return None
+        return lambda xs: [x if (s := shardings.get(j)) is None else wsc(x, s)
+                           for j, x in enumerate(xs)]
+
+    def hooks(bp: BodyPlan) -> BodyHooks:
+        on_operand, on_result = _node_hooks(mesh, bp.operand_specs, bp.result_specs)
+        return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
+                         on_operand=on_operand, on_result=on_result,
+                         on_body=_body_hooks(mesh, bp.bodies))
+
+    table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
+    return table.get
+

@@ -1,0 +1,154 @@
+"""The stage of a staged (pipeline) plan: which devices run which part of the step, and how.
+
+Where this sits::
+
+    strategies.stages (planners)  ->  Plan.stages = (Stage, ...)  ->  emit.mpmd (one program per
+                                                                       stage and phase, transfers)
+
+A staged plan splits one traced training step over disjoint device groups. Stage ``k`` runs the
+nodes ``forward`` and ``backward`` once per microbatch, and ``update`` (the optimizer) once per
+step, as SPMD programs on its own sub-mesh; values crossing stages are sent with
+``jax.device_put`` to the receiving stage's layout (``value_specs``). Node and value ids are those
+of the plan's graph (``Plan.graph_fingerprint``).
+
+>>> s = Stage(devices=(0, 1), layers=("MLP/dense_0",), axis_names=("gpu",), mesh_shape=(2,),
+...           forward=(0, 1), backward=(5,), update=(9,))
+>>> s.nodes, Stage.from_dict(s.to_dict()) == s
+((0, 1, 5, 9), True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from hulkjax.errors import InvalidPlanError
+from hulkjax.plan.specs import spec_from_json, spec_to_json
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One stage of a staged plan: a device group, the layers it runs, its SPMD layouts.
+
+    Attributes:
+      devices: indices into the topology's devices (``Topology.devices``), in mesh order.  # tuple
+      layers: the module scopes it runs (``"GPT2/h_3"``), in step order.  # tuple of str
+      axis_names / mesh_shape: its sub-mesh over ``devices`` (row-major).  # tuple / tuple
+      forward: graph node ids it runs per microbatch on the way forward.  # tuple of int
+      backward: graph node ids it runs per microbatch on the way back (gradients, recomputation of
+        rematerialized layers).  # tuple of int
+      update: graph node ids it runs once per step on the combined microbatches (the optimizer
+        update of its parameters).  # tuple of int
+      inputs: indices of the step's argument leaves it holds (its parameters and their optimizer
+        state; the batch is sent to every stage that reads it).  # tuple of int
+      value_specs: ``{value id: PartitionSpec}``: the layout, on this sub-mesh, of every value its
+        programs receive or hand on (arguments it holds or reads, activations from other stages,
+        residuals kept for its backward pass, gradients accumulated for its update).  # dict
+      operand_specs / result_specs: ``{(node id, index): PartitionSpec}``: the constraints of its
+        SPMD plan, as :class:`~hulkjax.plan.Plan`'s.  # dict
+      bodies: layouts inside the bodies of its ``scan`` / ``while`` / ``cond`` nodes, as
+        :attr:`Plan.bodies`.  # dict
+      strategy: the SPMD plan inside the stage (``"dp_tp"``, ``"ilp"``, ...).  # str
+    """
+
+    devices: tuple[int, ...]
+    layers: tuple[str, ...]
+    axis_names: tuple[str, ...]
+    mesh_shape: tuple[int, ...]
+    forward: tuple[int, ...] = ()
+    backward: tuple[int, ...] = ()
+    update: tuple[int, ...] = ()
+    inputs: tuple[int, ...] = ()
+    value_specs: dict[int, PartitionSpec] = field(default_factory=dict, compare=False)
+    operand_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict,
+                                                                compare=False)
+    result_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict,
+                                                               compare=False)
+    bodies: dict[int, tuple[Any, ...]] = field(default_factory=dict, compare=False)
+    strategy: str = ""
+
+    def __post_init__(self):
+        n = 1
+        for s in self.mesh_shape:
+            n *= s
+        if n != len(self.devices) or len(self.axis_names) != len(self.mesh_shape):
+            raise InvalidPlanError(
+                f"Stage: mesh {dict(zip(self.axis_names, self.mesh_shape))} does not cover its "
+                f"{len(self.devices)} devices {list(self.devices)[:8]}; give one axis name per "
+                f"mesh dimension and sizes multiplying to the number of devices.")
+        if len(set(self.devices)) != len(self.devices):
+            raise InvalidPlanError(f"Stage: devices {list(self.devices)} repeat a device.")
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """Every node it runs: forward, backward, then update."""
+        return self.forward + self.backward + self.update
+
+    def to_dict(self) -> dict:
+        """The JSON form (:meth:`from_dict` inverts it; loop bodies are read back by
+        ``Plan.from_dict``, which knows their record)."""
+        return {
+            "devices": list(self.devices),
+            "layers": list(self.layers),
+            "axis_names": list(self.axis_names),
+            "mesh_shape": list(self.mesh_shape),
+            "forward": _ranges(self.forward),
+            "backward": _ranges(self.backward),
+            "update": _ranges(self.update),
+            "inputs": list(self.inputs),
+            "value_specs": [[v, spec_to_json(s)] for v, s in sorted(self.value_specs.items())],
+            "operand_specs": [[n, k, spec_to_json(s)]
+                              for (n, k), s in sorted(self.operand_specs.items())],
+            "result_specs": [[n, k, spec_to_json(s)]
+                             for (n, k), s in sorted(self.result_specs.items())],
+            "bodies": [[nid, [b.to_dict() for b in plans]]
+                       for nid, plans in sorted(self.bodies.items())],
+            "strategy": self.strategy,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, *, bodies=None) -> Stage:
+        """Inverse of :meth:`to_dict`; ``bodies`` reads the loop bodies' JSON (``Plan.from_dict``
+        passes its reader; without one a stage with loop bodies cannot be read)."""
+        if d.get("bodies") and bodies is None:
+            raise InvalidPlanError("a stage with loop bodies is read as part of its plan: use "
+                                   "hj.Plan.from_dict / hj.Plan.load.")
+        return cls(
+            devices=tuple(int(x) for x in d["devices"]),
+            layers=tuple(d["layers"]),
+            axis_names=tuple(d["axis_names"]),
+            mesh_shape=tuple(int(x) for x in d["mesh_shape"]),
+            forward=_unranges(d["forward"]),
+            backward=_unranges(d["backward"]),
+            update=_unranges(d["update"]),
+            inputs=tuple(int(x) for x in d["inputs"]),
+            value_specs={int(v): spec_from_json(s) for v, s in d["value_specs"]},
+            operand_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["operand_specs"]},
+            result_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["result_specs"]},
+            bodies=bodies(d["bodies"]) if d.get("bodies") else {},
+            strategy=d.get("strategy", ""),
+        )
+
+
+SCHEDULES = ("1f1b", "gpipe")
+"""Pipeline schedules: ``"1f1b"`` (one forward, one backward: at most ``stages - k`` microbatches
+in flight on stage ``k``) and ``"gpipe"`` (all forwards, then all backwards)."""
+
+
+def _ranges(ids: tuple[int, ...]) -> list[list[int]]:
+    """``(3, 4, 5, 9)`` -> ``[[3, 6], [9, 10]]`` (half-open runs, in the given order)."""
+    out: list[list[int]] = []
+    for i in ids:
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def _unranges(runs) -> tuple[int, ...]:
+    if not isinstance(runs, list):
+        raise InvalidPlanError(f"stage node ids are stored as [start, end] runs, got {runs!r}")
+    return tuple(i for a, b in runs for i in range(int(a), int(b)))

@@ -1,0 +1,858 @@
+"""Staged (pipeline) plans: which layers run on which device group, SPMD inside each group.
+
+Where this sits::
+
+    OpGraph --partition--> layer units + phases (strategies.partition, trace.microbatch)
+       |                         |
+       |   device groups of the topology (regions, nodes, GPU kinds) as sub-topologies
+       v                         v
+    per (microbatches M, group shape, SPMD plan): per-unit forward / backward / update times and
+    memory from the cost model of the step at microbatch size on the group (cost.pipeline)
+       |
+       +-- ``pipeline``: one stage per region (per node), equal layers, dp_tp, 2 x stages microbatches
+       +-- ``search``: a dynamic program over contiguous unit ranges x groups along a chain of
+           groups (Alpa's inter-operator pass), per M and bottleneck bound; the best few exactly
+           costed by cost.pipeline  -> used by ``ilp`` and ``auto``
+       v
+    Plan with stages (hj.Stage), microbatches, schedule, and the pipeline Cost
+
+**The two-level model and its approximations** (the dynamic program is exact for this model; the
+plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipeline_cost`):
+
+* a stage's devices are one group of one hierarchy level (all regions, all nodes, or all GPU
+  kinds of the topology); groups may be left idle; the order of stages is a path through the
+  groups: the topology's order, the path of cheapest links (Held-Karp), and the fastest groups
+  first are searched;
+* inside a stage the SPMD layouts are one of a few whole-step plans on the group at microbatch size
+  (the ILP's optimum without a memory limit, seeded with the baselines; ``fsdp``, the leanest in
+  memory; ``dp_tp``): a stage takes the fastest of them that fits its memory; repeated layers are
+  laid out alike;
+* the dynamic program charges the link between consecutive stages with everything crossing the
+  boundary between their layers (values skipping a stage are charged at each boundary they
+  cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest), and
+  bounds a stage's in-flight microbatches by the groups after it in the chain;
+* the bottleneck (the steady-state stage or link time) is enumerated on a geometric grid (ratio
+  1.1) between the cheapest and the dearest stage;
+* microbatch counts are powers of two dividing the batch: 1 and 2, then a local search from about
+  four per group that moves to a neighbouring power while the step gets faster (it assumes one
+  best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
+  that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from hulkjax.cost.pipeline import StageWork, local_bytes, node_costs, pipeline_cost, stage_link
+from hulkjax.errors import (
+    InfeasiblePlanError,
+    InvalidOptionError,
+    StrategyNotApplicableError,
+    UnsupportedStepError,
+)
+from hulkjax.formatting import format_time
+from hulkjax.plan.records import Plan, TensorPlan
+from hulkjax.plan.specs import to_pspec
+from hulkjax.plan.stages import SCHEDULES, Stage
+from hulkjax.strategies.baselines import baseline_assignments
+from hulkjax.strategies.loops import body_plans
+from hulkjax.strategies.partition import (
+    BACKWARD,
+    FORWARD,
+    UPDATE,
+    Partition,
+    partition,
+)
+from hulkjax.strategies.realize import cost_model
+from hulkjax.strategies.registry import register_strategy
+from hulkjax.trace.graph import OPTIMIZER, PARAMETER, OpGraph
+from hulkjax.trace.microbatch import batch_size, microbatch_graph
+
+log = logging.getLogger("hulkjax.stages")
+
+INTRA_PLANS = ("ilp", "fsdp", "dp_tp")
+"""The SPMD plans a stage may use inside its group (see the module docstring)."""
+MAX_NODE_GROUPS = 16  # the node level is searched on clusters of at most this many nodes
+
+
+# ---- device groups -----------------------------------------------------------------------------
+
+def device_groups(topology) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """``{level: groups}`` a staged plan may place stages on: regions, nodes, GPU kinds (each a
+    level with at least two groups; a level repeating another's groups is left out).
+
+    >>> import hulkjax as hj
+    >>> device_groups(hj.Topology.preset("hetero"))
+    {'node': ((0, 1, 2, 3), (4, 5, 6, 7))}
+    """
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+    if topology.axis_links is not None:
+        return out
+    for level in ("region", "node", "kind"):
+        groups = topology.groups(level)
+        if len(groups) < 2 or groups in out.values():
+            continue
+        if level == "node" and len(groups) > MAX_NODE_GROUPS:
+            continue
+        if level == "kind" and any(sorted(g) != list(range(min(g), max(g) + 1)) for g in groups):
+            continue  # kinds interleaved across regions: not one group each
+        out[level] = groups
+    return out
+
+
+def group_topology(topology, devices):
+    """The sub-topology of a device group, canonically named (groups of one shape share cost
+    tables), cached on nothing: topologies are values."""
+    return topology.subset(devices, canonical=True)
+
+
+# ---- per-unit tables ----------------------------------------------------------------------------
+
+@dataclass
+class UnitTable:
+    """Per-unit costs of one SPMD plan on one group shape at one microbatch count.
+
+    Times are seconds (``f`` / ``b`` per microbatch, ``u`` per step); memory is bytes per device
+    (``static``: parameters, gradients, optimizer state; ``act`` / ``data``: per microbatch in
+    flight; ``acc``: gradient accumulators); ``cut_f`` / ``cut_b``: bytes per device crossing
+    the boundary before unit ``j`` per microbatch, forward and backward, under this plan's layouts.
+    """
+
+    name: str
+    f: np.ndarray
+    b: np.ndarray
+    u: np.ndarray
+    static: np.ndarray
+    act: np.ndarray
+    data: np.ndarray
+    acc: np.ndarray
+    cut_f: np.ndarray
+    cut_b: np.ndarray
+    capacity: float
+    devices: int
+
+
+def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable:
+    g = cm.graph
+    U = len(part.units)
+    nc = node_costs(cm, assignment)
+    f, b, u = np.zeros(U), np.zeros(U), np.zeros(U)
+    for n in g.nodes:
+        ph, k = part.phase[n.id], part.unit[n.id]
+        if ph == FORWARD:
+            f[k] += nc.time[n.id]
+        elif ph == BACKWARD:
+            b[k] += nc.time[n.id]
+        else:
+            u[k] += nc.time[n.id]
+    for i, t in nc.state_moves.items():
+        u[part.home.get(i, 0)] += t
+    static, act, data, acc = np.zeros(U), np.zeros(U), np.zeros(U), np.zeros(U)
+    for node, inputs, kind, nbytes in nc.memory:
+        if node is None:
+            if not inputs:
+                continue
+            k = part.home.get(inputs[0], 0)
+            if kind == "data":
+                data[k] += nbytes
+            else:
+                static[k] += nbytes
+        elif kind == "activations" and part.phase[node] != UPDATE:
+            act[part.unit[node]] += nbytes
+    if M > 1 and part.split is not None:
+        for v, c in part.split.boundary.items():
+            p = g.values[v].producer
+            if c.kind == "sum" and p is not None:
+                elems = local_bytes(g, v, nc.specs.get(v), cm.sizes) / max(
+                    g.values[v].nbytes / max(g.values[v].size, 1), 1)
+                acc[part.unit[p]] += 4.0 * elems
+    cut_f, cut_b = np.zeros(U + 1), np.zeros(U + 1)
+    for n in g.nodes:
+        ph = part.phase[n.id]
+        if ph == UPDATE:
+            continue
+        for o in n.outputs:
+            uses = [c for c, _ in g.consumers(o) if part.phase[c] != UPDATE]
+            if not uses:
+                continue
+            nb = local_bytes(g, o, nc.specs.get(o), cm.sizes)
+            here = part.unit[n.id]
+            if ph == FORWARD:
+                hi = max(part.unit[c] for c in uses)
+                if hi > here:
+                    cut_f[here + 1:hi + 1] += nb
+            else:
+                lo = min(part.unit[c] for c in uses if part.phase[c] == BACKWARD) \
+                    if any(part.phase[c] == BACKWARD for c in uses) else here
+                if lo < here:
+                    cut_b[lo + 1:here + 1] += nb
+    cap = min(d.spec.memory for d in cm.topology.devices)
+    return UnitTable(name, f, b, u, static, act, data, acc, cut_f, cut_b, cap,
+                     cm.topology.num_devices)
+
+
+@dataclass
+class _Context:
+    """What a staged search or baseline computes once per step and topology."""
+
+    graph: OpGraph
+    topology: object
+    part: Partition
+    time_limit: float
+    solver: object = None  # the intra-stage ILP (strategies.ilp.solve), injected by its users
+    plans: dict = field(default_factory=dict)  # (M, sub, name) -> assignment
+    tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
+
+    def micro(self, M: int) -> OpGraph:
+        return self.graph if M == 1 else microbatch_graph(self.graph, M)
+
+    def usable(self, M: int) -> bool:
+        """Whether the step at ``1 / M`` of the batch has the full step's operators (a batch of
+        one may trace to other operators: size-1 dimensions broadcast differently)."""
+        if M == 1:
+            return True
+        try:
+            m = self.micro(M)
+        except UnsupportedStepError:
+            return False
+        return len(m.nodes) == len(self.graph.nodes) and all(
+            a.primitive is b.primitive and a.inputs == b.inputs
+            for a, b in zip(m.nodes, self.graph.nodes))
+
+    def assignments(self, M: int, sub, names=INTRA_PLANS) -> dict[str, list[int]]:
+        g = self.micro(M)
+        cm = cost_model(g, sub)
+        missing = [n for n in names if (M, sub, n) not in self.plans]
+        if any(n != "ilp" for n in missing):
+            base = baseline_assignments(g, sub)
+            for n in missing:
+                if n in base:
+                    self.plans[(M, sub, n)] = base[n]
+                elif n == "dp_tp" and "megatron" in base:
+                    # One-axis groups: dp_tp's tensor parallelism on the only (fastest) axis.
+                    self.plans[(M, sub, n)] = base["megatron"]
+        if "ilp" in missing and self.solver is not None:
+            seeds = [a for (m, s, n), a in self.plans.items() if m == M and s == sub]
+            try:
+                res = self.solver(cm, seeds=seeds, time_limit=self.time_limit,
+                                  memory_limit=float("inf"))
+                self.plans[(M, sub, "ilp")] = res.assignment
+            except Exception as e:  # noqa: BLE001 - a failed solve leaves the baselines
+                log.info("intra-stage ILP on %s failed: %s", sub.name, e)
+        return {n: self.plans[(M, sub, n)] for n in names if (M, sub, n) in self.plans}
+
+    def table(self, M: int, sub, name: str) -> UnitTable | None:
+        key = (M, sub, name)
+        if key not in self.tables:
+            plans = self.assignments(M, sub, (name,))
+            if name not in plans:
+                self.tables[key] = None
+            else:
+                cm = cost_model(self.micro(M), sub)
+                self.tables[key] = _unit_table(self.part, cm, plans[name], name, M)
+        return self.tables[key]
+
+
+def _context(graph, topology, time_limit: float = 10.0) -> _Context:
+    cache = graph.memo.setdefault("staged_contexts", {})
+    ctx = cache.get(topology)
+    if ctx is None:
+        ctx = cache[topology] = _Context(graph, topology, partition(graph), time_limit)
+    return ctx
+
+
+# ---- staged layouts and their plans ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StagedLayout:
+    """A staged plan before it is built: groups, unit ranges, SPMD plan names, microbatches.
+
+    Attributes:
+      groups: device ids of each stage, in pipeline order.  # tuple of tuples
+      ranges: ``[start, end)`` unit range of each stage.  # tuple of (int, int)
+      plans: the SPMD plan inside each stage (a name of :data:`INTRA_PLANS`).  # tuple of str
+      microbatches: ``M``.  # int
+      schedule: ``"1f1b"`` or ``"gpipe"``.  # str
+    """
+
+    groups: tuple[tuple[int, ...], ...]
+    ranges: tuple[tuple[int, int], ...]
+    plans: tuple[str, ...]
+    microbatches: int
+    schedule: str = "1f1b"
+
+
+def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], list[int]]:
+    """The :class:`StageWork` of every stage, and the stage of every unit."""
+    part, g = ctx.part, ctx.graph
+    stage_of_unit = [0] * len(part.units)
+    for k, (a, b) in enumerate(layout.ranges):
+        for u in range(a, b):
+            stage_of_unit[u] = k
+    micro = ctx.micro(layout.microbatches)
+    works = []
+    home_stage = {i: stage_of_unit[u] for i, u in part.home.items()
+                  if g.input_roles[i] in (PARAMETER, OPTIMIZER)}
+    for k, (devs, name) in enumerate(zip(layout.groups, layout.plans)):
+        sub = group_topology(ctx.topology, devs)
+        assignment = ctx.assignments(layout.microbatches, sub, (name,))[name]
+        works.append(StageWork(
+            devices=tuple(devs), cost_model=cost_model(micro, sub), assignment=assignment,
+            forward=part.nodes(stage_of_unit, k, FORWARD),
+            backward=part.nodes(stage_of_unit, k, BACKWARD),
+            update=part.nodes(stage_of_unit, k, UPDATE),
+            inputs=tuple(i for i, s in sorted(home_stage.items()) if s == k)))
+    return works, stage_of_unit
+
+
+def layout_cost(ctx: _Context, layout: StagedLayout):
+    """The exact pipeline :class:`~hulkjax.plan.Cost` of a layout."""
+    works, _ = stage_works(ctx, layout)
+    boundary = () if ctx.part.split is None else tuple(
+        v for v, c in ctx.part.split.boundary.items() if c.kind == "sum")
+    return pipeline_cost(ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
+                         schedule=layout.schedule, boundary=boundary)
+
+
+def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
+               source: str = "") -> Plan:
+    """The :class:`~hulkjax.plan.Plan` of a staged layout, with its exact cost."""
+    g, part = ctx.graph, ctx.part
+    works, stage_of_unit = stage_works(ctx, layout)
+    cost = layout_cost(ctx, layout)
+    node_stage: dict[int, int] = {}
+    for k, w in enumerate(works):
+        for nid in w.forward + w.backward + w.update:
+            node_stage[nid] = k
+    holder = {i: k for k, w in enumerate(works) for i in w.inputs}
+    outputs = {v for v in g.outputs if v is not None}
+    specs = [node_costs(w.cost_model, w.assignment).specs for w in works]
+    crossing: list[set[int]] = [set() for _ in works]
+    input_index = {v: i for i, v in enumerate(g.inputs)}
+    for n in g.nodes:
+        c = node_stage[n.id]
+        for v in n.inputs:
+            if v is None:
+                continue
+            p = g.values[v].producer
+            src = node_stage.get(p) if p is not None else holder.get(input_index.get(v, -1))
+            if p is None or src != c:
+                crossing[c].add(v)
+                if src is not None:
+                    crossing[src].add(v)
+    for k, w in enumerate(works):
+        for i in w.inputs:
+            crossing[k].add(g.inputs[i])
+    for v in outputs:
+        p = g.values[v].producer
+        k = node_stage.get(p) if p is not None else holder.get(input_index.get(v, -1))
+        if k is not None:
+            crossing[k].add(v)
+    if part.split is not None and layout.microbatches > 1:
+        for v in part.split.boundary:
+            p = g.values[v].producer
+            if p is not None:
+                crossing[node_stage[p]].add(v)
+    stages = []
+    labels = [u.label for u in part.units]
+    for k, (w, (a, b)) in enumerate(zip(works, layout.ranges)):
+        cm, sub = w.cost_model, w.cost_model.topology
+        mine = set(w.forward) | set(w.backward) | set(w.update)
+        ops, res = cm.leader_layouts(w.assignment)
+        bodies = {nid: bp for nid, bp in body_plans(cm, w.assignment).items() if nid in mine}
+        stages.append(Stage(
+            devices=w.devices, layers=tuple(labels[a:b]), axis_names=tuple(sub.axis_names),
+            mesh_shape=tuple(sub.shape), forward=w.forward, backward=w.backward,
+            update=w.update, inputs=w.inputs,
+            value_specs={v: _pspec(specs[k].get(v)) for v in sorted(crossing[k])},
+            operand_specs={key: to_pspec(s) for key, s in ops.items() if key[0] in mine},
+            result_specs={key: to_pspec(s) for key, s in res.items() if key[0] in mine},
+            bodies=bodies, strategy=layout.plans[k]))
+    inputs = []
+    for i, (path, v, role) in enumerate(zip(g.input_paths, g.inputs, g.input_roles)):
+        k = holder.get(i)
+        if k is None:  # the batch: its layout on the first stage reading it
+            readers = [s for s in range(len(works)) if v in crossing[s]]
+            k = readers[0] if readers else 0
+        inputs.append(TensorPlan(path=path, shape=g.values[v].shape, dtype=g.values[v].dtype,
+                                 role=role, spec=_pspec(specs[k].get(v))))
+    carried_from = {o: i for i, o in g.carried.items()}
+    outs = []
+    for j, (path, v) in enumerate(zip(g.output_paths, g.outputs)):
+        if v is None:
+            outs.append(TensorPlan(path=path, shape=(), dtype="float32", role="output",
+                                   spec=PartitionSpec()))
+            continue
+        if j in carried_from:
+            spec = inputs[carried_from[j]].spec
+        else:
+            p = g.values[v].producer
+            k = node_stage.get(p) if p is not None else holder.get(input_index.get(v, -1), 0)
+            spec = _pspec(specs[k].get(v))
+        outs.append(TensorPlan(path=path, shape=g.values[v].shape, dtype=g.values[v].dtype,
+                               role="output", spec=spec))
+    notes = list(notes)
+    if layout.microbatches == 1 and part.split is not None and not part.split.exact:
+        notes.append("one microbatch: " + part.problems()[0])
+    return Plan(strategy=strategy, axis_names=tuple(ctx.topology.axis_names),
+                mesh_shape=tuple(ctx.topology.shape), inputs=tuple(inputs), outputs=tuple(outs),
+                cost=cost, stages=tuple(stages), microbatches=layout.microbatches,
+                schedule=layout.schedule, notes=list(dict.fromkeys(notes)), source=source,
+                assignment=tuple(list(w.assignment) for w in works))
+
+
+def plan_cost(graph: OpGraph, topology, plan: Plan):
+    """The pipeline :class:`~hulkjax.plan.Cost` of a staged plan's stages on this step (a plan
+    made here reuses its stages' SPMD choices; a loaded one has them completed from its layouts as
+    a baseline's are)."""
+    from hulkjax.strategies.realize import assignment_for_inputs
+    from hulkjax.strategies.search import propagate
+
+    micro = graph if plan.microbatches == 1 else microbatch_graph(graph, plan.microbatches)
+    works = []
+    for k, st in enumerate(plan.stages):
+        cm = cost_model(micro, group_topology(topology, st.devices))
+        if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
+            a = list(plan.assignment[k])
+        else:
+            specs = [st.value_specs.get(v, t.spec) for v, t in zip(graph.inputs, plan.inputs)]
+            a = propagate(cm, assignment_for_inputs(cm, specs))
+        works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
+                               forward=st.forward, backward=st.backward, update=st.update,
+                               inputs=st.inputs))
+    part = partition(graph)
+    boundary = () if part.split is None else tuple(
+        v for v, c in part.split.boundary.items() if c.kind == "sum")
+    return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
+                         schedule=plan.schedule, boundary=boundary)
+
+
+def _pspec(spec) -> PartitionSpec:
+    return PartitionSpec() if spec is None else to_pspec(spec)
+
+
+def microbatch_counts(part: Partition, groups: int, limit: int = 64) -> list[int]:
+    """Microbatch counts the search tries: 1, and powers of two dividing the batch from half the
+    number of groups to eight times it (only 1 when the step cannot be microbatched exactly)."""
+    b = batch_size(part.graph) or 1
+    if not part.exact:
+        return [1]
+    out = [1]
+    m = 2
+    while m <= min(b, limit):
+        if b % m == 0 and max(groups, 2) / 2 <= m <= 8 * groups:
+            out.append(m)
+        m *= 2
+    return out
+
+
+# ---- the uniform baseline ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions:
+    """Options of ``strategy="pipeline"`` (the uniform staged baseline).
+
+    Attributes:
+      microbatches: microbatches per step (``None``: twice the number of stages, if that
+        divides the batch and the step can be microbatched exactly; else 1).  # int | None
+      schedule: ``"1f1b"`` or ``"gpipe"``.  # str
+    """
+
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if self.microbatches is not None and (not isinstance(self.microbatches, int)
+                                              or self.microbatches < 1):
+            raise ValueError(f"microbatches={self.microbatches!r}: use an int >= 1 or None")
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def uniform_ranges(part: Partition, stages: int) -> list[tuple[int, int]]:
+    """Equal numbers of repeated layers per stage (units whose scope repeats with another
+    number, e.g. ``h_0 .. h_11``); units before the first layer go to the first stage, the rest
+    to the stage of the layer before them. Without repeated layers: equal numbers of units."""
+    U = len(part.units)
+    norm = [_NUMBER.sub("#", u.label) for u in part.units]
+    counts = {n: norm.count(n) for n in norm}
+    layers = [k for k in range(U) if counts[norm[k]] > 1]
+    if len(layers) < stages:
+        layers = list(range(U))
+    if len(layers) < stages:
+        raise StrategyNotApplicableError(
+            f"the step has {U} layer unit(s), fewer than the {stages} stages of a uniform "
+            f"pipeline. Use strategy='ilp' or 'auto' (they may leave groups idle).")
+    per, extra = divmod(len(layers), stages)
+    bounds, i = [], 0
+    for k in range(stages):
+        n = per + (1 if k < extra else 0)
+        bounds.append(layers[i])
+        i += n
+    starts = [0] + bounds[1:]
+    return [(starts[k], starts[k + 1] if k + 1 < stages else U) for k in range(stages)]
+
+
+@register_strategy("pipeline", options=PipelineOptions)
+def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
+    """The staged plan a person writes by hand: one stage per region (per node on a one-region
+    cluster) in the topology's order, equal numbers of layers, ``dp_tp`` inside each stage
+    (``megatron`` on a one-axis group), ``2 x stages`` microbatches, 1F1B."""
+    groups = device_groups(topology)
+    level = "region" if "region" in groups else "node" if "node" in groups else None
+    if level is None:
+        raise StrategyNotApplicableError(
+            f"'pipeline' places one stage per region or per node, and topology "
+            f"{topology.name!r} has one region and one node (or per-axis links only). Use an SPMD "
+            f"strategy, or a topology with several nodes or regions.")
+    ctx = _context(graph, topology)
+    part = ctx.part
+    S = len(groups[level])
+    ranges = uniform_ranges(part, S)
+    notes = [f"pipeline: one stage per {level} ({S}), equal layers, dp_tp inside each stage"]
+    M = options.microbatches
+    if M is None:
+        b = batch_size(graph) or 1
+        M = 2 * S if part.exact and b % (2 * S) == 0 else 1
+        if M == 1:
+            notes.append(f"pipeline: one microbatch ({(part.problems() or ['2 x stages = ' + str(2 * S) + ' does not divide the batch ' + str(b)])[0]})")
+    elif M > 1 and not part.exact:
+        raise InvalidOptionError(
+            f"microbatches={M}: this step cannot be microbatched exactly: {part.problems()[0]}. "
+            f"Use microbatches=1.")
+    layout = StagedLayout(groups=tuple(groups[level]), ranges=tuple(ranges),
+                          plans=("dp_tp",) * S, microbatches=M, schedule=options.schedule)
+    return build_plan(ctx, layout, "pipeline", notes, source=f"one stage per {level}")
+
+
+# ---- the dynamic program -------------------------------------------------------------------------
+
+@dataclass
+class SearchResult:
+    """The best staged layouts the dynamic program found (exactly costed), best first."""
+
+    layouts: list[tuple[float, StagedLayout]]
+    searched: int = 0
+
+
+def chains(topology, groups, *, limit: int = 3) -> list[tuple[int, ...]]:
+    """Orders of the groups to search: the topology's, the path of cheapest links (Held-Karp on
+    ``latency + 1 MB / bandwidth``), and fastest groups first."""
+    G = len(groups)
+    out = [tuple(range(G))]
+    cost = np.zeros((G, G))
+    for a in range(G):
+        for b in range(G):
+            if a != b:
+                link = stage_link(topology, groups[a], groups[b])
+                cost[a, b] = link.latency + 1e6 / link.bandwidth
+    if G <= 12:
+        out.append(_held_karp(cost))
+    speed = [sum(topology.devices[d].spec.peak_flops for d in grp) for grp in groups]
+    out.append(tuple(sorted(range(G), key=lambda k: -speed[k])))
+    seen, res = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            res.append(c)
+    return res[:limit]
+
+
+def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
+    G = len(cost)
+    best: dict[tuple[int, int], tuple[float, int]] = {}
+    for k in range(G):
+        best[(1 << k, k)] = (0.0, -1)
+    for mask in range(1, 1 << G):
+        for last in range(G):
+            cur = best.get((mask, last))
+            if cur is None:
+                continue
+            for nxt in range(G):
+                if mask & (1 << nxt):
+                    continue
+                key = (mask | (1 << nxt), nxt)
+                val = cur[0] + cost[last, nxt]
+                if key not in best or val < best[key][0]:
+                    best[key] = (val, last)
+    full = (1 << G) - 1
+    last = min(range(G), key=lambda k: best[(full, k)][0])
+    path, mask = [], full
+    while last != -1:
+        path.append(last)
+        prev = best[(mask, last)][1]
+        mask &= ~(1 << last)
+        last = prev
+    return tuple(reversed(path))
+
+
+def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
+           schedule: str = "1f1b", microbatches=None, keep: int = 4,
+           progress=None) -> SearchResult:
+    """The dynamic program over unit ranges x device groups (see the module docstring).
+
+    Args:
+      solver: the intra-stage ILP, ``solve(cost_model, seeds=..., time_limit=...,
+        memory_limit=...)`` (:func:`hulkjax.strategies.ilp.solve`); without one, stages choose
+        among the baselines' layouts only.
+      time_limit: seconds for each intra-stage ILP.
+      schedule: the schedule of the layouts returned.
+      microbatches: counts to try (default: see :func:`microbatch_counts`).
+      keep: how many layouts to return.
+      progress: a callable told what is being searched (a string).
+
+    Returns the ``keep`` best layouts by exact cost.
+    """
+    levels = device_groups(topology)
+    if not levels:
+        return SearchResult([])
+    ctx = _context(graph, topology, time_limit)
+    if solver is not None:
+        ctx.solver = solver
+    part = ctx.part
+    if len(part.units) < 1:
+        return SearchResult([])
+    found: list[tuple[float, StagedLayout]] = []
+    searched = 0
+    for level, groups in levels.items():
+        subs = [group_topology(topology, grp) for grp in groups]
+        tried: dict[int, float] = {}
+
+        def attempt(M: int, level=level, groups=groups, subs=subs, tried=tried) -> float:
+            nonlocal searched
+            if M in tried:
+                return tried[M]
+            tried[M] = math.inf
+            if not ctx.usable(M):
+                log.info("skipping %d microbatches: the step traces differently", M)
+                return math.inf
+            if progress is not None:
+                progress(f"{level} x M={M}")
+            tables = {}
+            for sub in dict.fromkeys(subs):
+                tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
+            for chain in chains(topology, groups):
+                sol = _dp(ctx, topology, groups, subs, chain, tables, M)
+                searched += 1
+                if sol is not None:
+                    layout = StagedLayout(groups=tuple(groups[c] for c in sol[0]),
+                                          ranges=tuple(sol[1]), plans=tuple(sol[2]),
+                                          microbatches=M, schedule=schedule)
+                    found.append((sol[3], layout))
+                    tried[M] = min(tried[M], sol[3])
+            return tried[M]
+
+        Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
+        if microbatches is not None or len(Ms) <= 3:
+            for M in Ms:
+                attempt(M)
+            continue
+        # One and two microbatches are cheap (their traces exist); the rest is a local search
+        # over the powers of two, from about four per group, assuming one best count.
+        for M in Ms[:2]:
+            attempt(M)
+        rest = Ms[2:]
+        i = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
+        while True:
+            here = attempt(rest[i])
+            up = attempt(rest[i + 1]) if i + 1 < len(rest) else math.inf
+            down = attempt(rest[i - 1]) if i > 0 and up >= here else math.inf
+            if up < here:
+                i += 1
+            elif down < here:
+                i -= 1
+            else:
+                break
+    # Exact costs of the dynamic program's best per (level, M, chain).
+    exact = []
+    for _, layout in sorted(found, key=lambda t: t[0])[:max(keep * 3, 6)]:
+        c = layout_cost(ctx, layout)
+        if all(st.fits for st in c.stages):
+            exact.append((c.step_time, layout))
+    exact.sort(key=lambda t: t[0])
+    return SearchResult(exact[:keep], searched)
+
+
+def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
+    """Best ``(group order, ranges, plan names, predicted step)`` along ``chain``, or ``None``."""
+    U = len(ctx.part.units)
+    G = len(chain)
+    # Per chain position: the stage-work matrices W (f + b) and Z (f + b + u) for every unit range,
+    # minimized over the SPMD plans that fit the group's memory with its in-flight microbatches.
+    W, Z, P, cuts = [], [], [], []
+    for pos, gi in enumerate(chain):
+        inflight = min(M, G - pos)
+        w, z, p = _range_costs(tables[subs[gi]], U, inflight)
+        W.append(w)
+        Z.append(z)
+        P.append(p)
+        best_t = min(tables[subs[gi]], key=lambda t: t.f.sum() + t.b.sum())
+        cuts.append((best_t.cut_f, best_t.cut_b, best_t.devices))
+    finite = np.concatenate([w[np.isfinite(w)] for w in W])
+    if finite.size == 0:
+        return None
+    lo, hi = float(finite.min()), float(finite.max())
+    taus = [lo]
+    while taus[-1] < hi:
+        taus.append(taus[-1] * 1.1)
+    # Link times between chain positions at each boundary (forward, backward).
+    links = {}
+    for a in range(G):
+        for b in range(a + 1, G):
+            link = stage_link(topology, groups[chain[a]], groups[chain[b]])
+            cf, cb, nd = cuts[b]
+            spread = max(1.0, nd / len(groups[chain[a]]))
+            lf = np.where(cf > 0, link.latency + cf * spread / link.bandwidth, 0.0)
+            lb = np.where(cb > 0, link.latency + cb * spread / link.bandwidth, 0.0)
+            links[(a, b)] = (lf, lb)
+    best_val, best_sol = math.inf, None
+    for tau in taus:
+        sol = _dp_tau(W, Z, links, G, U, tau)
+        if sol is None:
+            continue
+        total, picks = sol
+        stage_w = [W[pos][a, b] for pos, a, b in picks]
+        link_t = [max(links[(p0[0], p1[0])][0][p1[1]], links[(p0[0], p1[0])][1][p1[1]])
+                  for p0, p1 in zip(picks, picks[1:])]
+        t = total + (M - 1) * max(stage_w + link_t)
+        if t < best_val:
+            plans = [tables[subs[chain[pos]]][P[pos][a, b]].name for pos, a, b in picks]
+            best_val = t
+            best_sol = ([chain[pos] for pos, _, _ in picks], [(a, b) for _, a, b in picks],
+                        plans, t)
+    return best_sol
+
+
+def _range_costs(tables: list[UnitTable], U: int, inflight: int):
+    """``(W, Z, argplan)``: ``[U+1, U+1]`` matrices over ranges ``[a, b)``."""
+    W = np.full((U + 1, U + 1), np.inf)
+    Z = np.full((U + 1, U + 1), np.inf)
+    P = np.zeros((U + 1, U + 1), dtype=np.int64)
+    for k, t in enumerate(tables):
+        pf = np.concatenate([[0.0], np.cumsum(t.f + t.b)])
+        pu = np.concatenate([[0.0], np.cumsum(t.u)])
+        pm = np.concatenate([[0.0], np.cumsum(t.static + t.acc + inflight * (t.act + t.data))])
+        w = pf[None, :] - pf[:, None]
+        z = w + (pu[None, :] - pu[:, None])
+        mem = pm[None, :] - pm[:, None]
+        ok = (mem <= t.capacity) & np.triu(np.ones((U + 1, U + 1), dtype=bool), 1)
+        w = np.where(ok, w, np.inf)
+        z = np.where(ok, z, np.inf)
+        better = w < W
+        W = np.where(better, w, W)
+        Z = np.where(better, z, Z)
+        P = np.where(better, k, P)
+    return W, Z, P
+
+
+def _dp_tau(W, Z, links, G: int, U: int, tau: float):
+    """Minimum sum of stage and link times with every stage and link at most ``tau``."""
+    best = np.full((G, U + 1), np.inf)
+    arg: dict[tuple[int, int], tuple[int, int] | None] = {}
+    for pos in range(G):
+        z = np.where(W[pos] <= tau, Z[pos], np.inf)
+        first = z[0, :]  # the first stage starts at unit 0
+        incoming = np.full(U + 1, np.inf)
+        inc_arg = np.full(U + 1, -1)
+        for prev in range(pos):
+            lf, lb = links[(prev, pos)]
+            lt = lf + lb
+            ok = (lf <= tau) & (lb <= tau)
+            val = np.where(ok, best[prev] + lt, np.inf)
+            better = val < incoming
+            incoming = np.where(better, val, incoming)
+            inc_arg = np.where(better, prev, inc_arg)
+        cand = incoming[:, None] + z  # [start, end]
+        j = np.argmin(cand, axis=0)
+        via = cand[j, np.arange(U + 1)]
+        for end in range(1, U + 1):
+            if first[end] <= via[end] and np.isfinite(first[end]):
+                best[pos, end] = first[end]
+                arg[(pos, end)] = (0, -1)
+            elif np.isfinite(via[end]):
+                best[pos, end] = via[end]
+                arg[(pos, end)] = (int(j[end]), int(inc_arg[j[end]]))
+    pos = int(np.argmin(best[:, U]))
+    if not np.isfinite(best[pos, U]):
+        return None
+    picks, end = [], U
+    while True:
+        start, prev = arg[(pos, end)]
+        picks.append((pos, start, end))
+        if prev == -1:
+            break
+        pos, end = prev, start
+    return float(best[picks[0][0], U]), list(reversed(picks))
+
+
+STAGED_MIN_GAIN = 0.02
+"""How much faster than the best SPMD plan a staged plan must be predicted to be for ``ilp`` and
+``auto`` to return it: a staged program runs as several programs with host-driven transfers (and
+``hulkjax launch`` runs SPMD plans only), so a tie, or a fraction of a percent that the cost
+model cannot resolve, goes to the single SPMD program."""
+
+
+def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
+                solver=None, time_limit: float = 10.0, schedule: str = "1f1b",
+                extra: tuple[Plan, ...] = ()) -> tuple[Plan | None, list[str]]:
+    """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
+    with notes saying what the staged search found. The ``pipeline`` baseline (where it applies)
+    and ``extra`` (staged plans already made) compete with the search's layouts: the search's
+    memory filter is additive, so a hand-made layout it rules out may still fit."""
+    try:
+        extra = (*extra, pipeline(graph, topology, PipelineOptions()))
+    except (StrategyNotApplicableError, InfeasiblePlanError) as e:
+        log.debug("pipeline baseline does not apply: %s", e)
+    res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule)
+    ctx = _context(graph, topology, time_limit)
+    best = None
+    if res.layouts:
+        t, layout = res.layouts[0]
+        best = (t, layout)
+    rival = min((p for p in extra if p.cost is not None and all(st.fits for st in p.cost.stages)),
+                key=lambda p: p.cost.step_time, default=None)
+    notes = []
+    if best is None and rival is None:
+        if device_groups(topology):
+            notes.append("staged: no staged plan fits the devices' memory")
+        return None, notes
+    if rival is not None and (best is None or rival.cost.step_time < best[0]):
+        plan = rival
+        plan.strategy = strategy
+        plan.source = "pipeline baseline"
+    else:
+        plan = build_plan(ctx, best[1], strategy, source="staged search")
+    if spmd_time is not None and plan.cost.step_time >= spmd_time * (1 - STAGED_MIN_GAIN):
+        notes.append(f"staged: the best staged plan ({format_time(plan.cost.step_time)}, "
+                     f"{len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es)) is not "
+                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})")
+        return None, notes
+    plan.notes.insert(0, staged_note(plan, spmd_time))
+    return plan, notes
+
+
+def staged_note(plan: Plan, spmd_time: float | None) -> str:
+    """A line for a plan's notes: the staged plan against the best SPMD plan."""
+    st = plan.cost
+    parts = ", ".join(f"{len(s.devices)} dev: {s.layers[0]}..{s.layers[-1]}" if len(s.layers) > 1
+                      else f"{len(s.devices)} dev: {s.layers[0] if s.layers else '-'}"
+                      for s in plan.stages)
+    versus = "no SPMD plan fits" if spmd_time is None else \
+        f"best SPMD {format_time(spmd_time)}"
+    return (f"staged: {len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es) "
+            f"({plan.schedule}) at {format_time(st.step_time)} vs {versus}: {parts}")
+
+
+__all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
+           "build_plan", "plan_cost",
+           "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
+           "pipeline", "search", "stage_works", "staged_note", "uniform_ranges"]

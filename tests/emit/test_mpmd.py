@@ -1,0 +1,138 @@
+"""Staged emission: one program per stage and phase, transfers, GPipe / 1F1B over microbatches;
+the staged step computes what the unsharded step computes."""
+
+import jax
+import numpy as np
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from tests.helpers import assert_trees_close
+
+# Unequal device groups on the 8 fake CPU devices.
+TWO = hj.Topology.preset("hetero", nodes=(("A100", 6), ("V100", 2)))
+THREE = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 2), ("T4", 2)))
+FOUR = hj.Topology.preset("hetero", nodes=(("H100", 2), ("A100", 3), ("V100", 2), ("T4", 1)))
+
+CASES = [
+    # (model, config, topology, microbatches, schedule)
+    ("mlp", {}, TWO, 1, "1f1b"),
+    ("mlp", {}, THREE, 4, "1f1b"),
+    ("mlp-nnx", {"depth": 4}, FOUR, 2, "gpipe"),
+    ("transformer-block", {}, THREE, 2, "1f1b"),
+    ("transformer-block-nnx", {}, TWO, 4, "gpipe"),
+    ("gpt2", {"scan_layers": True}, THREE, 4, "1f1b"),     # a scan over the layers
+    ("gpt2", {"remat": True}, FOUR, 2, "1f1b"),            # tied embedding across stages, metrics
+]
+
+
+def _ids(case):
+    name, cfg, topo, M, sched = case
+    return f"{name}{''.join('+' + k for k in cfg)}-{topo.num_devices and len(topo.groups('node'))}groups-M{M}-{sched}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_staged_steps_match_the_unsharded_step(case, compile_count):
+    name, cfg, topo, M, schedule = case
+    # SGD: Adam's first step divides each gradient by its own magnitude, so summation order
+    # (microbatches) moves elements whose gradient is ~0 by up to the learning rate.
+    m = zoo.get(name, size="tiny", optimizer="sgd", **cfg)
+    state, batch = m.init(0)
+    plan = hj.plan(m.step, state, batch, topology=topo, strategy="pipeline", microbatches=M,
+                   schedule=schedule)
+    assert len(plan.stages) == len(topo.groups("node")) and plan.microbatches == M
+    ref = jax.jit(m.step)
+    want_state, want_metrics = ref(state, batch)
+    want_state2, want_metrics2 = ref(want_state, batch)
+    step = hj.emit(m.step, plan)
+    new_state, metrics = step(state, batch)
+    compiles = compile_count()
+    assert_trees_close(metrics, want_metrics)
+    assert_trees_close(new_state, want_state)
+    # The caller's arrays survive; the step's own outputs are donated to the next call.
+    assert not any(x.is_deleted() for x in jax.tree.leaves(state))
+    state2, metrics2 = step(new_state, batch)
+    assert compile_count() == compiles, "a second call recompiled"
+    assert_trees_close(metrics2, want_metrics2)
+    assert_trees_close(state2, want_state2)
+    assert any(x.is_deleted() for x in jax.tree.leaves(new_state))
+    # State comes back on the stage that holds it, laid out as planned.
+    for i, (t, leaf) in enumerate(zip(plan.outputs, jax.tree.leaves(state2))):
+        holder = [k for k, st in enumerate(plan.stages) if any(
+            plan.inputs[j].path.split("/", 1)[1] == t.path.split("/", 2)[-1] for j in st.inputs)]
+        assert leaf.sharding.spec == t.spec or leaf.sharding.is_equivalent_to(
+            jax.sharding.NamedSharding(step.meshes[holder[0]] if holder else step.meshes[0],
+                                       t.spec), leaf.ndim) or not holder, (i, t.path)
+
+
+def test_adamw_matches_within_its_learning_rate_scale():
+    m = zoo.get("gpt2", size="tiny")
+    state, batch = m.init(0)
+    plan = hj.plan(m.step, state, batch, topology=TWO, strategy="pipeline", microbatches=2)
+    new_state, metrics = hj.emit(m.step, plan, donate=False)(state, batch)
+    want_state, want_metrics = jax.jit(m.step)(state, batch)
+    assert_trees_close(metrics, want_metrics)
+    assert_trees_close(new_state, want_state, rtol=1e-4, atol=2e-4)  # lr = 1e-3
+
+
+def test_metrics_that_are_not_means_are_refused_with_several_microbatches():
+    """A step returning the largest per-example loss cannot be combined from microbatches: the
+    planner falls back to one microbatch, and emitting more is refused with the reason."""
+    import jax.numpy as jnp
+    import optax
+
+    tx = optax.sgd(0.1)
+
+    def step(state, batch):
+        def loss_fn(w):
+            per = jnp.sum((batch["x"] @ w["a"] @ w["b"] - batch["y"]) ** 2, axis=1)
+            return jnp.mean(per), jnp.max(per)
+        (loss, worst), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, \
+            {"loss": loss, "worst": worst}
+
+    params = {"a": jnp.ones((8, 8)) * 0.1, "b": jnp.ones((8, 4)) * 0.1}
+    state = {"params": params, "opt": tx.init(params)}
+    batch = {"x": jnp.ones((16, 8)), "y": jnp.zeros((16, 4))}
+    plan = hj.plan(step, state, batch, topology=TWO, strategy="pipeline")
+    assert plan.microbatches == 1
+    assert any("not a sum" in n for n in plan.notes)
+    with pytest.raises(hj.errors.InvalidOptionError, match="cannot be microbatched exactly"):
+        hj.plan(step, state, batch, topology=TWO, strategy="pipeline", microbatches=2)
+    got = hj.emit(step, plan)(state, batch)
+    assert_trees_close(got, jax.jit(step)(state, batch))
+
+
+def test_a_loaded_staged_plan_runs_the_same_program(tmp_path):
+    m = zoo.get("mlp", size="tiny", optimizer="sgd")
+    state, batch = m.init(0)
+    plan = hj.plan(m.step, state, batch, topology=THREE, strategy="pipeline", microbatches=2)
+    plan.save(tmp_path / "p.json")
+    loaded = hj.Plan.load(tmp_path / "p.json")
+    a = hj.emit(m.step, plan, donate=False)(state, batch)
+    b = hj.emit(m.step, loaded, donate=False)(state, batch)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_hulk_shard_runs_staged_plans_and_reads_their_collectives():
+    m = zoo.get("mlp", size="tiny", optimizer="sgd")
+    state, batch = m.init(0)
+    step = hj.hulk_shard(m.step, topology=THREE, strategy="pipeline", microbatches=2)
+    new_state, metrics = step(state, batch)
+    assert isinstance(step.sharded, hj.StagedStep)
+    assert_trees_close(metrics, jax.jit(m.step)(state, batch)[1])
+    progs = step.sharded.program_collectives()
+    assert set(progs) >= {"F0", "B0", "F2", "B2"}
+    # dp_tp on a one-axis stage is tensor parallel: activations are all-reduced inside stages.
+    assert any(c.kind == "all-reduce" for cs in progs.values() for c in cs)
+    assert all(a.startswith("s") and "/" in a for c in step.collectives() for a in c.axes)
+
+
+def test_emitting_a_staged_plan_for_another_step_is_refused():
+    m = zoo.get("mlp", size="tiny")
+    other = zoo.get("mlp", size="tiny", width=64)
+    plan = hj.plan(m.step, *m.abstract(), topology=TWO, strategy="pipeline")
+    with pytest.raises(hj.errors.PlanMismatchError):
+        hj.emit(other.step, plan)(*other.init(0))

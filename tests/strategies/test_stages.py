@@ -1,0 +1,272 @@
+"""Staged plans: the partition's invariants, the pipeline cost, the planners' choices."""
+
+import itertools
+import json
+
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.strategies.partition import BACKWARD, FORWARD, UPDATE, check, partition
+from hulkjax.strategies.stages import (
+    STAGED_MIN_GAIN,
+    StagedLayout,
+    _context,
+    device_groups,
+    layout_cost,
+    search,
+    uniform_ranges,
+)
+from hulkjax.topology.specs import LinkSpec
+
+THREE_KINDS = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 2), ("T4", 2)))
+
+
+def _graph(name, **kw):
+    m = zoo.get(name, **kw)
+    return m, hj.trace(m.step, *m.abstract())
+
+
+# ---- the partition ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,kw", [("mlp", {"size": "tiny"}), ("mlp-nnx", {"size": "tiny"}),
+                                     ("gpt2", {"size": "tiny"}),
+                                     ("gpt2", {"size": "tiny", "remat": True}),
+                                     ("gpt2", {"size": "tiny", "scan_layers": True}),
+                                     ("transformer-block-nnx", {"size": "tiny"})])
+def test_every_contiguous_split_is_a_valid_pipeline(name, kw):
+    _, g = _graph(name, **kw)
+    part = partition(g)
+    U = len(part.units)
+    assert U >= 2
+    assert len(part.phase) == len(part.unit) == len(g.nodes)
+    assert all(0 <= u < U for u in part.unit)
+    for S in (2, 3):
+        for cuts in itertools.combinations(range(1, U), S - 1):
+            stage_of_unit = [sum(u >= c for c in cuts) for u in range(U)]
+            assert check(part, stage_of_unit) == [], (cuts, check(part, stage_of_unit)[:3])
+
+
+def test_phases_follow_the_data_flow():
+    _, g = _graph("mlp", size="tiny")
+    part = partition(g)
+    split = part.split
+    for n in g.nodes:
+        per = n.id in split.per_microbatch
+        assert (part.phase[n.id] != UPDATE) == per
+    # Every weight update runs once per step, on the unit of the parameter it updates.
+    for i, o in g.carried.items():
+        if g.input_roles[i] == "parameter":
+            p = g.values[g.outputs[o]].producer
+            assert part.phase[p] == UPDATE and part.unit[p] == part.home[i]
+    # Matmuls of the forward pass come in unit order; their gradients in reverse.
+    fwd = [part.unit[n.id] for n in g.nodes if n.name == "dot_general" and part.phase[n.id] == FORWARD]
+    bwd = [part.unit[n.id] for n in g.nodes if n.name == "dot_general"
+           and part.phase[n.id] == BACKWARD]
+    assert fwd == sorted(fwd) and bwd == sorted(bwd, reverse=True)
+
+
+def test_a_staged_plan_runs_every_operator_exactly_once():
+    m, g = _graph("gpt2", size="tiny")
+    plan = hj.plan(m.step, *m.abstract(), topology=THREE_KINDS, strategy="pipeline", graph=g)
+    seen = [nid for st in plan.stages for nid in st.nodes]
+    assert sorted(seen) == list(range(len(g.nodes)))
+    # Stages hold disjoint device groups and every parameter is held by one stage.
+    devices = [d for st in plan.stages for d in st.devices]
+    assert len(devices) == len(set(devices))
+    held = [i for st in plan.stages for i in st.inputs]
+    assert len(held) == len(set(held))
+    assert {i for i, r in enumerate(g.input_roles) if r in ("parameter", "optimizer")} == set(held)
+    assert all(st.fits for st in plan.cost.stages)
+
+
+# ---- the pipeline baseline -------------------------------------------------------------------
+
+def test_pipeline_is_one_stage_per_node_with_equal_layers_and_two_microbatches_per_stage():
+    m, g = _graph("gpt2", size="tiny", n_layers=4)
+    plan = hj.plan(m.step, *m.abstract(), topology=THREE_KINDS, strategy="pipeline", graph=g)
+    assert [st.devices for st in plan.stages] == list(THREE_KINDS.groups("node"))
+    assert plan.microbatches == 2 * 3 or plan.microbatches == 1
+    blocks = [sum(lab.startswith("GPT2/h_") for lab in st.layers) for st in plan.stages]
+    assert max(blocks) - min(blocks) <= max(1, sum(blocks) // 4)  # equal layers (sub-units)
+    assert {st.strategy for st in plan.stages} == {"dp_tp"}
+    assert plan.schedule == "1f1b"
+
+
+def test_pipeline_on_one_node_does_not_apply():
+    m, g = _graph("mlp", size="tiny")
+    with pytest.raises(hj.errors.StrategyNotApplicableError, match="one region and one node"):
+        hj.plan(m.step, *m.abstract(), topology=hj.Topology.preset("dgx-h100"),
+                strategy="pipeline", graph=g)
+
+
+def test_uniform_ranges_split_repeated_layers_evenly():
+    _, g = _graph("gpt2", size="small")
+    part = partition(g)
+    ranges = uniform_ranges(part, 4)
+    labels = [u.label for u in part.units]
+    per = [sum(lab.startswith("GPT2/h_") for lab in labels[a:b]) for a, b in ranges]
+    assert per == [3, 3, 3, 3]
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(labels)
+
+
+# ---- the pipeline cost ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pipeline_cost_is_the_schedule_formula(schedule):
+    m, g = _graph("mlp", size="tiny", depth=4)
+    plan = hj.plan(m.step, *m.abstract(), topology=THREE_KINDS, strategy="pipeline", graph=g,
+                   microbatches=4, schedule=schedule)
+    c, M = plan.cost, 4
+    f = [s.forward for s in c.stages]
+    b = [s.backward for s in c.stages]
+    u = [s.update for s in c.stages]
+    per_mb = {}
+    for t in c.transfers:
+        fwd_bytes, lat = t.microbatch_bytes, t.latency
+        per_mb[(t.src, t.dst)] = (lat + fwd_bytes / t.bandwidth) if fwd_bytes else 0.0
+    step_transfers = sum(t.time - M * per_mb[(t.src, t.dst)] for t in c.transfers)
+    fwd = [v for (a, d), v in per_mb.items() if a < d and v]
+    bwd = [v for (a, d), v in per_mb.items() if a > d and v]
+    if schedule == "1f1b":
+        w = [x + y for x, y in zip(f, b)]
+        duplex = [max(per_mb.get((a, d), 0), per_mb.get((d, a), 0)) for a, d in per_mb]
+        pipe = sum(w) + sum(fwd) + sum(bwd) + (M - 1) * max(max(w), max(duplex))
+    else:
+        pipe = (sum(f) + sum(fwd) + (M - 1) * max(max(f), max(fwd, default=0))
+                + sum(b) + sum(bwd) + (M - 1) * max(max(b), max(bwd, default=0)))
+    assert c.step_time == pytest.approx(pipe + step_transfers + max(u), rel=1e-9)
+    assert c.bubble == pytest.approx(c.step_time - c.compute_time - c.comm_time, rel=1e-9)
+    # 1F1B keeps at most S - k microbatches in flight on stage k; GPipe all of them.
+    want = [min(M, 3 - k) for k in range(3)] if schedule == "1f1b" else [M] * 3
+    assert [s.in_flight for s in c.stages] == want
+
+
+def test_stage_times_come_from_the_stage_group_cost_model():
+    """A stage computes at its own devices' pace: the same float32 layers on a T4 node take
+    between the A100 / T4 ratio of HBM bandwidth (6.25) and of float32 matmul FLOP/s (TF32 on the
+    A100: 19.3) longer than on an A100 node of the same size (roofline)."""
+    m, g = _graph("mlp", size="small", depth=2, width=2048)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 2), ("T4", 2)))
+    ctx = _context(g, topo)
+    U = len(ctx.part.units)
+    a100, t4 = topo.groups("node")
+    fast, slow = (layout_cost(ctx, StagedLayout(groups=(grp,), ranges=((0, U),),
+                                                plans=("dp_tp",), microbatches=1))
+                  for grp in (a100, t4))
+    assert 2.0e12 / 0.32e12 * 0.999 <= slow.stages[0].compute / fast.stages[0].compute \
+        <= 1.56e14 / 8.1e12 * 1.001
+    assert slow.stages[0].memory_capacity == 16e9 and fast.stages[0].memory_capacity == 80e9
+
+
+# ---- the planners' choices ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def blocks8():
+    """Eight transformer blocks, batch 64: big enough for pipelines to pay on fast links."""
+    m = zoo.get("transformer-block", size="small", n_layers=8, batch=64)
+    return m, hj.trace(m.step, *m.abstract())
+
+
+# Two regions joined by a 10 Gbit/s metro link (2 ms): data parallelism pays a gradient
+# all-reduce over it every step, a 2-stage pipeline only the activations at one boundary.
+REGIONAL = hj.Topology.preset("regional", regions=2, gpus_per_node=4, device="V100",
+                              metro=LinkSpec(bandwidth=10e9 / 8, latency=2e-3))
+
+
+def test_auto_is_staged_on_a_regional_cluster(blocks8):
+    m, g = blocks8
+    staged = hj.plan(m.step, *m.abstract(), topology=REGIONAL, strategy="auto", graph=g)
+    spmd = hj.plan(m.step, *m.abstract(), topology=REGIONAL, strategy="auto", graph=g,
+                   stages=False)
+    assert staged.stages is not None and len(staged.stages) == 2
+    assert staged.microbatches > 1
+    assert staged.cost.step_time < spmd.cost.step_time * (1 - STAGED_MIN_GAIN)
+    assert staged.notes[0].startswith("staged:")
+    # Each region holds half the blocks; activations cross the metro link, not gradients.
+    (fwd,) = [t for t in staged.cost.transfers if t.src == 0 and t.dst == 1]
+    assert fwd.link == "wan" and fwd.microbatch_bytes > 0
+
+
+def test_auto_stays_spmd_over_a_slow_wan(blocks8):
+    m, g = blocks8
+    plan = hj.plan(m.step, *m.abstract(), topology=hj.Topology.preset("geo"), strategy="auto",
+                   graph=g)
+    assert plan.stages is None
+    assert any(n.startswith("staged: the best staged plan") for n in plan.notes)
+
+
+def test_auto_stays_spmd_in_one_dgx_node(blocks8):
+    m, g = blocks8
+    topo = hj.Topology.preset("dgx-h100")
+    assert device_groups(topo) == {}
+    assert hj.plan(m.step, *m.abstract(), topology=topo, strategy="auto", graph=g).stages is None
+
+
+def test_ilp_staged_search_beats_every_uniform_layout(blocks8):
+    """The dynamic program's layout is at least as fast as every layout with equal layers per
+    stage over any number of regions (all in its search space)."""
+    m, g = blocks8
+    res = search(g, REGIONAL)
+    best = res.layouts[0][0]
+    ctx = _context(g, REGIONAL)
+    groups = REGIONAL.groups("region")
+    for S in (1, 2):
+        for M in (1, 2, 4, 8):
+            for order in itertools.permutations(range(2), S):
+                layout = StagedLayout(groups=tuple(groups[k] for k in order),
+                                      ranges=tuple(uniform_ranges(ctx.part, S)),
+                                      plans=("dp_tp",) * S, microbatches=M)
+                assert best <= layout_cost(ctx, layout).step_time * (1 + 1e-9)
+
+
+def test_ilp_places_less_work_on_slower_gpus():
+    """On A100 + V100 + T4 nodes SPMD runs at the T4's pace; the staged optimum is faster and
+    gives the T4 node the least work (or none), and every stage fits its memory."""
+    m = zoo.get("transformer-block", size="small", n_layers=4, batch=32)
+    g = hj.trace(m.step, *m.abstract())
+    topo = hj.Topology.preset("mixed", gpus_per_node=2)
+    plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy="ilp", graph=g)
+    spmd = hj.plan(m.step, *m.abstract(), topology=topo, strategy="ilp", graph=g, stages=False)
+    assert plan.stages is not None and plan.cost.step_time < spmd.cost.step_time
+    assert all(s.fits for s in plan.cost.stages)
+    work = {tuple(st.devices): c.forward + c.backward for st, c in zip(plan.stages,
+                                                                        plan.cost.stages)}
+    t4 = tuple(topo.groups("node")[2])
+    assert work.get(t4, 0.0) <= min(work.values()) + 1e-12
+
+
+# ---- records --------------------------------------------------------------------------------
+
+def test_staged_plans_round_trip_through_json(tmp_path):
+    m, g = _graph("gpt2", size="tiny", scan_layers=True)
+    plan = hj.plan(m.step, *m.abstract(), topology=THREE_KINDS, strategy="pipeline", graph=g)
+    text = json.dumps(plan.to_dict())
+    back = hj.Plan.from_dict(json.loads(text))
+    assert back.to_dict() == plan.to_dict()
+    assert back.stages == plan.stages and back.microbatches == plan.microbatches
+    assert [s.value_specs for s in back.stages] == [s.value_specs for s in plan.stages]
+    assert back.cost.stages == plan.cost.stages and back.cost.transfers == plan.cost.transfers
+    plan.save(tmp_path / "p.json")
+    assert hj.Plan.load(tmp_path / "p.json").to_dict() == plan.to_dict()
+
+
+def test_explain_shows_layers_per_group_bubble_and_transfers():
+    m, g = _graph("gpt2", size="tiny")
+    plan = hj.plan(m.step, *m.abstract(), topology=THREE_KINDS, strategy="pipeline", graph=g)
+    text = hj.explain(plan)
+    assert "stage 0 on devices 0..3 (4 x A100" in text and "stage 2 on devices 6..7 (2 x T4" in text
+    assert "bubble" in text and "transfer stage 0 -> 1" in text
+    assert "GPT2/wte" in text.split("stages (layers placed")[1]
+    loaded = hj.Plan.from_dict(plan.to_dict())
+    assert "no per-layer rows" in hj.explain(loaded)
+    assert plan.summary().startswith("Plan 'pipeline'")
+
+
+def test_invalid_stage_records_are_refused():
+    with pytest.raises(hj.errors.InvalidPlanError, match="does not cover"):
+        hj.Stage(devices=(0, 1, 2), layers=(), axis_names=("gpu",), mesh_shape=(2,))
+    st = hj.Stage(devices=(0, 1), layers=(), axis_names=("gpu",), mesh_shape=(2,))
+    with pytest.raises(hj.errors.InvalidPlanError, match="schedule"):
+        hj.Plan(strategy="x", axis_names=("gpu",), mesh_shape=(2,), inputs=(), outputs=(),
+                stages=(st,), schedule="zigzag")

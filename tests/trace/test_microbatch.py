@@ -1,0 +1,121 @@
+"""The microbatch analysis: what runs per microbatch, how microbatches combine, what is refused."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import hulkjax as hj
+from hulkjax.trace.microbatch import EX, IND, RED, analyze, batch_size, microbatch_graph
+
+
+def _split(step, *args, k=2):
+    g = hj.trace(step, *args)
+    return g, analyze(g, microbatch_graph(g, k))
+
+
+def _sgd(loss):
+    def step(w, x):
+        value, grad = jax.value_and_grad(loss)(w, x)
+        return w - 0.1 * grad, {"loss": value}
+    return step
+
+
+W, X = jnp.ones((4, 4)), jnp.ones((8, 4))
+
+
+def test_mean_loss_gradients_combine_as_the_mean():
+    g, split = _split(_sgd(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)), W, X)
+    assert split.exact and split.batch == 8 and split.split_inputs == (1,)
+    # The gradient (x^T dy: a sum over examples times 1 / B) and the loss (a sum over examples,
+    # divided by B once per step): both sums, the gradient's with exponent -1.
+    assert sorted((c.kind, c.exp) for c in split.boundary.values()) == [("sum", -1), ("sum", 0)]
+    # The update (w - 0.1 g) runs once: its node is not per microbatch.
+    update = g.values[g.outputs[0]].producer
+    assert update not in split.per_microbatch
+    assert split.flows[g.inputs[0]].kind == IND and split.flows[g.inputs[1]] .kind == EX
+
+
+def test_summed_loss_combines_as_the_sum():
+    _, split = _split(_sgd(lambda w, x: jnp.sum(x @ w)), W, X)
+    assert split.exact
+    assert {c.exp for c in split.boundary.values()} == {0}
+
+
+def test_per_example_outputs_are_concatenated():
+    def step(w, x):
+        return w, x @ w  # predictions per example
+    g, split = _split(step, W, X)
+    assert split.exact
+    (c,) = [split.boundary[v] for v in split.boundary if v == g.outputs[1]]
+    assert (c.kind, c.dim, c.exp) == ("concat", 0, 0)
+
+
+@pytest.mark.parametrize("loss,why", [
+    (lambda w, x: jnp.mean((x - x.mean(0)) @ w), "batch statistic"),
+    (lambda w, x: jnp.max(x @ w), "not a sum"),
+    (lambda w, x: jnp.sum(jnp.sum(x @ w, 1) / jnp.maximum(jnp.sum(x[:, 0]), 1.0)),
+     "batch statistic"),
+    (lambda w, x: jnp.mean(jnp.cumsum(x @ w, axis=0)), "mixes examples"),
+])
+def test_steps_that_microbatching_would_change_are_refused(loss, why):
+    _, split = _split(_sgd(loss), W, X)
+    assert not split.exact
+    assert any(why in p for p in split.problems), split.problems
+
+
+def test_dropout_masks_per_example_are_refused():
+    def loss(w, x, key):
+        keep = jax.random.bernoulli(key, 0.5, x.shape)
+        return jnp.mean(jnp.where(keep, x, 0.0) @ w)
+
+    def step(w, batch):
+        value, grad = jax.value_and_grad(loss)(w, batch["x"], batch["key"])
+        return w - grad, value
+
+    batch = {"x": X, "key": jax.random.key_data(jax.random.key(0))}
+    _, split = _split(step, W, batch)
+    assert not split.exact and any("random" in p for p in split.problems)
+
+
+def test_a_batch_size_constant_that_is_no_power_is_refused():
+    _, split = _split(_sgd(lambda w, x: jnp.sum(x @ w) / (x.shape[0] - 1)), W, X)
+    assert not split.exact
+
+
+def test_scan_over_layers_is_analysed_inside_its_body():
+    def loss(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+        return jnp.mean(h ** 2)
+
+    _, split = _split(_sgd(loss), jnp.ones((3, 4, 4)), X)
+    assert split.exact
+    assert {c.exp for c in split.boundary.values()} == {-1, 0}
+
+
+def test_reductions_over_other_dimensions_stay_per_example():
+    g, split = _split(_sgd(lambda w, x: jnp.mean(jax.nn.logsumexp(x @ w, axis=1))), W, X)
+    assert split.exact
+    maxes = [n for n in g.nodes if n.name == "reduce_max" and not n.backward]
+    assert maxes and all(split.flows[n.outputs[0]].kind == EX for n in maxes)
+    # Aggregates only appear where the batch is summed away (and after).
+    assert any(f.kind == RED for f in split.flows)
+
+
+def test_batch_size_is_the_data_arguments_leading_dimension():
+    g = hj.trace(lambda w, b: w, W, {"x": X, "y": jnp.ones((8,)), "lr": jnp.ones(())})
+    assert batch_size(g) == 8
+    with pytest.raises(hj.errors.UnsupportedStepError, match="divisible"):
+        microbatch_graph(g, 3)
+
+
+def test_zoo_models_microbatch_exactly_except_batchnorm_and_a_normalized_loss():
+    from hulkjax import zoo
+    from hulkjax.strategies.partition import partition
+
+    exact = {}
+    for name in ("mlp", "mlp-nnx", "resnet", "bert"):
+        m = zoo.get(name, size="tiny")
+        exact[name] = partition(hj.trace(m.step, *m.abstract())).exact
+    # ResNet's BatchNorm statistics and BERT's loss, normalized by the number of masked tokens
+    # of the batch, depend on the whole batch.
+    assert exact == {"mlp": True, "mlp-nnx": True, "resnet": False, "bert": False}
