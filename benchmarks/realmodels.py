@@ -12,9 +12,10 @@ Two passes over the families of ``tests/realmodels/families.py`` and the meshes 
    every strategy; ``ilp`` and ``auto`` against the best baseline that fits memory; how many
    projection kernels ``megatron`` shards.
 
-Results go to ``benchmarks/results/realmodels.json`` and ``benchmarks/REALMODELS.md`` (written from
-the JSON alone: ``--report-only`` rewrites the markdown). A case that fails is recorded with its
-error and the run goes on.
+Results go to ``benchmarks/results/realmodels.json``, ``benchmarks/REALMODELS.md`` (summary and
+plan quality) and ``benchmarks/FIDELITY.md`` (predicted against compiled, per kind, family and
+case), both written from the JSON alone (``--report-only`` rewrites them). A case that fails is
+recorded with its error and the run goes on.
 
 Usage::
 
@@ -69,6 +70,7 @@ from tests.realmodels.measure import (  # noqa: E402
 
 JSON_PATH = os.path.join(HERE, "results", "realmodels.json")
 MD_PATH = os.path.join(HERE, "REALMODELS.md")
+FIDELITY_PATH = os.path.join(HERE, "FIDELITY.md")
 KINDS = ("all-reduce", "all-gather", "all-to-all", "collective-permute")
 PLANNER_OPTIONS = {"ilp": {"time_limit": 10.0}, "auto": {"time_limit": 10.0}}
 
@@ -215,7 +217,9 @@ def _kind_cell(entry: dict | None) -> str:
     return f"{mark} {side(entry['predicted'])} / {side(entry['compiled'])}"
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict) -> tuple[str, str]:
+    """``(REALMODELS.md, FIDELITY.md)``: the summary with plan quality, and the summary with the
+    fidelity tables per collective kind, family and case."""
     fid = [r for r in result["fidelity"] if r["status"] == "ok"]
     errors = ([("fidelity", r) for r in result["fidelity"] if r["status"] == "error"]
               + [("quality", r) for r in result["quality"] if r["status"] == "error"])
@@ -286,7 +290,10 @@ def markdown(result: dict) -> str:
             f"{_frac(sum(r in bytes_match for r in rs), len(rs))} | "
             f"{_frac(sum(r['memory']['within'] for r in rs), len(rs))} | "
             f"{statistics.median(r['memory']['predicted'] / r['memory']['compiled'] for r in rs):.2f} |")
-    lines += quality_markdown(result)
+    summary = lines
+    lines = ["# Cost-model fidelity on third-party models", *summary[1:]]  # FIDELITY.md
+    summary = [*summary, "", "Per-case predicted / compiled collectives and memory: "
+               "[FIDELITY.md](FIDELITY.md) (same command).", *quality_markdown(result)]
     lines += ["", "## Fidelity per case (tiny, compiled)", "",
               "Cells: `✓` count and bytes agree, `≈` bytes only, `✗` neither; then predicted / "
               "HLO as `axes:count×bytes` per step.", ""]
@@ -312,7 +319,7 @@ def markdown(result: dict) -> str:
                 + f" | {'✓' if m['within'] else '✗'} {format_bytes(m['predicted'])} / "
                 f"{format_bytes(m['compiled'])} |")
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return "\n".join(summary) + "\n", "\n".join(lines) + "\n"
 
 
 def highlights(result: dict) -> list[str]:
@@ -446,6 +453,7 @@ def main(argv=None) -> None:
                     help="rewrite REALMODELS.md from the existing JSON")
     ap.add_argument("--out", default=JSON_PATH)
     ap.add_argument("--md", default=MD_PATH)
+    ap.add_argument("--fidelity-md", default=FIDELITY_PATH)
     args = ap.parse_args(argv)
     if args.report_only:
         with open(args.out) as f:
@@ -477,9 +485,12 @@ def main(argv=None) -> None:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    realmodels, fidelity = markdown(result)
     with open(args.md, "w") as f:
-        f.write(markdown(result))
-    print(f"wrote {args.out} and {args.md}")
+        f.write(realmodels)
+    with open(args.fidelity_md, "w") as f:
+        f.write(fidelity)
+    print(f"wrote {args.out}, {args.md} and {args.fidelity_md}")
 
 
 if __name__ == "__main__":
