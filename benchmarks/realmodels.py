@@ -259,9 +259,10 @@ def markdown(result: dict) -> tuple[str, str]:
             for p, r in errors) if errors else "."),
         *highlights(result),
         "",
-        "Counts compare one predicted collective per execution with one HLO collective "
-        "instruction: XLA combines gradient all-reduces into tuple-shaped ones, which the cost "
-        "model does not predict, so all-reduce counts rarely agree even where the bytes do.",
+        "Counts compare the cost model's collectives as XLA:CPU compiles them "
+        "(`CostModel.program_summary(..., backend=\"cpu\")`: gradient all-reduces combined per "
+        "computation, reduce-scatters as all-reduce + slice) with the HLO's collective "
+        "instructions; a loop body's count once per iteration on both sides.",
         "",
         "### Per collective kind",
         "",

@@ -819,7 +819,8 @@ class CostModel:
                 out.extend(self._defer(self.reshard(v, src, dst), nid))
         return out
 
-    def program_summary(self, assignment, backend: str | Backend | None = None) -> dict:
+    def program_summary(self, assignment, backend: str | Backend | None = None, *,
+                        min_bytes: float = 0) -> dict:
         """The collectives the compiled program should contain, as a backend compiles them:
         ``{(kind, axes): {"count": int, "bytes": int}}``.
 
@@ -829,7 +830,8 @@ class CostModel:
         ``ceil(bytes / threshold)`` collectives per (kind, axes). ``backend``: a name
         (``"cpu"``, ``"gpu"``, ``"tpu"``) or a :class:`Backend`; default: the topology's. Compare
         with the HLO of a program compiled on that backend (loop bodies: per iteration, weighted by
-        ``trip_count``).
+        ``trip_count``). Collectives of at most ``min_bytes`` each are left out (scalar metrics,
+        which XLA folds into other reductions).
 
         >>> import jax, jax.numpy as jnp, hulkjax as hj
         >>> def step(ws, x):
@@ -858,6 +860,8 @@ class CostModel:
         for comms, trips in scopes:
             groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
             for cm in comms:
+                if cm.bytes <= min_bytes:
+                    continue
                 kind = be.kind_of(cm.kind)
                 axes = tuple(sorted(cm.axes, key=order.index))
                 entry = groups[(kind, axes, cm.deferred and be.combines(kind))]

@@ -4,10 +4,9 @@ Shared by ``tests/realmodels`` and the reports ``benchmarks/realmodels.py`` and
 ``benchmarks/coverage.py``. Everything here reads a traced graph, a plan or a compiled program;
 nothing plans or compiles.
 
-* Fidelity: the cost model's predicted collectives
-  (``CostModel.program_collectives(assignment, reduce_scatter=False)``, counted per execution with
-  ``program_comm_list``) against the compiled HLO's (``ShardedStep.collectives()``), per
-  ``(kind, axes)``; predicted peak memory (``plan.cost.peak_memory``) against
+* Fidelity: the cost model's predicted collectives as XLA:CPU compiles them
+  (``CostModel.program_summary(assignment, backend="cpu")``) against the compiled HLO's
+  (``ShardedStep.collectives()``), per ``(kind, axes)``; predicted peak memory (``plan.cost.peak_memory``) against
   ``compiled.memory_analysis()``. As in ``tests/emit/test_fidelity.py``: reduce-scatters are
   predicted as the all-reduce + slice XLA:CPU emits, collectives of at most
   :data:`tests.emit.test_fidelity.SMALL` bytes (scalar metrics XLA folds into other reductions) are
@@ -54,29 +53,14 @@ Table = dict[tuple[str, tuple[str, ...]], dict[str, int]]  # (kind, axes) -> {"c
 
 
 def predicted_collectives(graph: OpGraph, plan: hj.Plan) -> Table:
-    """The collectives the cost model predicts for ``plan``'s program, as XLA:CPU spells them.
-
-    Bytes are ``program_collectives(..., reduce_scatter=False)`` per ``(kind, axes)``; the count
-    is how many of ``program_comm_list``'s collectives (one per execution) fall in that key.
-    Collectives of at most ``SMALL`` bytes are left out.
-    """
+    """The collectives the cost model predicts for ``plan``'s program as XLA:CPU compiles them
+    (``CostModel.program_summary(..., backend="cpu")``: reduce-scatters as all-reduce + slice,
+    gradient all-reduces combined per computation), per ``(kind, axes)``; collectives of at most
+    ``SMALL`` bytes each are left out."""
     cm = hj.strategies.cost_model(graph, plan.topology)
-    order = list(plan.axis_names)
-    table: Table = {}
-    for c in cm.program_comm_list(plan.assignment):
-        if c.bytes <= SMALL:
-            continue
-        kind = "all-reduce" if c.kind == "reduce-scatter" else c.kind
-        entry = table.setdefault((kind, tuple(sorted(c.axes, key=order.index))),
-                                 {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += int(c.bytes)
-    totals = cm.program_collectives(plan.assignment, reduce_scatter=False)
-    for key, entry in table.items():  # the same sum, through the public API: a cross-check
-        if abs(totals.get(key, 0) - entry["bytes"]) > SMALL * entry["count"]:
-            raise RuntimeError(f"program_comm_list and program_collectives disagree on {key}: "
-                               f"{entry['bytes']} vs {totals.get(key)} bytes")
-    return table
+    return {key: {"count": int(e["count"]), "bytes": int(e["bytes"])}
+            for key, e in cm.program_summary(plan.assignment, backend="cpu",
+                                             min_bytes=SMALL).items() if e["count"]}
 
 
 def compiled_collectives(collectives: Iterable[Collective]) -> Table:
