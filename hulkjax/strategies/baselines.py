@@ -143,11 +143,12 @@ def expert(graph: OpGraph, topology) -> Plan:
     return sb.build()
 
 
-def baseline_assignments(graph: OpGraph, topology) -> dict[str, list[int]]:
-    """``{baseline name: its cost-model assignment}`` for every baseline that applies to the
-    topology (``dp_tp`` needs two mesh axes): the seeds of the ILP and of ``auto``."""
+def baseline_assignments(graph: OpGraph, topology,
+                         names: tuple[str, ...] = BASELINES) -> dict[str, list[int]]:
+    """``{baseline name: its cost-model assignment}`` for every baseline (of ``names``) that
+    applies to the topology (``dp_tp`` needs two mesh axes): the seeds of the ILP and of ``auto``."""
     out = {}
-    for name in BASELINES:
+    for name in names:
         try:
             plan = strategies[name].fn(graph, topology)
         except StrategyNotApplicableError as e:
