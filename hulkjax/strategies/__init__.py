@@ -11,7 +11,7 @@ one cost model (:func:`cost_model`).
 
 >>> import hulkjax as hj
 >>> hj.strategies.names()
-['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'pipeline', 'ilp', 'auto']
+['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'expert', 'pipeline', 'ilp', 'auto']
 """
 
 from hulkjax.strategies import auto as _auto  # noqa: F401  (registers "auto")

@@ -6,6 +6,8 @@
   right before each use; the batch split.
 * ``megatron``: tensor parallelism over every device: column/row pairs found from the graph.
 * ``dp_tp``: data parallel on the expensive mesh axes, megatron on the cheapest one.
+* ``expert``: the public recipes' layout (MaxText on GPU clusters, Megatron/NeMo): FSDP over the
+  axes that cross nodes, Megatron tensor parallelism over the axes inside a node.
 
 All decisions come from the graph (roles from the data flow, dimensions from dimension numbers),
 never from parameter names. Each returns a :class:`~hulkjax.strategies.plan.Plan`.
@@ -20,11 +22,11 @@ from hulkjax.plan.records import Plan
 from hulkjax.strategies.layouts import shard_parameters, split_batch, tensor_parallel
 from hulkjax.strategies.registry import register_strategy, strategies
 from hulkjax.strategies.specbuilder import SpecBuilder
-from hulkjax.trace.graph import OpGraph
+from hulkjax.trace.graph import PARAMETER, OpGraph
 
 log = logging.getLogger("hulkjax.strategies")
 
-BASELINES = ("replicate", "dp", "fsdp", "megatron", "dp_tp")
+BASELINES = ("replicate", "dp", "fsdp", "megatron", "dp_tp", "expert")
 """The hand-written layouts, in the order tables show them. The ILP and ``auto`` include their
 assignments in every search, so neither is ever worse than a baseline."""
 
@@ -82,11 +84,71 @@ def datatensor_parallel(graph: OpGraph, topology) -> Plan:
     return sb.build()
 
 
-def baseline_assignments(graph: OpGraph, topology) -> dict[str, list[int]]:
-    """``{baseline name: its cost-model assignment}`` for every baseline that applies to the
-    topology (``dp_tp`` needs two mesh axes): the seeds of the ILP and of ``auto``."""
+def recipe_axes(topology) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(fsdp axes, tensor-parallel axes)`` of the expert recipe on ``topology``.
+
+    The axes whose groups stay inside a node (NVLink) carry tensor parallelism and the axes that
+    cross nodes (InfiniBand, data-centre network) carry FSDP, as in MaxText's and NeMo's multi-node
+    GPU recipes. Where every axis lies at one level (a ``Topology.grid``, a TPU slice), the
+    fastest axis carries tensor parallelism if it is strictly faster than every other axis;
+    otherwise (one axis, or axes alike, as in MaxText's TPU recipes) FSDP spans every axis.
+
+    >>> import hulkjax as hj
+    >>> recipe_axes(hj.Topology.preset("dgx-h100", nodes=2))
+    (('node',), ('gpu',))
+    >>> recipe_axes(hj.Topology.grid((8,), ("d",)))
+    (('d',), ())
+    """
+    axes = tuple(topology.axis_names)
+    inside = tuple(a for a in axes if topology.axis_scope(a) == "node")
+    across = tuple(a for a in axes if a not in inside)
+    if inside and across:
+        return across, inside
+    if len(axes) < 2:
+        return axes, ()
+    key = lambda a: (topology.axis_bandwidth(a), -topology.axis_latency(a))  # noqa: E731
+    model = max(reversed(axes), key=key)
+    rest = tuple(a for a in axes if a != model)
+    if all(key(model) > key(a) for a in rest):
+        return rest, (model,)
+    return axes, ()
+
+
+@register_strategy("expert")
+def expert(graph: OpGraph, topology) -> Plan:
+    """The public recipes' layout: FSDP over the axes between nodes, Megatron inside a node.
+
+    MaxText's GPU recipes and NeMo's LLaMA recipes shard parameters, gradients and optimizer
+    state over the data-centre axes (gathered over those axes right before each use, the batch
+    split over them) and split the MLP and attention projections column-then-row over the NVLink
+    axes inside a node (:func:`recipe_axes` says which axes are which). Column/row pairs come from
+    the graph (:func:`~hulkjax.strategies.layouts.tensor_parallel`); a model without any (a CNN)
+    gets FSDP over every axis, as does a topology whose axes are all alike. Megatron's sequence
+    parallelism (LayerNorm regions split on the sequence) is not written: it needs layouts on
+    activations, and baselines set only the step's argument layouts.
+    """
+    fsdp, tp = recipe_axes(topology)
+    sb = SpecBuilder(graph, topology, "expert")
+    if tp:
+        tensor_parallel(sb, tp)
+        params = [i for i, r in enumerate(graph.input_roles) if r == PARAMETER]
+        if not any(tuple(sb.input_specs[i]) for i in params):
+            sb.notes.append(f"no column/row matmul pairs divide {tp}: FSDP over every axis")
+            fsdp, tp = tuple(topology.axis_names), ()
+    sb.notes.append(f"FSDP over {fsdp}" + (f", tensor parallel over {tp}" if tp else ""))
+    split_batch(sb, fsdp)
+    shard_parameters(sb, fsdp, keep=True)
+    sb.param_use = "gather"
+    sb.gather_axes = fsdp
+    return sb.build()
+
+
+def baseline_assignments(graph: OpGraph, topology,
+                         names: tuple[str, ...] = BASELINES) -> dict[str, list[int]]:
+    """``{baseline name: its cost-model assignment}`` for every baseline (of ``names``) that
+    applies to the topology (``dp_tp`` needs two mesh axes): the seeds of the ILP and of ``auto``."""
     out = {}
-    for name in BASELINES:
+    for name in names:
         try:
             plan = strategies[name].fn(graph, topology)
         except StrategyNotApplicableError as e:

@@ -41,6 +41,7 @@ class InputLayouts:
         self.input_specs: list[PartitionSpec] = [PartitionSpec()] * len(graph.inputs)
         self.notes: list[str] = []
         self.param_use = "keep"  # "gather" for ZeRO-3: parameters gathered whole before each use
+        self.gather_axes: tuple[str, ...] | None = None  # with "gather": only over these axes
 
     def axes_for(self, size: int, axes: Sequence[str]) -> tuple[str, ...]:
         """The largest ordered subset of ``axes`` whose total size divides ``size``."""
@@ -91,9 +92,14 @@ def split_batch(sb: InputLayouts, axes: tuple[str, ...]) -> None:
             sb.set_input(i, sb.dim_spec(shape, 0, axes, g.input_paths[i]))
 
 
-def shard_parameters(sb: InputLayouts, axes: tuple[str, ...]) -> None:
+def shard_parameters(sb: InputLayouts, axes: tuple[str, ...], *, keep: bool = False) -> None:
     """ZeRO-3 layouts: each parameter split over ``axes`` on the dimension most of them divide
-    (the largest such)."""
+    (the largest such).
+
+    With ``keep``, the layouts already set (tensor-parallel splits) stay, and the split over
+    ``axes`` goes on a dimension they leave whole (MaxText's FSDP over the data axes of a kernel
+    that tensor parallelism splits on its other dimension).
+    """
     g = sb.graph
     for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
         if role != PARAMETER:
@@ -101,8 +107,21 @@ def shard_parameters(sb: InputLayouts, axes: tuple[str, ...]) -> None:
         shape = g.values[vid].shape
         if not shape:
             continue
-        dim = max(range(len(shape)), key=lambda d: (len(sb.axes_for(shape[d], axes)), shape[d], -d))
-        sb.set_input(i, sb.dim_spec(shape, dim, axes, g.input_paths[i]))
+        old = tuple(sb.input_specs[i]) + (None,) * (len(shape) - len(sb.input_specs[i]))
+        free = [d for d in range(len(shape)) if not keep or old[d] is None]
+        if not free:
+            continue
+        dim = max(free, key=lambda d: (len(sb.axes_for(shape[d], axes)), shape[d], -d))
+        spec = sb.dim_spec(shape, dim, axes, g.input_paths[i])
+        if keep and spec:
+            entries = list(old)
+            entries[dim] = spec[dim]
+            while entries and entries[-1] is None:
+                entries.pop()
+            spec = PartitionSpec(*entries)
+        if keep and not spec:
+            continue
+        sb.set_input(i, spec)
 
 
 def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:

@@ -56,7 +56,8 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
     return a
 
 
-def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep") -> list[int]:
+def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
+              gather_axes: tuple[str, ...] | None = None) -> list[int]:
     """Complete fixed input layouts the way a propagating partitioner does.
 
     Operators are visited in program order; each takes, among the candidates that change the
@@ -87,7 +88,7 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep") 
                 # A loop gathers parameter slices inside its body: it takes them as they are.
                 gather = param_use == "gather" and not node.subgraphs
                 if spec is not None:
-                    wanted[k] = tuple(() for _ in spec) if gather else spec
+                    wanted[k] = _gathered(spec, gather_axes) if gather else spec
         scatter = _ScatterCheck(cm, nb, grp, fixed, a)
         options = [c for c, r in enumerate(grp.candidates)
                    if all(r.in_specs[k] == s for k, s in wanted.items()) and scatter.allowed(c)]
@@ -112,6 +113,13 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep") 
         a[grp.id] = best_c
         decided.add(grp.id)
     return a
+
+
+def _gathered(spec: tuple, axes: tuple[str, ...] | None) -> tuple:
+    """``spec`` gathered over ``axes`` (``None``: over every axis, i.e. replicated)."""
+    if axes is None:
+        return tuple(() for _ in spec)
+    return tuple(tuple(x for x in e if x not in axes) for e in spec)
 
 
 class _ScatterCheck:

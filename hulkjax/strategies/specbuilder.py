@@ -32,5 +32,5 @@ class SpecBuilder(InputLayouts):
                 self.input_specs[opt] = self.input_specs[param]
         cm = cost_model(g, self.topology)
         assignment = propagate(cm, assignment_for_inputs(cm, self.input_specs),
-                               param_use=self.param_use)
+                               param_use=self.param_use, gather_axes=self.gather_axes)
         return plan_from_assignment(cm, assignment, self.strategy, self.notes)

@@ -60,7 +60,7 @@ from hulkjax.formatting import format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
 from hulkjax.plan.stages import SCHEDULES, Stage
-from hulkjax.strategies.baselines import baseline_assignments
+from hulkjax.strategies.baselines import BASELINES, baseline_assignments
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.partition import (
     BACKWARD,
@@ -230,7 +230,12 @@ class _Context:
         cm = cost_model(g, sub)
         missing = [n for n in names if (M, sub, n) not in self.plans]
         if any(n != "ilp" for n in missing):
-            base = baseline_assignments(g, sub)
+            # Only the baselines kept below: building the others was the stage search's largest
+            # cost after tracing (each is completed and costed in full).
+            wanted = [n for n in missing if n != "ilp"]
+            if "dp_tp" in wanted and len(sub.axis_names) < 2:
+                wanted.append("megatron")
+            base = baseline_assignments(g, sub, tuple(b for b in BASELINES if b in wanted))
             for n in missing:
                 if n in base:
                     self.plans[(M, sub, n)] = base[n]

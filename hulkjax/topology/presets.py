@@ -9,7 +9,7 @@ Latencies that no source gives are marked as estimates.
 Presets do not create size-1 mesh axes (``dgx-h100`` with one node has the single axis ``gpu``).
 
 >>> sorted(names())
-['dgx-h100', 'dtfm', 'geo', 'hetero', 'mixed', 'regional', 'tpu-v5e']
+['dgx-h100', 'dtfm', 'geo', 'hetero', 'mixed', 'regional', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e']
 """
 
 from __future__ import annotations
@@ -200,6 +200,62 @@ def tpu_v5e(shape: Sequence[int] | None = None, chips: int | None = None) -> Top
         shape=mesh_shape,
         axis_links=(TPU_V5E_AXIS_LINK,) * len(mesh_shape),
     )
+
+
+def _tpu_slice(preset: str, kind: str, shape: Sequence[int], max_dim: int) -> Topology:
+    """A slice of TPU chips on an ICI torus: one mesh axis per torus dimension, each paying the
+    kind's per-axis ICI link (``INTRA_NODE_LINKS``); all chips listed as one node ``slice0``."""
+    if isinstance(shape, int):
+        raise InvalidTopologyError(f"preset {preset!r}: shape must be a tuple of ints, got {shape!r}.")
+    dims = tuple(_positive_int(s, preset, "shape[i]") for s in shape)
+    if max(dims) > max_dim:
+        raise InvalidTopologyError(
+            f"preset {preset!r}: slice {'x'.join(map(str, dims))} has a side over {max_dim}.")
+    names = ("x", "y", "z")[: len(dims)]
+    axis_names, mesh_shape = _mesh_axes(list(zip(names, dims)))
+    spec = DEVICE_SPECS[kind]
+    link = INTRA_NODE_LINKS[kind]
+    n = math.prod(dims)
+    return Topology(
+        name=f"{preset}-{'x'.join(map(str, dims))}",
+        devices=tuple(Device(id=i, spec=spec, region="local", node="slice0") for i in range(n)),
+        axis_names=axis_names,
+        shape=mesh_shape,
+        axis_links=(link,) * len(mesh_shape),
+    )
+
+
+@register_preset("tpu-v6e")
+def tpu_v6e(shape: Sequence[int] = (16, 16)) -> Topology:
+    """A Google Cloud TPU v6e (Trillium) slice: a 2-D ICI torus, axes ``("x", "y")``.
+
+    Source: Google Cloud TPU v6e documentation (docs.cloud.google.com/tpu/docs/v6e): 918 TFLOP/s
+    bf16, 32 GB HBM at 1638 GB/s per chip; 800 GB/s bidirectional ICI per chip over 4 ports, i.e.
+    100 GB/s per link per direction; a pod is 256 chips (16 x 16). As for ``tpu-v5e``, each axis
+    is modelled as its 2 links driven by a bidirectional ring: 200 GB/s per chip per direction;
+    the 1 us latency is an estimate. ``v6e-256`` is ``shape=(16, 16)`` (v6e counts chips).
+
+    >>> tpu_v6e().shape, tpu_v6e().axis_bandwidth("x")
+    ((16, 16), 200000000000.0)
+    """
+    return _tpu_slice("tpu-v6e", "TPUv6e", shape, 16)
+
+
+@register_preset("tpu-v5p")
+def tpu_v5p(shape: Sequence[int] = (4, 8, 8)) -> Topology:
+    """A Google Cloud TPU v5p slice: a 3-D ICI torus, axes ``("x", "y", "z")``.
+
+    Sources: Google Cloud TPU v5p documentation (docs.cloud.google.com/tpu/docs/v5p-training) and
+    topologies.md: 459 TFLOP/s bf16, 95 GB HBM at 2.76 TB/s per chip; 1200 GB/s bidirectional ICI
+    per chip over 6 ports, ~90 GB/s per link per direction (topologies.md). Each axis is modelled
+    as its 2 links driven by a bidirectional ring: 180 GB/s per chip per direction; the 1 us
+    latency is an estimate. v5p accelerator names count TensorCores (2 per chip): ``v5p-512`` is
+    256 chips, the default ``shape=(4, 8, 8)``.
+
+    >>> tpu_v5p().num_devices, tpu_v5p().axis_bandwidth("z")
+    (256, 180000000000.0)
+    """
+    return _tpu_slice("tpu-v5p", "TPUv5p", shape, 24)
 
 
 # ---------------------------------------------------------------------------------------- geo

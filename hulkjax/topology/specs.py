@@ -319,6 +319,8 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         _spec("T4", 6.5e13, 16e9, 0.32e12, f32=8.1e12),
         _spec("TPUv5e", 1.97e14, 16e9, 0.82e12),
         _spec("TPUv5p", 4.59e14, 95e9, 2.76e12),
+        # Google Cloud TPU v6e (Trillium) documentation: 918 TFLOP/s bf16, 32 GB HBM at 1638 GB/s.
+        _spec("TPUv6e", 9.18e14, 32e9, 1.638e12),
         _spec("cpu", 1e12, 32e9, 1e11),
     )
 }
@@ -334,5 +336,6 @@ INTRA_NODE_LINKS: dict[str, LinkSpec] = {
     "T4": LinkSpec(bandwidth=16e9, latency=2e-6),
     "TPUv5e": LinkSpec(bandwidth=100e9, latency=1e-6),
     "TPUv5p": LinkSpec(bandwidth=180e9, latency=1e-6),
+    "TPUv6e": LinkSpec(bandwidth=200e9, latency=1e-6),  # 2 ICI links per torus axis, 100 GB/s each
     "cpu": LinkSpec(bandwidth=100e9, latency=1e-6),
 }

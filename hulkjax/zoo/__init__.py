@@ -20,6 +20,7 @@ from hulkjax.zoo import mlp as mlp
 from hulkjax.zoo import transformer_block as transformer_block
 from hulkjax.zoo import cnn as cnn
 from hulkjax.zoo import gpt2 as gpt2
+from hulkjax.zoo import llama as llama
 from hulkjax.zoo import bert as bert
 from hulkjax.zoo import vit as vit
 from hulkjax.zoo import moe as moe
@@ -36,6 +37,7 @@ from hulkjax.zoo._base import sizes as sizes
 from hulkjax.zoo.bert import BERTConfig as BERTConfig
 from hulkjax.zoo.cnn import CNNConfig as CNNConfig
 from hulkjax.zoo.gpt2 import GPT2Config as GPT2Config
+from hulkjax.zoo.llama import LlamaConfig as LlamaConfig
 from hulkjax.zoo.mlp import MLPConfig as MLPConfig
 from hulkjax.zoo.moe import MoEConfig as MoEConfig
 from hulkjax.zoo.resnet import ResNetConfig as ResNetConfig

@@ -13,7 +13,7 @@ from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model
 from hulkjax.topology import DeviceSpec
 
-BASELINES = ["replicate", "dp", "fsdp", "megatron", "dp_tp"]
+BASELINES = ["replicate", "dp", "fsdp", "megatron", "dp_tp", "expert"]
 ONE_D = hj.Topology.grid((8,), ("x",), bandwidth=100e9, latency=5e-6, device="V100")
 TWO_D = hj.Topology.grid((2, 4), ("slow", "fast"), bandwidth=(1e9, 450e9), latency=(2e-5, 1e-6),
                          device="V100")

@@ -22,9 +22,11 @@ GB = 1e9
 
 
 def test_device_specs_table():
-    assert set(DEVICE_SPECS) == {"H100", "H200", "A100", "V100", "T4", "TPUv5e", "TPUv5p", "cpu"}
+    assert set(DEVICE_SPECS) == {"H100", "H200", "A100", "V100", "T4", "TPUv5e", "TPUv5p", "TPUv6e",
+                                "cpu"}
     h100 = DEVICE_SPECS["H100"]
     assert (h100.peak_flops, h100.memory, h100.hbm_bandwidth) == (9.9e14, 80e9, 3.35e12)
+    assert DEVICE_SPECS["TPUv6e"].peak_flops == 9.18e14  # Cloud TPU v6e documentation
     assert DEVICE_SPECS["TPUv5e"].peak_flops == 1.97e14
     for kind, spec in DEVICE_SPECS.items():
         assert spec.kind == kind
@@ -89,7 +91,7 @@ def test_device_rejects_bad_values():
 
 def test_presets_list_and_unknown_name():
     assert Topology.presets() == ["dgx-h100", "dtfm", "geo", "hetero", "mixed", "regional",
-                                  "tpu-v5e"]
+                                  "tpu-v5e", "tpu-v5p", "tpu-v6e"]
     with pytest.raises(InvalidTopologyError) as e:
         Topology.preset("dgx-a100")
     msg = str(e.value)

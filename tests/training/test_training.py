@@ -88,7 +88,7 @@ def test_auto_is_never_worse_than_a_baseline_and_the_prior_helps(model):
     state, batch = m.abstract()
     g = hj.trace(m.step, state, batch)
     auto = hj.plan(m.step, state, batch, topology=TWO_D, strategy="auto", graph=g)
-    for name in ("dp", "fsdp", "megatron", "dp_tp", "replicate"):
+    for name in ("dp", "fsdp", "megatron", "dp_tp", "expert", "replicate"):
         base = hj.plan(m.step, state, batch, topology=TWO_D, strategy=name, graph=g)
         assert auto.cost.step_time <= base.cost.step_time * (1 + 1e-9), name
     assert auto.notes[0].startswith("auto: network prior + search")

@@ -22,7 +22,7 @@ def gpt2_tiny():
 def gpt2_plans(gpt2_tiny):
     m, (state, batch) = gpt2_tiny
     return hj.compare(m.step, state, batch, topology=TWO_NODES,
-                      strategies=["replicate", "dp", "fsdp", "megatron", "dp_tp"])
+                      strategies=["replicate", "dp", "fsdp", "megatron", "dp_tp", "expert"])
 
 
 @pytest.fixture(scope="session")

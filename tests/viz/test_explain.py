@@ -12,7 +12,7 @@ from hulkjax.formatting import format_spec
 from tests.viz.conftest import TWO_NODES
 
 
-@pytest.mark.parametrize("strategy", ["replicate", "dp", "fsdp", "megatron", "dp_tp"])
+@pytest.mark.parametrize("strategy", ["replicate", "dp", "fsdp", "megatron", "dp_tp", "expert"])
 def test_rows_add_up_to_the_plans_cost(gpt2_plans, strategy):
     plan = gpt2_plans[strategy]
     e = explanation(plan, collapse=False)

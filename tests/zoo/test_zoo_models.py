@@ -26,6 +26,7 @@ ALL = [
     "transformer-block-nnx",
     "cnn",
     "gpt2",
+    "llama",
     "bert",
     "vit",
     "moe",

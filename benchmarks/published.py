@@ -1,0 +1,173 @@
+"""Predicted MFU of published expert recipes, next to the MFU they publish.
+
+For each configuration that public recipes let us rebuild (MaxText's tiering table; see
+``/work/shared/reference/anchors.md``), the zoo's ``llama`` model is built at the recipe's shapes
+(bf16, every layer rematerialized), traced with abstract arguments, planned with
+``strategy="expert"`` (the recipe's own layout: MaxText's TPU recipes are FSDP over the whole
+slice, which is what ``expert`` writes on a TPU torus) on the TPU preset, and its predicted step
+time turned into MFU with MaxText's model-FLOPs formula. Nothing is tuned to the published
+numbers. Writes ``benchmarks/results/published.json`` and ``benchmarks/PUBLISHED.md``.
+
+    python benchmarks/published.py [--layers N]
+
+``--layers N`` plans N layers instead of the model's own count and scales the per-layer time (the
+difference between an N-layer and a 1-layer plan) to the full depth; the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import time
+
+import jax
+
+import hulkjax as hj
+from hulkjax import zoo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+MAXTEXT_CONFIGS = "AI-Hypercomputer/maxtext benchmarks/maxtext_trillium_model_configs.py"
+MAXTEXT_V5P = "AI-Hypercomputer/maxtext MaxText/configs/v5p/llama2_70b.sh"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    name: str  # as the published table names it
+    size: str  # zoo llama preset
+    topology: str  # hulkjax preset
+    topology_kwargs: dict
+    per_device_batch: int
+    seq_len: int
+    published_mfu: float
+    source: str  # where the layout and batch come from
+    remat: str  # the recipe's remat policy (we rematerialize whole layers)
+
+
+RECIPES = (
+    Recipe("Llama 2 70B, v6e-256", "llama2-70b", "tpu-v6e", {"shape": (16, 16)}, 4, 4096, 0.438,
+           f"{MAXTEXT_CONFIGS} llama2_70b_4096: per_device_batch_size=4, FSDP over the slice "
+           "(ici_fsdp_transpose_parallelism=-1), flash attention", "full"),
+    Recipe("Llama 2 70B, v5p-512 (256 chips)", "llama2-70b", "tpu-v5p", {"shape": (4, 8, 8)}, 4,
+           4096, 0.654, f"{MAXTEXT_V5P}: 4M-token global batch on one v5p-512 (4 per chip), FSDP "
+           "over the slice", "full (assumed as on v6e)"),
+    Recipe("Llama 3.1 8B, v6e-256", "llama3-8b", "tpu-v6e", {"shape": (16, 16)}, 4, 8192, 0.455,
+           f"{MAXTEXT_CONFIGS} llama3_1_8b_8192: per_device_batch_size=4, ici_fsdp_parallelism=-1, "
+           "flash attention", "custom: layer inputs and q/k/v/out projections offloaded to host"),
+)
+
+
+def model_flops(cfg, batch: int) -> float:
+    """Training FLOPs per step as MaxText counts them for MFU (``calculate_tflops_training_per_
+    device``, 2024): 3 x (2 x weights' multiply-adds per token) plus 3 x the attention matmuls
+    over the full (non-causal) sequence; rematerialization not counted."""
+    tokens = batch * cfg.seq_len
+    hd = cfg.d_model // cfg.n_heads
+    ffn = 2 * tokens * cfg.d_ff * cfg.d_model * 3  # gate, up, down
+    qkv = 2 * tokens * cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd
+    proj = 2 * tokens * cfg.n_heads * hd * cfg.d_model
+    embed = 2 * tokens * cfg.d_model * cfg.vocab_size  # the LM head
+    attention = 4 * batch * cfg.seq_len**2 * cfg.n_heads * hd
+    return 3 * ((ffn + qkv + proj) * cfg.n_layers + embed) + 3 * attention * cfg.n_layers
+
+
+def _plan(recipe: Recipe, topo, layers: int):
+    m = zoo.get("llama", size=recipe.size, n_layers=layers, seq_len=recipe.seq_len,
+                batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16", remat=True)
+    state, batch = m.abstract()
+    t0 = time.perf_counter()
+    g = hj.trace(m.step, state, batch)
+    t1 = time.perf_counter()
+    plan = hj.plan(m.step, state, batch, topology=topo, strategy="expert", graph=g)
+    return m, plan, t1 - t0, time.perf_counter() - t1
+
+
+def measure(recipe: Recipe, layers: int | None) -> dict:
+    topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
+    full = zoo.get("llama", size=recipe.size).config.n_layers
+    n = full if layers is None or layers >= full else layers
+    m, plan, trace_s, plan_s = _plan(recipe, topo, n)
+    c = plan.cost
+    step, compute, comm = c.step_time, c.compute_time, c.comm_time
+    if n != full:  # scale the per-layer time to the full depth
+        _, one, _, _ = _plan(recipe, topo, 1)
+        per = [(x - y) / (n - 1) for x, y in ((step, one.cost.step_time),
+                                               (compute, one.cost.compute_time),
+                                               (comm, one.cost.comm_time))]
+        step, compute, comm = (y + p * (full - 1) for y, p in zip(
+            (one.cost.step_time, one.cost.compute_time, one.cost.comm_time), per))
+    cfg = dataclasses.replace(m.config, n_layers=full)
+    batch = recipe.per_device_batch * topo.num_devices
+    flops = model_flops(cfg, batch)
+    peak = topo.num_devices * topo.slowest_device().peak_flops
+    mfu = flops / (step * peak)
+    graph_flops = c.ideal_time * peak * (full / n)  # the traced program's FLOPs (remat included)
+    return {
+        "recipe": recipe.name, "model": recipe.size, "topology": topo.name,
+        "chips": topo.num_devices, "global_batch": batch, "seq_len": recipe.seq_len,
+        "layers_planned": n, "layers": full, "remat": recipe.remat, "source": recipe.source,
+        "published_mfu": recipe.published_mfu, "predicted_mfu": mfu,
+        "ratio": mfu / recipe.published_mfu,
+        "step_s": step, "compute_s": compute, "comm_s": comm,
+        "mfu_compute_only": flops / (compute * peak),
+        "mfu_if_comm_hidden": flops / (max(compute, comm) * peak),
+        "graph_flops_over_model_flops": graph_flops / flops,
+        "peak_memory_gb": c.peak_memory / 1e9, "memory_gb": c.memory_capacity / 1e9,
+        "fits": c.fits, "comm_by_axis_s": dict(c.comm_time_by_axis),
+        "notes": plan.notes, "trace_s": trace_s, "plan_s": plan_s,
+    }
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    out = ["# Published recipes: predicted against published MFU", "",
+           f"Generated by `{command}` (see the script's docstring for the method). MFU = model "
+           "FLOPs (MaxText's formula: weights and non-causal attention, x3 for training, "
+           "rematerialization not counted) / (predicted step time x chips x bf16 peak). The layout "
+           "is `strategy=\"expert\"`, which on a TPU torus is FSDP over every axis, as the "
+           "recipes are.", "",
+           "| recipe | chips | global batch x seq | layers planned | published MFU | predicted "
+           "MFU | ratio | step (s) | compute (s) | comm (s) | MFU, compute only | MFU, comm "
+           "hidden | traced / model FLOPs | peak memory (GB) |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        layers = (f"{r['layers']}" if r["layers_planned"] == r["layers"] else
+                  f"{r['layers_planned']} of {r['layers']} (scaled)")
+        out.append(
+            f"| {r['recipe']} | {r['chips']} | {r['global_batch']} x {r['seq_len']} | {layers} | "
+            f"{r['published_mfu']:.1%} | {r['predicted_mfu']:.1%} | {r['ratio']:.2f} | "
+            f"{r['step_s']:.2f} | {r['compute_s']:.2f} | {r['comm_s']:.2f} | "
+            f"{r['mfu_compute_only']:.1%} | {r['mfu_if_comm_hidden']:.1%} | "
+            f"{r['graph_flops_over_model_flops']:.2f} | "
+            f"{r['peak_memory_gb']:.0f} of {r['memory_gb']:.0f}"
+            f"{'' if r['fits'] else ' (does not fit)'} |")
+    out += ["", "Sources of the recipes (layout, batch, remat):", ""]
+    out += [f"- {r['recipe']}: {r['source']}; remat {r['remat']}." for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="plan this many layers and scale the per-layer time to the full depth")
+    args = ap.parse_args()
+    rows = []
+    for recipe in RECIPES:
+        r = measure(recipe, args.layers)
+        print(f"{r['recipe']}: predicted MFU {r['predicted_mfu']:.1%} vs published "
+              f"{r['published_mfu']:.1%} (ratio {r['ratio']:.2f}); trace {r['trace_s']:.1f} s, "
+              f"plan {r['plan_s']:.1f} s", flush=True)
+        rows.append(r)
+    command = "python benchmarks/published.py" + (f" --layers {args.layers}" if args.layers else "")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "published.json"), "w") as f:
+        json.dump({"command": command, "machine": platform.processor() or platform.machine(),
+                   "cpus": os.cpu_count(), "jax": jax.__version__, "rows": rows}, f, indent=1)
+    with open(os.path.join(HERE, "PUBLISHED.md"), "w") as f:
+        f.write(markdown(rows, command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""``llama`` (flax.linen): a LLaMA-class decoder language model, next-token cross-entropy.
+
+The LLaMA 2 / 3 architecture as MaxText and the Meta reference code write it: token embedding,
+pre-norm blocks of RMSNorm, causal self-attention with rotary position embeddings (RoPE) and
+grouped-query attention (``n_kv_heads`` key/value heads, each shared by ``n_heads / n_kv_heads``
+query heads through ``jnp.repeat``), RMSNorm, a SwiGLU MLP (``down(silu(gate(x)) * up(x))``), a
+final RMSNorm and an untied LM head. No biases. With ``remat`` each block is ``nn.remat``'d
+(MaxText's ``remat_policy=full``).
+
+Batch: ``{"tokens": (batch, seq_len) int32, "targets": (batch, seq_len) int32}``.
+
+Sizes (layers / d_model / heads / kv heads / d_ff / vocab / seq): tiny 2/64/4/2/128/256/16,
+small 4/512/8/2/1408/32000/1024, llama2-7b 32/4096/32/32/11008/32000/4096,
+llama2-70b 80/8192/64/8/28672/32000/4096 (Llama 2 paper, table 1 and appendix),
+llama3-8b 32/4096/32/8/14336/128256/8192 (Llama 3 model card; Llama 3.1 8B has the same shapes),
+llama3-70b 80/8192/64/8/28672/128256/8192. The large presets are meant for abstract planning
+(``zoo.get("llama", size="llama2-70b", dtype="bfloat16", remat=True).abstract()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hulkjax.zoo._base import (
+    InvalidModelConfigError,
+    TrainConfig,
+    make_optimizer,
+    make_train_step,
+    positive,
+    register_model,
+    xent_loss,
+)
+from hulkjax.zoo._layers import causal_mask, default_kernel_init
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaConfig(TrainConfig):
+    """Config of ``llama``."""
+
+    size: str = "small"  # preset: tiny | small | llama2-7b | llama2-70b | llama3-8b | llama3-70b
+    n_layers: int = 4
+    d_model: int = 512
+    n_heads: int = 8  # query heads; must divide d_model
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); must divide n_heads
+    d_ff: int = 1408  # SwiGLU hidden width
+    vocab_size: int = 32000
+    seq_len: int = 1024
+    batch: int = 8
+    rope_theta: float = 10000.0  # RoPE base (Llama 3: 500000)
+    norm_eps: float = 1e-5
+    remat: bool = False  # nn.remat (full rematerialization) on each block
+
+    def _check(self) -> None:
+        positive(self, "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
+                 "seq_len", "batch")
+        if self.d_model % self.n_heads:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: n_heads={self.n_heads} must divide d_model={self.d_model}.")
+        if self.n_heads % self.n_kv_heads:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}.")
+        if (self.d_model // self.n_heads) % 2:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: the head size d_model / n_heads = {self.d_model // self.n_heads} "
+                "must be even for rotary embeddings.")
+
+
+LLAMA_PRESETS = {
+    "tiny": dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=256,
+                 seq_len=16, batch=8),
+    "small": dict(n_layers=4, d_model=512, n_heads=8, n_kv_heads=2, d_ff=1408, vocab_size=32000,
+                  seq_len=1024, batch=8),
+    "llama2-7b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=32, d_ff=11008,
+                      vocab_size=32000, seq_len=4096, batch=8),
+    "llama2-70b": dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+                       vocab_size=32000, seq_len=4096, batch=8),
+    "llama3-8b": dict(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, d_ff=14336,
+                      vocab_size=128256, seq_len=8192, batch=8, rope_theta=500000.0),
+    "llama3-70b": dict(n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, d_ff=28672,
+                       vocab_size=128256, seq_len=8192, batch=8, rope_theta=500000.0),
+}
+
+
+class RMSNorm(nn.Module):
+    eps: float = 1e-5
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return y.astype(self.dtype) * scale
+
+
+def rotary(x: jax.Array, theta: float) -> jax.Array:
+    """RoPE on ``x: (batch, seq, heads, head_dim)`` in the rotate-half form (no large constants:
+    the angles come from iotas)."""
+    _, length, _, dim = x.shape
+    half = dim // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = jnp.arange(length, dtype=jnp.float32)[:, None] * freq[None, :]  # (seq, half)
+    cos = jnp.cos(angle)[None, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angle)[None, :, None, :].astype(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class LlamaBlock(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg, dt = self.config, self.config.jnp_dtype
+        hd = cfg.d_model // cfg.n_heads
+        dense = lambda features, name, axis=-1: nn.DenseGeneral(  # noqa: E731
+            features, axis=axis, use_bias=False, dtype=dt, param_dtype=dt,
+            kernel_init=default_kernel_init, name=name)
+        h = RMSNorm(cfg.norm_eps, dt, name="attn_norm")(x)
+        q = rotary(dense((cfg.n_heads, hd), "query")(h), cfg.rope_theta)
+        k = rotary(dense((cfg.n_kv_heads, hd), "key")(h), cfg.rope_theta)
+        v = dense((cfg.n_kv_heads, hd), "value")(h)
+        group = cfg.n_heads // cfg.n_kv_heads
+        if group > 1:
+            k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        q = q * jnp.asarray(hd**-0.5, dt)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        scores = jnp.where(causal_mask(x.shape[1]), scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(dt)
+        attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        x = x + dense(cfg.d_model, "out", axis=(-2, -1))(attn)
+        h = RMSNorm(cfg.norm_eps, dt, name="mlp_norm")(x)
+        gated = nn.silu(dense(cfg.d_ff, "gate")(h)) * dense(cfg.d_ff, "up")(h)
+        return x + dense(cfg.d_model, "down")(gated)
+
+
+class Llama(nn.Module):
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg, dt = self.config, self.config.jnp_dtype
+        x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dt, param_dtype=dt,
+                     embedding_init=default_kernel_init, name="embed")(tokens)
+        block_cls = nn.remat(LlamaBlock) if cfg.remat else LlamaBlock
+        for i in range(cfg.n_layers):
+            x = block_cls(cfg, name=f"layer_{i}")(x)
+        x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
+        return nn.Dense(cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt,
+                        kernel_init=default_kernel_init, name="lm_head")(x)
+
+
+@register_model(
+    "llama",
+    config_cls=LlamaConfig,
+    presets=LLAMA_PRESETS,
+    default_size="small",
+    doc="LLaMA-class decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU (flax.linen)",
+)
+def build_llama(config: LlamaConfig):
+    module, tx = Llama(config), make_optimizer(config)
+
+    def init_fn(key):
+        kp, kd = jax.random.split(key)
+        seq = jax.random.randint(
+            kd, (config.batch, config.seq_len + 1), 0, config.vocab_size, jnp.int32
+        )
+        batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+        params = module.init(kp, batch["tokens"][:1])["params"]
+        return {"params": params, "opt_state": tx.init(params)}, batch
+
+    def loss_fn(params, state, batch):
+        logits = module.apply({"params": params}, batch["tokens"])
+        loss, metrics = xent_loss(logits, batch["targets"])
+        return loss, (metrics, {})
+
+    return init_fn, make_train_step(loss_fn, tx, "llama")
