@@ -45,7 +45,7 @@ EXPECTED_UNSUPPORTED: dict[str, frozenset[str]] = {name: frozenset() for name in
 
 PLANNER_OPTIONS = {"ilp": {"time_limit": 5.0}, "auto": {"time_limit": 5.0}}
 
-# (family, mesh, strategy), three per family: dp and megatron on the 2 x 4 mesh where third-party
+# (family, mesh, strategy), three per family (expert on two more): dp and megatron on the 2 x 4 mesh where
 # code trips them most (broadcast masks, fused QKV + split, head reshapes, grouped-query
 # repeats, experts), the rest spread so that every strategy runs on both meshes somewhere.
 CI_CASES = [
@@ -56,6 +56,7 @@ CI_CASES = [
     ("llama", "2x4", "dp"), ("llama", "2x4", "megatron"), ("llama", "8", "auto"),
     ("gemma-bf16", "2x4", "megatron"), ("gemma-bf16", "2x4", "auto"), ("gemma-bf16", "8", "fsdp"),
     ("mixtral", "2x4", "dp"), ("mixtral", "2x4", "megatron"), ("mixtral", "8", "replicate"),
+    ("llama", "2x4", "expert"), ("bert", "8", "expert"),
 ]  # fmt: skip
 
 FULL_GRID = [(f, m, s) for f in families.names() for m in TOPOLOGIES for s in hj.strategies.names()
