@@ -14,12 +14,12 @@ from tests.golden import cases
 
 # Solved strategies pin their objective, not their layouts: optima of equal cost are equally
 # right, and which one a solver returns may change with its version (HiGHS through scipy returned
-# different ones from run to run). highspy on one thread with a fixed seed is deterministic on an
-# idle machine, but on a loaded one it returned, for moe-tiny@hetero, a plan 0.6% above the optimum
-# it finds otherwise, reported "optimal" (not reproduced unloaded; see the issue-11 note). The
-# objective is pinned to 1%, which most changes to the cost model or the program exceed.
+# different ones from run to run; highspy on one thread with a fixed seed does not). The objective
+# is exact: the ILP solves in units of its trivial bound with no absolute gap (HiGHS's default
+# absolute gap of 1e-6 once let microsecond-scale plans 2-4% above the optimum pass as optimal).
 SOLVED = ("ilp", "auto")
-SOLVED_RTOL = 1e-2
+SOLVED_RTOL = 1e-9
+
 
 with open(cases.PATH) as _f:
     GOLDEN = json.load(_f)
