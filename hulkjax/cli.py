@@ -378,6 +378,18 @@ def _launch_this_host(args, overrides) -> int:
     return 0 if ok else 1
 
 
+def _tolerance_words(check: dict) -> str:
+    """The check's tolerance in a few words: the measured scale, or the fixed rtol/atol."""
+    tol = check.get("tolerance") or {"source": "given", "rtol": check["final_state"]["rtol"],
+                                     "atol": check["final_state"]["atol"]}
+    if tol["source"] == "float64 reference":
+        ratio = max(check["metrics"]["worst_ratio"] or 0.0, check["final_state"]["worst_ratio"] or 0.0)
+        return (f"{ratio:.2g}x its tolerance = {tol['safety']:g} x the float32-vs-float64 spread, "
+                f"up to {tol['final_state_spread']:.2g}")
+    why = f", {tol['reason']}" if tol.get("reason") else ""
+    return f"rtol {tol['rtol']:g}, atol {tol['atol']:g}{why}"
+
+
 def _print_launch_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -399,13 +411,13 @@ def _print_launch_report(report) -> None:
                           for c in r["collectives"]) or "none"
         if r["check"] is None:
             check = "not checked"
-        elif r["check"]["match"]:
-            err = max(r["check"]["metrics"]["max_abs_err"], r["check"]["final_state"]["max_abs_err"])
-            check = f"[green]match[/green] (max err {err:.2g})"
         else:
-            bad = (r["check"]["metrics"]["mismatched_leaves"]
-                   + r["check"]["final_state"]["mismatched_leaves"])
-            check = f"[red]MISMATCH[/red]: {', '.join(bad[:3])}"
+            c = r["check"]
+            err = max(c["metrics"]["max_abs_err"], c["final_state"]["max_abs_err"])
+            check = ("[green]match[/green]" if c["match"] else
+                     f"[red]MISMATCH[/red]: "
+                     f"{', '.join((c['metrics']['mismatched_leaves'] + c['final_state']['mismatched_leaves'])[:3])}")
+            check += f" (max err {err:.2g}; {_tolerance_words(c)})"
         losses = " ".join(f"{x:.4g}" for x in r["losses"] if x is not None)
         table.add_row(r["strategy"],
                       "-" if pred is None else f"{pred['step_time'] * 1e3:.3g} ms",
