@@ -24,7 +24,7 @@ Then, per run:
 3. ``hulkjax.launch.launch`` of a small GPT-2 step (zoo ``gpt2`` tiny unless ``--model``) under each
    strategy, one process per region, shaped; then the same plans unshaped, so the measured
    communication is the difference of the two medians.
-4. Results: ``benchmarks/results/wan-<N>regions.json``; ``benchmarks/WAN.md`` is rendered from
+4. Results: ``benchmarks/results/wan-<regions>x<devices>.json``; ``benchmarks/WAN.md`` is rendered from
    every ``wan-*.json`` there.
 
 Afterwards it checks that no namespace it made is left (``ip netns list``) and says so in the
@@ -45,9 +45,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
-RESULTS_DIR = os.path.join(BENCH, "results")  # wan-<regions>regions.json, one per configuration
+RESULTS_DIR = os.path.join(BENCH, "results")  # wan-<regions>x<devices>.json, one per configuration
 MARKDOWN = os.path.join(BENCH, "WAN.md")
 TOPOLOGY = os.path.join(HERE, "topology.json")
 BURST = "4kb"  # small bucket: no line-rate bursts after compute pauses (see multiprocess.py)
@@ -174,11 +176,19 @@ def main(argv=None) -> int:
                     help="Mbit/s per region uplink (default 100 each)")
     ap.add_argument("--devices", type=int, default=2, help="fake CPU devices per region")
     ap.add_argument("--model", default="gpt2:tiny", help="zoo model:size")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size (default: the smallest multiple of regions x devices that is "
+                         ">= 8, so that every strategy can split it)")
     ap.add_argument("--strategies", nargs="+", default=["dp", "fsdp", "dp_tp", "auto"])
     ap.add_argument("--steps", type=int, default=6, help="steps per plan; the first is warm-up")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--run-dir", default="/tmp/hulkjax-wan")
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="re-render WAN.md from results/wan-*.json (no root, nothing run)")
     args = ap.parse_args(argv)
+    if args.markdown_only:
+        write_markdown()
+        return 0
     rates = args.rates or [100.0] * args.regions
     if len(rates) != args.regions:
         sys.exit(f"--rates has {len(rates)} values for {args.regions} regions.")
@@ -198,11 +208,14 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tag = str(os.getpid() % 10000)
     model, size = args.model.split(":")
+    devices = args.regions * args.devices
+    batch = args.batch or -(-8 // devices) * devices
+    overrides = {"batch": batch}
     command = "python benchmarks/wan/testbed.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     result = {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
               "jax": jax.__version__, "command": command.strip(), "regions": args.regions,
-              "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model,
+              "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model, "batch": batch,
               "steps": args.steps, "tbf_burst": BURST,
               "latency": "modelled, not emulated (netem unavailable): the topology's latency is "
                          "the measured RTT / 2 of the veth links"}
@@ -241,7 +254,7 @@ def main(argv=None) -> int:
                   f"{spec.hbm_bandwidth / 1e9:.3g} GB/s per device; region link "
                   f"{link_bw / 1e6:.3g} MB/s (nominal {nominal_bw / 1e6:.3g} MB/s)", flush=True)
 
-            m = zoo.get(model, size=size)
+            m = zoo.get(model, size=size, **overrides)
             margs = m.abstract()
             graph = hj.trace(m.step, *margs)
             plans = []
@@ -250,7 +263,7 @@ def main(argv=None) -> int:
                     plans.append(hj.plan(m.step, *margs, topology=topo, strategy=s, graph=graph))
                 except hj.HulkjaxError as e:
                     print(f"  {s}: not planned ({type(e).__name__}: {e})", flush=True)
-            common = dict(size=size, processes=args.regions, steps=args.steps, host=net.ip[0],
+            common = dict(size=size, overrides=overrides, processes=args.regions, steps=args.steps, host=net.ip[0],
                           prefix=net.prefix, timeout=args.timeout)
             shaped = launch(model, topo, strategies=plans,
                             out=os.path.join(args.run_dir, "shaped"), **common)
@@ -290,7 +303,7 @@ def main(argv=None) -> int:
         if left:
             print(f"WARNING: namespaces left behind: {left}", flush=True)
     os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"wan-{args.regions}regions.json")
+    path = os.path.join(RESULTS_DIR, f"wan-{args.regions}x{args.devices}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     write_markdown()
@@ -324,9 +337,10 @@ def markdown(res: dict) -> str:
         f"{', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s", "",
         f"Generated by `{res['command']}` on {res['date']} ({res['cpus']} CPU cores, jax "
         f"{res['jax']}, {res['wall_time']:.0f} s). {res['regions']} regions (one network namespace"
-        f" and one JAX process each, {res['devices_per_region']} fake CPU devices per process), "
+        f" and one JAX process each, {res['devices_per_region']} fake CPU device(s) per process), "
         f"uplinks shaped with `tc tbf` at {', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s "
-        f"(burst {res['tbf_burst']}), model `{res['model']}`, {res['steps']} steps per plan "
+        f"(burst {res['tbf_burst']}), model `{res['model']}` (batch {res.get('batch', '?')}), "
+        f"{res['steps']} steps per plan "
         f"(median of the steps after the first, slowest process).", "",
         f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "
         f"the veth round trip ({res['rtt'] * 1e6:.0f} us measured, TCP 1-byte ping-pong), which "
@@ -339,22 +353,27 @@ def markdown(res: dict) -> str:
         f"{cal['link']['latency'] * 1e6:.0f} us (nominal tbf rate "
         f"{res['link_nominal'] / 1e6:.3g} MB/s). Plans and predictions use the calibrated numbers "
         f"(`benchmarks/wan/topology.json`).", "",
+        "Step quartiles: 25th-75th percentile of the shaped steps after the first (slowest "
+        "process), to show the noise of fake devices sharing the machine's cores. "
         "Measured comm = step shaped - step unshaped (same programs); a plan whose compiled "
         "program has no collective between regions shows '-' (its processes do not wait for each "
         "other, and the difference is noise).", "",
-        "| strategy | predicted step | measured step | measured / predicted | predicted comm | "
-        "measured comm | measured / predicted comm | predicted step (nominal link) | "
-        "unshaped step | matches unsharded |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
+        "| strategy | predicted step | measured step | step quartiles | measured / predicted | "
+        "predicted comm | measured comm | measured / predicted comm | predicted step (nominal "
+        "link) | unshaped step | matches unsharded |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
     for r in res["rows"]:
         pc = r["predicted_comm"]
         nom = r["predicted_step_nominal_link"]
         crosses = r.get("crosses_regions", True)
         mc = f"{r['measured_comm'] * 1e3:.1f} ms" if crosses else "-"
         ratio = f"{r['measured_comm'] / pc:.2f}" if crosses and pc > 0 else "-"
+        per_step = [max(ts) for ts in zip(*r["step_times"])][1:]  # slowest process, no warm-up
+        q1, q3 = (float(np.percentile(per_step, q)) * 1e3 for q in (25, 75))
         lines.append(
             f"| {r['strategy']} | {r['predicted_step'] * 1e3:.1f} ms | "
-            f"{r['measured_step'] * 1e3:.1f} ms | {r['measured_step'] / r['predicted_step']:.2f} | "
+            f"{r['measured_step'] * 1e3:.1f} ms | {q1:.0f}-{q3:.0f} ms | "
+            f"{r['measured_step'] / r['predicted_step']:.2f} | "
             f"{pc * 1e3:.1f} ms | {mc} | {ratio} | "
             f"{'-' if nom is None else f'{nom * 1e3:.1f} ms'} | "
             f"{r['measured_step_unshaped'] * 1e3:.1f} ms | "

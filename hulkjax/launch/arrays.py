@@ -79,7 +79,7 @@ def tree_spread(a, b) -> list[float]:
     scale of rounding the check allows for, leaf by leaf (``inf`` where a leaf is not finite in
     one of them but is in the other, so that leaf is not checked tighter than it can be).
 
-    >>> tree_spread({"w": [1.0, 2.0]}, {"w": [1.0, 2.25]})
+    >>> tree_spread({"w": np.array([1.0, 2.0])}, {"w": np.array([1.0, 2.25])})
     [0.25]
     """
     la, ta = jax.tree_util.tree_flatten(a)
