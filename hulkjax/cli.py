@@ -1,4 +1,4 @@
-"""``hulkjax`` command line: ``demo``, ``plan``, ``compare``, ``explain``, ``launch``.
+"""``hulkjax`` command line: ``demo``, ``plan``, ``compare``, ``explain``, ``launch``, ``calibrate``.
 
 Examples::
 
@@ -8,6 +8,7 @@ Examples::
     hulkjax explain --model gpt2 --size small --topology geo --strategy ilp
     hulkjax explain --model mymodels.py:make_step --topology cluster.json --strategy fsdp
     hulkjax launch --model mlp --size tiny --topology hetero --strategy dp megatron --out run/
+    hulkjax calibrate --out cal/                   # measure this machine: cal/topology.json
 
 ``--model`` is a zoo name (``python -c "from hulkjax import zoo; print(zoo.names())"``) or your own
 ``module:function`` / ``path/to/file.py:function``: a function taking no arguments that returns
@@ -33,9 +34,10 @@ from hulkjax.errors import (
     StrategyNotApplicableError,
 )
 from hulkjax.explain import explain
-from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes
+from hulkjax.formatting import SHORT_COLLECTIVES, format_bytes, format_rate
 from hulkjax.gnn.weights import WEIGHTS_DIR
 from hulkjax.launch import Job, launch, run_worker
+from hulkjax.launch.calibrate import calibrate
 from hulkjax.loading import LoadedStep, load_step
 from hulkjax.plan import Plan
 from hulkjax.strategies.registry import names as strategy_names
@@ -303,6 +305,53 @@ the compiled multi-process program, and a check against the unsharded step (proc
 device)."""
 
 
+_EXAMPLES["calibrate"] = """examples:
+  hulkjax calibrate --out cal/                      2 processes x 1 device on loopback
+  hulkjax calibrate --processes 2 --local-devices 2 --out cal/ --topology-out mine.json
+  hulkjax launch --topology cal/topology.json --strategy dp fsdp ...   then plan on it
+
+Measures, with every device of every process working at once: an n x n float32 matmul per
+device (FLOP/s), y = a x + b on a large array (memory bandwidth), and gloo all-reduces between
+the processes at several sizes (jax.distributed over TCP, as launch jobs run; an alpha-beta fit
+gives the link's bandwidth and latency). Writes cal/calibration.json (raw timings and fits) and
+cal/topology.json: Topology.grid((processes, local devices), ("proc", "dev")) with the measured
+device and links."""
+
+
+def cmd_calibrate(args) -> int:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("hulkjax.launch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        topo, rec = calibrate(processes=args.processes, local_devices=args.local_devices,
+                              matmul_size=args.matmul_size,
+                              memory_bytes=int(args.memory_mb * (1 << 20)),
+                              link_bytes=[int(m * (1 << 20)) for m in args.link_mb],
+                              repeats=args.repeats, out=args.out, name=args.name,
+                              timeout=args.timeout)
+    finally:
+        logger.removeHandler(handler)
+    if args.topology_out:
+        topo.save(args.topology_out)
+    dev, link = rec["device"], rec["link"]
+    print(topo.describe())
+    print(f"measured per device: {dev['peak_flops'] / 1e9:.4g} GFLOP/s (float32 matmul "
+          f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])}")
+    print(f"link between processes: {format_rate(link['bandwidth'])}, latency "
+          f"{link['latency'] * 1e6:.4g} us ({link['method']})")
+    if "local_link" in rec:
+        loc = rec["local_link"]
+        print(f"link inside a process: {format_rate(loc['bandwidth'])}, latency "
+              f"{loc['latency'] * 1e6:.4g} us")
+    print(f"written: {rec['run_dir']}/topology.json, {rec['run_dir']}/calibration.json"
+          + (f", {args.topology_out}" if args.topology_out else ""))
+    return 0
+
+
 def cmd_launch(args) -> int:
     import logging
 
@@ -378,6 +427,18 @@ def _launch_this_host(args, overrides) -> int:
     return 0 if ok else 1
 
 
+def _tolerance_words(check: dict) -> str:
+    """The check's tolerance in a few words: the measured scale, or the fixed rtol/atol."""
+    tol = check.get("tolerance") or {"source": "given", "rtol": check["final_state"]["rtol"],
+                                     "atol": check["final_state"]["atol"]}
+    if tol["source"] == "float64 reference":
+        ratio = max(check["metrics"]["worst_ratio"] or 0.0, check["final_state"]["worst_ratio"] or 0.0)
+        return (f"{ratio:.2g}x its tolerance = {tol['safety']:g} x the float32-vs-float64 spread, "
+                f"up to {tol['final_state_spread']:.2g}")
+    why = f", {tol['reason']}" if tol.get("reason") else ""
+    return f"rtol {tol['rtol']:g}, atol {tol['atol']:g}{why}"
+
+
 def _print_launch_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -399,13 +460,13 @@ def _print_launch_report(report) -> None:
                           for c in r["collectives"]) or "none"
         if r["check"] is None:
             check = "not checked"
-        elif r["check"]["match"]:
-            err = max(r["check"]["metrics"]["max_abs_err"], r["check"]["final_state"]["max_abs_err"])
-            check = f"[green]match[/green] (max err {err:.2g})"
         else:
-            bad = (r["check"]["metrics"]["mismatched_leaves"]
-                   + r["check"]["final_state"]["mismatched_leaves"])
-            check = f"[red]MISMATCH[/red]: {', '.join(bad[:3])}"
+            c = r["check"]
+            err = max(c["metrics"]["max_abs_err"], c["final_state"]["max_abs_err"])
+            check = ("[green]match[/green]" if c["match"] else
+                     f"[red]MISMATCH[/red]: "
+                     f"{', '.join((c['metrics']['mismatched_leaves'] + c['final_state']['mismatched_leaves'])[:3])}")
+            check += f" (max err {err:.2g}; {_tolerance_words(c)})"
         losses = " ".join(f"{x:.4g}" for x in r["losses"] if x is not None)
         table.add_row(r["strategy"],
                       "-" if pred is None else f"{pred['step_time'] * 1e3:.3g} ms",
@@ -519,6 +580,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fake CPU devices for this process (CPU-only hosts; default: the "
                          "platform's devices)")
     la.set_defaults(func=cmd_launch)
+
+    ca = parser("calibrate", "measure this machine's device throughput, memory bandwidth and "
+                             "the link between processes; write a topology JSON with them")
+    ca.add_argument("--processes", type=int, default=2, help="processes (default 2)")
+    ca.add_argument("--local-devices", type=int, default=1,
+                    help="fake CPU devices per process (default 1)")
+    ca.add_argument("--matmul-size", type=int, default=1024, help="n of the n x n matmul")
+    ca.add_argument("--memory-mb", type=float, default=64.0,
+                    help="MiB per device for the memory bandwidth (default 64)")
+    ca.add_argument("--link-mb", type=float, nargs="+", default=[1.0, 8.0, 32.0],
+                    help="all-reduce sizes in MiB the link is fitted on (default 1 8 32)")
+    ca.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
+    ca.add_argument("--name", default="calibrated", help="the topology's name")
+    ca.add_argument("--out", default=None, help="run directory (default: a temporary one)")
+    ca.add_argument("--topology-out", default=None, help="also write the topology JSON here")
+    ca.add_argument("--timeout", type=float, default=600.0)
+    ca.set_defaults(func=cmd_calibrate)
 
     tg = parser("train-gnn", "train the planner network on ILP-labelled graphs")
     tg.add_argument("--samples", type=int, default=360, help="training graphs (default 360)")

@@ -25,12 +25,15 @@ one process's run (:mod:`~hulkjax.launch.worker`) and the local launcher
 'node'
 """
 
+from hulkjax.launch.arrays import SAFETY as SAFETY
 from hulkjax.launch.arrays import to_global as to_global
 from hulkjax.launch.arrays import tree_error as tree_error
+from hulkjax.launch.arrays import tree_spread as tree_spread
 from hulkjax.launch.job import REPORT_FORMAT as REPORT_FORMAT
 from hulkjax.launch.job import Job as Job
 from hulkjax.launch.launcher import launch as launch
 from hulkjax.launch.layout import ProcessLayout as ProcessLayout
 from hulkjax.launch.layout import ordered_devices as ordered_devices
 from hulkjax.launch.layout import process_layout as process_layout
+from hulkjax.launch.worker import check_against_unsharded as check_against_unsharded
 from hulkjax.launch.worker import run_worker as run_worker

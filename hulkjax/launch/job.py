@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 from hulkjax.errors import InvalidPlanError, UnsupportedStepError
+from hulkjax.launch.arrays import SAFETY
 
 REPORT_FORMAT = 1
 """Version of ``report.json``."""
@@ -28,7 +29,10 @@ class Job:
       steps: timed training steps per plan.  # int
       seed: zoo ``init`` seed (the same on every process).  # int
       check: run the unsharded step on process 0 and compare losses and the final state.  # bool
-      rtol / atol: tolerances of that comparison.  # float
+      rtol / atol: fixed tolerances of that comparison; ``None`` (default): the tolerance of each
+        leaf is ``safety`` x how far a float64 run of the unsharded step is from the float32 one
+        (:func:`hulkjax.launch.arrays.tree_error`).  # float | None
+      safety: the factor on that measured spread.  # float
       local_devices: fake CPU devices per process; ``None`` leaves devices to the platform (GPU
         and TPU hosts).  # int | None
       out: directory process 0 writes ``report.json`` (and a planned ``plan-*.json``) to.  # str
@@ -44,8 +48,9 @@ class Job:
     steps: int = 3
     seed: int = 0
     check: bool = True
-    rtol: float = 1e-4
-    atol: float = 1e-5
+    rtol: float | None = None
+    atol: float | None = None
+    safety: float = SAFETY
     local_devices: int | None = None
     out: str = "."
     init_timeout: int = 300
@@ -56,6 +61,11 @@ class Job:
         if not self.plans and not (self.strategies and self.topology):
             raise InvalidPlanError("a launch job needs plan files (--plan), or strategies and a "
                                    "topology to plan on process 0.")
+        if (self.rtol is None) != (self.atol is None):
+            raise UnsupportedStepError(f"rtol={self.rtol!r}, atol={self.atol!r}: give both (fixed "
+                                       f"tolerances) or neither (measured from a float64 run).")
+        if not self.safety > 0:
+            raise UnsupportedStepError(f"safety={self.safety!r} must be positive.")
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
             raise UnsupportedStepError(f"steps={self.steps!r} must be a positive integer.")
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 from hulkjax import api
 from hulkjax.errors import InvalidPlanError, PlanMismatchError, WorkerFailedError
+from hulkjax.launch.arrays import SAFETY
 from hulkjax.launch.job import Job
 from hulkjax.launch.layout import process_layout
 from hulkjax.launch.worker import check_runnable
@@ -94,7 +95,8 @@ def _stop(procs) -> None:
 
 def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes: int = 2,
            steps: int = 3, size: str | None = None, overrides: dict | None = None, seed: int = 0,
-           out: str | None = None, check: bool = True, rtol: float = 1e-4, atol: float = 1e-5,
+           out: str | None = None, check: bool = True, rtol: float | None = None,
+           atol: float | None = None, safety: float = SAFETY,
            timeout: float = 600.0, host: str = "127.0.0.1", port: int | None = None,
            env: dict | None = None, prefix: Callable[[int], Sequence[str]] | None = None,
            plan_options: dict | None = None) -> dict:
@@ -116,7 +118,10 @@ def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes
       size / overrides / seed: zoo size preset, config overrides and init seed.
       out: run directory (default: a new temporary directory).
       check: compare with the unsharded step (process 0 runs it on one device).
-      rtol / atol: tolerances of that comparison.
+      rtol / atol: fixed tolerances of that comparison. ``None`` (default): each leaf may differ
+        by ``safety`` x how far a float64 run of the unsharded step is from the float32 one (the
+        rounding scale of this model and these steps); the report's ``check`` records it.
+      safety: the factor on that measured spread (:data:`hulkjax.launch.arrays.SAFETY`).
       timeout: seconds for the whole job; then every worker is stopped.
       host / port: coordinator address (default 127.0.0.1 and a free port).
       env: extra environment variables for the workers.
@@ -183,7 +188,7 @@ def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes
     planning_time = time.perf_counter() - t0
 
     job = Job(model=model, size=size, overrides=dict(overrides or {}), plans=tuple(plan_paths),
-              steps=steps, seed=seed, check=check, rtol=rtol, atol=atol,
+              steps=steps, seed=seed, check=check, rtol=rtol, atol=atol, safety=safety,
               local_devices=layout.local_devices, out=run_dir,
               init_timeout=max(10, int(timeout)))
     job_path = os.path.join(run_dir, "job.json")

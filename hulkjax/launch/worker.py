@@ -22,7 +22,7 @@ import numpy as np
 from hulkjax import api
 from hulkjax.emit.hlo import summarize
 from hulkjax.errors import HulkjaxError, InvalidPlanError, UnsupportedStepError
-from hulkjax.launch.arrays import to_global, tree_error
+from hulkjax.launch.arrays import to_global, tree_error, tree_spread
 from hulkjax.launch.job import REPORT_FORMAT, Job
 from hulkjax.launch.layout import ordered_devices, process_layout
 from hulkjax.loading import LoadedStep, load_step
@@ -234,7 +234,7 @@ def run_worker(job: Job, *, coordinator: str, num_processes: int, process_id: in
 
     report = None
     if process_id == 0:
-        check = _check_against_unsharded(model, host_state, host_batch, job, runs) \
+        check = check_against_unsharded(model, host_state, host_batch, job, runs) \
             if job.check else None
         for i, r in enumerate(runs):
             r.pop("_final")
@@ -264,23 +264,92 @@ def run_worker(job: Job, *, coordinator: str, num_processes: int, process_id: in
     return report
 
 
-def _check_against_unsharded(model, host_state, host_batch, job: Job, runs) -> list[dict]:
-    """Run the unsharded step on this process's first device; compare every run with it."""
-    dev = jax.local_devices()[0]
+def _unsharded_run(model, host_state, host_batch, steps: int, dev):
+    """``(metrics per step, final state)`` of the plain jitted step on one device, as host values."""
     step = jax.jit(model.step)
     state, batch = jax.device_put((host_state, host_batch), dev)
-    ref_metrics = []
-    for _ in range(job.steps):
+    metrics = []
+    for _ in range(steps):
         state, m = step(state, batch)
-        ref_metrics.append(_float_tree(jax.device_get(m)))
-    ref_final = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+        metrics.append(_float_tree(jax.device_get(m)))
+    return metrics, jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+
+
+def _to_float64(x):
+    """Floating host arrays (float32, bfloat16, ...) as float64; anything else as it is."""
+    if isinstance(x, np.ndarray) and jax.dtypes.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float64)
+    return x
+
+
+def _reference_spread(model, host_state, host_batch, steps: int, dev, ref_metrics, ref_final):
+    """How far a float64 run of the unsharded step is from the float32 one, per leaf.
+
+    The float64 run is the same step compiled again with ``jax_enable_x64`` and every floating
+    input in float64: another compilation and another rounding, close to the exact result. Its
+    distance from the float32 run is this model's rounding scale over these steps (AdamW turns
+    rounding in near-zero gradients into whole-learning-rate moves, so it is not one ulp).
+
+    Returns:
+      ``(metrics spread, final-state spread, None)``, or ``(None, None, reason)`` when the step
+      does not run in float64 (a model that fixes dtypes in a way float64 breaks).
+    """
+    try:
+        with jax.enable_x64(True):
+            metrics, final = _unsharded_run(model, jax.tree_util.tree_map(_to_float64, host_state),
+                                            jax.tree_util.tree_map(_to_float64, host_batch),
+                                            steps, dev)
+        return (tree_spread(ref_metrics, metrics), tree_spread(ref_final, final), None)
+    except Exception as e:  # noqa: BLE001 -- any failure of the float64 run: fixed tolerances
+        reason = f"the float64 run failed ({type(e).__name__}: {str(e)[:200]})"
+        log.warning("process 0: %s; the check falls back to rtol=1e-4, atol=1e-5", reason)
+        return None, None, reason
+
+
+def check_against_unsharded(model, host_state, host_batch, job: Job, runs) -> list[dict]:
+    """Run the unsharded step on this process's first device; compare every run with it.
+
+    The tolerance: fixed ``job.rtol`` / ``job.atol`` if given, else ``job.safety`` x the per-leaf
+    spread between float32 and float64 unsharded runs (:func:`_reference_spread`).
+
+    Args:
+      model: the loaded step (:func:`hulkjax.loading.load_step`).
+      host_state / host_batch: the job's initial values as host arrays.
+      job: its ``steps``, ``rtol`` / ``atol`` and ``safety`` are used.
+      runs: one dict per sharded run with ``"metrics"`` (per step, host floats) and ``"_final"``
+        (the final state as host arrays).
+
+    Returns:
+      Per run ``{"match", "reference_losses", "tolerance", "metrics", "final_state"}``; the last
+      two are :func:`hulkjax.launch.arrays.tree_error` records, ``"tolerance"`` says where the
+      tolerance came from (``"float64 reference"`` with the spreads, ``"given"`` or ``"fixed"``
+      with the reason).
+    """
+    dev = jax.local_devices()[0]
+    ref_metrics, ref_final = _unsharded_run(model, host_state, host_batch, job.steps, dev)
+    if job.rtol is not None:
+        m_spread = f_spread = None
+        tolerance = {"source": "given", "rtol": job.rtol, "atol": job.atol}
+    else:
+        m_spread, f_spread, failed = _reference_spread(model, host_state, host_batch, job.steps,
+                                                       dev, ref_metrics, ref_final)
+        if failed:
+            tolerance = {"source": "fixed", "reason": failed, "rtol": 1e-4, "atol": 1e-5}
+        else:
+            tolerance = {"source": "float64 reference", "safety": job.safety,
+                         "metrics_spread": max(m_spread, default=0.0),
+                         "final_state_spread": max(f_spread, default=0.0)}
+    rtol, atol = tolerance.get("rtol"), tolerance.get("atol")
     out = []
     for r in runs:
-        metrics = tree_error(r["metrics"], ref_metrics, rtol=job.rtol, atol=job.atol)
-        final = tree_error(r["_final"], ref_final, rtol=job.rtol, atol=job.atol)
+        metrics = tree_error(r["metrics"], ref_metrics, rtol=rtol, atol=atol, spread=m_spread,
+                             safety=job.safety)
+        final = tree_error(r["_final"], ref_final, rtol=rtol, atol=atol, spread=f_spread,
+                           safety=job.safety)
         out.append({
             "match": metrics["match"] and final["match"],
             "reference_losses": [_loss(m) for m in ref_metrics],
+            "tolerance": tolerance,
             "metrics": metrics, "final_state": final,
         })
     return out

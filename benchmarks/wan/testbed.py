@@ -1,0 +1,391 @@
+"""A wide-area testbed in one command: one network namespace per region, real JAX processes,
+measured step times against the cost model's predictions.
+
+What it builds (root only; everything is torn down in ``finally``, also on errors and SIGTERM)::
+
+    ns hjw<tag>r0 (region 0)        ns hjw<tag>r1 (region 1)      ...
+      veth r0 10.214.x.1/24           veth r1 10.214.x.2/24
+      tbf rate R0 (egress: upload)    tbf rate R1
+            |                               |
+      ns hjw<tag>core: bridge, one port per region, tbf rate Ri on port i (download of region i)
+
+A transfer from region a to region b is shaped by a's upload and b's download: ``min(Ra, Rb)``.
+``netem`` is not available on these machines, so **latency is modelled, not emulated**: the veth
+links add microseconds; the topology's WAN latency is the measured round trip / 2 of the shaped
+link (what the processes really see), and wide-area delays of tens of ms are not reproduced.
+
+Then, per run:
+1. ``hulkjax.launch.calibrate`` in the namespaces (one process per region, ``--devices`` fake CPU
+   devices each): per-device matmul FLOP/s and memory bandwidth with every device working, and the
+   gloo all-reduce between regions over the shaped links (alpha-beta fit).
+2. The topology: ``Topology.grid((regions, devices), ("region", "dev"))`` with the calibrated device
+   and the ``region`` link at the calibrated bandwidth (and the nominal tbf rate alongside in the
+   results); written to ``benchmarks/wan/topology.json``.
+3. ``hulkjax.launch.launch`` of a small GPT-2 step (zoo ``gpt2`` tiny unless ``--model``) under each
+   strategy, one process per region, shaped; then the same plans unshaped, so the measured
+   communication is the difference of the two medians.
+4. Results: ``benchmarks/results/wan-<regions>x<devices>.json``; ``benchmarks/WAN.md`` is rendered from
+   every ``wan-*.json`` there.
+
+Afterwards it checks that no namespace it made is left (``ip netns list``) and says so in the
+results. Usage::
+
+    sudo python benchmarks/wan/testbed.py                      # 2 regions at 100 Mbit/s
+    sudo python benchmarks/wan/testbed.py --regions 3 --rates 100 50 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+RESULTS_DIR = os.path.join(BENCH, "results")  # wan-<regions>x<devices>.json, one per configuration
+MARKDOWN = os.path.join(BENCH, "WAN.md")
+TOPOLOGY = os.path.join(HERE, "topology.json")
+BURST = "4kb"  # small bucket: no line-rate bursts after compute pauses (see multiprocess.py)
+
+
+def _run(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+class Regions:
+    """``n`` region namespaces joined through a bridge in a core namespace, each uplink shaped."""
+
+    def __init__(self, rates_mbit, tag: str, subnet: str = "10.214.9"):
+        self.rates = list(rates_mbit)
+        self.n = len(self.rates)
+        self.core = f"hjw{tag}core"
+        self.ns = [f"hjw{tag}r{i}" for i in range(self.n)]
+        self.dev = [f"hjw{tag}v{i}" for i in range(self.n)]  # region end
+        self.port = [f"hjw{tag}p{i}" for i in range(self.n)]  # bridge end
+        self.ip = [f"{subnet}.{i + 1}" for i in range(self.n)]
+        self.made: list[str] = []
+
+    def __enter__(self) -> Regions:
+        try:
+            for ns in [self.core, *self.ns]:
+                _run("ip", "netns", "add", ns)
+                self.made.append(ns)
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+            _run("ip", "-n", self.core, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.core, "link", "set", "br0", "up")
+            for ns, dev, port, ip in zip(self.ns, self.dev, self.port, self.ip):
+                _run("ip", "-n", self.core, "link", "add", port, "type", "veth", "peer", "name",
+                     dev, "netns", ns)
+                _run("ip", "-n", self.core, "link", "set", port, "master", "br0")
+                _run("ip", "-n", self.core, "link", "set", port, "up")
+                _run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+                _run("ip", "-n", ns, "link", "set", dev, "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # Deleting a namespace deletes its veth ends, the bridge and their qdiscs.
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.made = []
+
+    def shape(self, on: bool) -> None:
+        """``tbf`` on each region's upload (its veth) and download (its bridge port), or none."""
+        for i in range(self.n):
+            for ns, dev in ((self.ns[i], self.dev[i]), (self.core, self.port[i])):
+                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev,
+                                "root"], capture_output=True)
+                if on:
+                    _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
+                         "tbf", "rate", f"{self.rates[i]}mbit", "burst", BURST, "latency",
+                         "400ms")
+
+    def prefix(self, i: int) -> list[str]:
+        """Run process ``i`` in region ``i`` with its IP as hostname (gloo binds it)."""
+        return ["ip", "netns", "exec", self.ns[i], "unshare", "--uts", "sh", "-c",
+                f'hostname {self.ip[i]} && exec "$0" "$@"']
+
+    def probe(self, a: int = 0, b: int = 1, megabytes: int = 4) -> tuple[float, float]:
+        """Median TCP 1-byte round trip (s) and goodput (bytes/s) from region a to b."""
+        port = "5937"
+        server = subprocess.Popen(["ip", "netns", "exec", self.ns[b], sys.executable, "-c",
+                                   _PROBE_SERVER, self.ip[b], port, "100"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            server.stdout.readline()
+            out = subprocess.run(["ip", "netns", "exec", self.ns[a], sys.executable, "-c",
+                                  _PROBE_CLIENT, self.ip[b], port, "100", str(megabytes)],
+                                 check=True, capture_output=True, text=True, timeout=300).stdout
+        finally:
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        rtt, goodput = map(float, out.split())
+        return rtt, goodput
+
+
+_PROBE_SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for _ in range(int(sys.argv[3])):
+    c.sendall(c.recv(1))
+while c.recv(1 << 20):
+    pass
+c.sendall(b"k")
+"""
+
+_PROBE_CLIENT = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); rtts.append(time.perf_counter() - t)
+buf, n = b"x" * (1 << 20), int(sys.argv[4])
+t = time.perf_counter()
+for _ in range(n):
+    c.sendall(buf)
+c.shutdown(socket.SHUT_WR); c.recv(1)
+rtts.sort()
+print(rtts[len(rtts) // 2], n * len(buf) / (time.perf_counter() - t))
+"""
+
+
+def leftovers(tag: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"hjw{tag}")]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--regions", type=int, default=2)
+    ap.add_argument("--rates", type=float, nargs="+", default=None,
+                    help="Mbit/s per region uplink (default 100 each)")
+    ap.add_argument("--devices", type=int, default=2, help="fake CPU devices per region")
+    ap.add_argument("--model", default="gpt2:tiny", help="zoo model:size")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size (default: the smallest multiple of regions x devices that is "
+                         ">= 8, so that every strategy can split it)")
+    ap.add_argument("--strategies", nargs="+", default=["dp", "fsdp", "dp_tp", "auto"])
+    ap.add_argument("--steps", type=int, default=6, help="steps per plan; the first is warm-up")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--run-dir", default="/tmp/hulkjax-wan")
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="re-render WAN.md from results/wan-*.json (no root, nothing run)")
+    args = ap.parse_args(argv)
+    if args.markdown_only:
+        write_markdown()
+        return 0
+    rates = args.rates or [100.0] * args.regions
+    if len(rates) != args.regions:
+        sys.exit(f"--rates has {len(rates)} values for {args.regions} regions.")
+    if os.geteuid() != 0:
+        sys.exit("benchmarks/wan/testbed.py needs root: it creates network namespaces, veth "
+                 "links and a bridge, and shapes them with tc.")
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        sys.exit("ip netns does not work here: no network namespaces, no testbed.")
+
+    import jax
+
+    import hulkjax as hj
+    from hulkjax import zoo
+    from hulkjax.launch import launch
+    from hulkjax.launch.calibrate import calibrate
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tag = str(os.getpid() % 10000)
+    model, size = args.model.split(":")
+    devices = args.regions * args.devices
+    batch = args.batch or -(-8 // devices) * devices
+    overrides = {"batch": batch}
+    command = "python benchmarks/wan/testbed.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    t0 = time.time()
+    result = {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+              "jax": jax.__version__, "command": command.strip(), "regions": args.regions,
+              "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model, "batch": batch,
+              "steps": args.steps, "tbf_burst": BURST,
+              "latency": "modelled, not emulated (netem unavailable): the topology's latency is "
+                         "the measured RTT / 2 of the veth links"}
+    rows = []
+    net = Regions(rates, tag)
+    try:
+        with net:
+            net.shape(True)
+            rtt, goodput = net.probe(megabytes=max(2, int(min(rates) / 8 * 1.5)))
+            print(f"{args.regions} regions at {rates} Mbit/s: RTT {rtt * 1e6:.0f} us, TCP "
+                  f"goodput {goodput / 1e6:.3g} MB/s", flush=True)
+            topo_cal, cal = calibrate(processes=args.regions, local_devices=args.devices,
+                                      matmul_size=512, memory_bytes=32 << 20,
+                                      link_bytes=(1 << 18, 1 << 20, 1 << 22), repeats=5,
+                                      out=os.path.join(args.run_dir, "calibrate"),
+                                      host=net.ip[0], prefix=net.prefix, timeout=args.timeout)
+            spec = topo_cal.slowest_device()
+            link_bw = cal["link"]["bandwidth"]
+            nominal_bw = min(rates) * 1e6 / 8
+            local = cal.get("local_link", {"bandwidth": 10e9, "latency": 1e-6})
+            shape = (args.regions, args.devices) if args.devices > 1 else (args.regions,)
+            names = ("region", "dev") if args.devices > 1 else ("region",)
+
+            def grid(bw, name):
+                return hj.Topology.grid(shape, names,
+                                        bandwidth=(bw, local["bandwidth"])[:len(shape)],
+                                        latency=(rtt / 2, local["latency"])[:len(shape)],
+                                        device=spec, name=name)
+
+            topo = grid(link_bw, f"wan-{args.regions}x{args.devices}-calibrated")
+            topo_nominal = grid(nominal_bw, f"wan-{args.regions}x{args.devices}-nominal")
+            topo.save(TOPOLOGY)
+            result |= {"rtt": rtt, "tcp_goodput": goodput, "calibration": {k: cal[k] for k in ("device", "link")},
+                       "link_nominal": nominal_bw, "topology": topo.to_dict()}
+            print(f"calibrated: {spec.peak_flops / 1e9:.3g} GFLOP/s and "
+                  f"{spec.hbm_bandwidth / 1e9:.3g} GB/s per device; region link "
+                  f"{link_bw / 1e6:.3g} MB/s (nominal {nominal_bw / 1e6:.3g} MB/s)", flush=True)
+
+            m = zoo.get(model, size=size, **overrides)
+            margs = m.abstract()
+            graph = hj.trace(m.step, *margs)
+            plans = []
+            for s in args.strategies:
+                try:
+                    plans.append(hj.plan(m.step, *margs, topology=topo, strategy=s, graph=graph))
+                except hj.HulkjaxError as e:
+                    print(f"  {s}: not planned ({type(e).__name__}: {e})", flush=True)
+            common = dict(size=size, overrides=overrides, processes=args.regions, steps=args.steps, host=net.ip[0],
+                          prefix=net.prefix, timeout=args.timeout)
+            shaped = launch(model, topo, strategies=plans,
+                            out=os.path.join(args.run_dir, "shaped"), **common)
+            net.shape(False)
+            fast = launch(model, topo, strategies=plans, check=False,
+                          out=os.path.join(args.run_dir, "unshaped"), **common)
+            for p, rs, rf in zip(plans, shaped["runs"], fast["runs"]):
+                nominal = hj.plan(m.step, *margs, topology=topo_nominal, strategy=p.strategy,
+                                  graph=graph).cost if p.strategy != "auto" else None
+                crossing = [c for c in rs["collectives"] if c["crosses_processes"]]
+                rows.append({
+                    "strategy": p.strategy,
+                    "predicted_step": p.cost.step_time,
+                    "predicted_comm": p.cost.comm_time,
+                    "predicted_comm_region": p.cost.comm_time_by_axis.get("region", 0.0),
+                    "predicted_step_nominal_link": None if nominal is None else nominal.step_time,
+                    "measured_step": rs["step_time"],
+                    "measured_step_unshaped": rf["step_time"],
+                    "measured_comm": rs["step_time"] - rf["step_time"],
+                    "step_times": rs["step_times"],
+                    "collectives": rs["collectives"],
+                    "crosses_regions": bool(crossing),
+                    "check": None if rs["check"] is None else rs["check"]["match"],
+                    "check_tolerance": None if rs["check"] is None else rs["check"]["tolerance"],
+                })
+                r = rows[-1]
+                print(f"  {p.strategy:7s} predicted {r['predicted_step'] * 1e3:7.1f} ms "
+                      f"(comm {r['predicted_comm'] * 1e3:6.1f})  measured {r['measured_step'] * 1e3:7.1f}"
+                      f" ms (comm {r['measured_comm'] * 1e3:6.1f}, unshaped "
+                      f"{r['measured_step_unshaped'] * 1e3:.1f})  check {r['check']}", flush=True)
+    finally:
+        net.__exit__()
+        left = leftovers(tag)
+        result["left_behind"] = left
+        result["wall_time"] = time.time() - t0
+        result["rows"] = rows
+        if left:
+            print(f"WARNING: namespaces left behind: {left}", flush=True)
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"wan-{args.regions}x{args.devices}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    write_markdown()
+    print(f"wrote {path} and {MARKDOWN} ({result['wall_time']:.0f} s)")
+    return 0
+
+
+def write_markdown() -> None:
+    """``benchmarks/WAN.md`` from every ``results/wan-*.json``."""
+    runs = []
+    for name in sorted(os.listdir(RESULTS_DIR)):
+        if name.startswith("wan-") and name.endswith(".json"):
+            with open(os.path.join(RESULTS_DIR, name)) as f:
+                runs.append(json.load(f))
+    parts = ["# Wide-area testbed: measured against predicted", "",
+             "Each section: one command of `benchmarks/wan/testbed.py` (root). The numbers are "
+             "what it measured; nothing here is hand-edited.", ""]
+    parts += [markdown(r) for r in runs]
+    with open(MARKDOWN, "w") as f:
+        f.write("\n".join(parts))
+
+
+def _rank(rows, key):
+    return [r["strategy"] for r in sorted(rows, key=lambda r: r[key])]
+
+
+def markdown(res: dict) -> str:
+    cal = res["calibration"]
+    lines = [
+        f"## {res['regions']} regions x {res['devices_per_region']} devices, "
+        f"{', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s", "",
+        f"Generated by `{res['command']}` on {res['date']} ({res['cpus']} CPU cores, jax "
+        f"{res['jax']}, {res['wall_time']:.0f} s). {res['regions']} regions (one network namespace"
+        f" and one JAX process each, {res['devices_per_region']} fake CPU device(s) per process), "
+        f"uplinks shaped with `tc tbf` at {', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s "
+        f"(burst {res['tbf_burst']}), model `{res['model']}` (batch {res.get('batch', '?')}), "
+        f"{res['steps']} steps per plan "
+        f"(median of the steps after the first, slowest process).", "",
+        f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "
+        f"the veth round trip ({res['rtt'] * 1e6:.0f} us measured, TCP 1-byte ping-pong), which "
+        f"is the latency the topology uses. TCP goodput region 0 -> 1: "
+        f"{res['tcp_goodput'] / 1e6:.3g} MB/s.", "",
+        f"Calibrated (`hulkjax.launch.calibrate` in the namespaces): "
+        f"{cal['device']['peak_flops'] / 1e9:.3g} GFLOP/s and "
+        f"{cal['device']['hbm_bandwidth'] / 1e9:.3g} GB/s per device with every device busy; "
+        f"gloo all-reduce between regions {cal['link']['bandwidth'] / 1e6:.3g} MB/s, "
+        f"{cal['link']['latency'] * 1e6:.0f} us (nominal tbf rate "
+        f"{res['link_nominal'] / 1e6:.3g} MB/s). Plans and predictions use the calibrated numbers "
+        f"(`benchmarks/wan/topology.json`).", "",
+        "Step quartiles: 25th-75th percentile of the shaped steps after the first (slowest "
+        "process), to show the noise of fake devices sharing the machine's cores. "
+        "Measured comm = step shaped - step unshaped (same programs); a plan whose compiled "
+        "program has no collective between regions shows '-' (its processes do not wait for each "
+        "other, and the difference is noise).", "",
+        "| strategy | predicted step | measured step | step quartiles | measured / predicted | "
+        "predicted comm | measured comm | measured / predicted comm | predicted step (nominal "
+        "link) | unshaped step | matches unsharded |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
+    for r in res["rows"]:
+        pc = r["predicted_comm"]
+        nom = r["predicted_step_nominal_link"]
+        crosses = r.get("crosses_regions", True)
+        mc = f"{r['measured_comm'] * 1e3:.1f} ms" if crosses else "-"
+        ratio = f"{r['measured_comm'] / pc:.2f}" if crosses and pc > 0 else "-"
+        per_step = [max(ts) for ts in zip(*r["step_times"])][1:]  # slowest process, no warm-up
+        q1, q3 = (float(np.percentile(per_step, q)) * 1e3 for q in (25, 75))
+        lines.append(
+            f"| {r['strategy']} | {r['predicted_step'] * 1e3:.1f} ms | "
+            f"{r['measured_step'] * 1e3:.1f} ms | {q1:.0f}-{q3:.0f} ms | "
+            f"{r['measured_step'] / r['predicted_step']:.2f} | "
+            f"{pc * 1e3:.1f} ms | {mc} | {ratio} | "
+            f"{'-' if nom is None else f'{nom * 1e3:.1f} ms'} | "
+            f"{r['measured_step_unshaped'] * 1e3:.1f} ms | "
+            f"{'yes' if r['check'] else 'NO' if r['check'] is False else '-'} |")
+    rows = res["rows"]
+    if rows:
+        lines += ["", f"Ranking by predicted step: {' < '.join(_rank(rows, 'predicted_step'))}; "
+                      f"by measured step: {' < '.join(_rank(rows, 'measured_step'))}."]
+    lines += ["", f"Left behind after teardown: {res['left_behind'] or 'nothing'} "
+                  f"(namespaces, and with them links, the bridge and qdiscs).", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

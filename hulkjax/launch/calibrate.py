@@ -1,0 +1,335 @@
+"""Measure this machine (device throughput, memory bandwidth, the link between processes) and
+write a topology whose numbers are measured, not nominal.
+
+Where this sits::
+
+    hulkjax calibrate / calibrate(...)        the parent: spawns the processes (launcher's
+            |                                 machinery: timeouts, logs, process groups), reads
+            |                                 process 0's measurements, fits, writes the JSON
+            v
+    python -m hulkjax.launch.calibrate        one per process, each with ``local_devices`` fake CPU
+            |                                 devices, joined by jax.distributed (gloo over TCP,
+            |                                 the transport `hulkjax launch` jobs use)
+            v
+    calibration.json + topology JSON          raw timings, the fitted numbers, and
+                                              Topology.grid((processes, local_devices), ...)
+
+What is measured, and how (every number is a median over ``repeats`` timed runs after a warm-up,
+with every device of every process running at once, as they do in a launch job):
+
+* **matmul throughput** per device: a jitted ``n x n`` float32 matmul on each local device at once
+  (one program over a process-local mesh, no communication), ``2 n^3`` FLOPs per device per run.
+  Fake CPU devices share the machine's cores, so this is each device's share when all of them
+  work, which is what a launch job on this machine gets.
+* **memory bandwidth** per device: ``y = x * a + b`` on a ``memory_bytes`` float32 array per
+  device: one read and one write, ``2 x memory_bytes`` per run.
+* **link between processes**: an all-reduce (``shard_map`` + ``psum``, compiled by XLA:CPU into one
+  all-reduce run by gloo over TCP) over one device per process, at several sizes. A ring
+  all-reduce of ``B`` bytes over ``n`` processes takes ``2 (n-1)/n B / bw + 2 (n-1) a``; a least
+  squares fit over the sizes gives the bandwidth ``bw`` (bytes/s per direction) and latency ``a``.
+  This is the collective the launch jobs run, not a raw socket: gloo's framing and XLA's
+  collective overhead are in it, which is what the cost model should predict.
+* **link inside a process** (when ``local_devices > 1``): the same all-reduce over the local
+  devices of process 0 (memory copies).
+
+>>> from hulkjax.launch.calibrate import fit_alpha_beta
+>>> bw, a = fit_alpha_beta([1e6, 2e6], [1e-3 + 2e-4, 2e-3 + 2e-4], participants=2)
+>>> round(bw / 1e9, 6), round(a * 1e3, 6)  # 1 GB/s, 0.1 ms
+(1.0, 0.1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hulkjax.errors import HulkjaxError, WorkerFailedError
+from hulkjax.launch.launcher import _free_port, _run_workers, _worker_env
+from hulkjax.topology.model import Topology
+from hulkjax.topology.specs import DeviceSpec
+
+log = logging.getLogger("hulkjax.launch")
+
+CALIBRATION_FORMAT = 1
+"""Version of ``calibration.json``."""
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *,
+                   participants: int) -> tuple[float, float]:
+    """Bandwidth (bytes/s) and latency (s) of a ring all-reduce from timings at several sizes.
+
+    Least squares of ``t = 2 (n-1)/n B / bw + 2 (n-1) a`` over ``(B, t)``; the latency is clipped
+    at 0 (timing noise can make the intercept slightly negative).
+
+    Raises:
+      HulkjaxError: fewer than two sizes, or times that do not grow with size (no bandwidth can
+        be read from them: use larger sizes).
+    """
+    b, t = np.asarray(nbytes, np.float64), np.asarray(seconds, np.float64)
+    n = int(participants)
+    if len(b) < 2 or len(set(b.tolist())) < 2:
+        raise HulkjaxError(f"fit_alpha_beta needs timings at two or more sizes, got {b.tolist()}.")
+    x = 2 * (n - 1) / n * b
+    slope, intercept = np.polyfit(x, t, 1)
+    if not slope > 0:
+        raise HulkjaxError(
+            f"all-reduce times {t.tolist()} s do not grow with the sizes {b.tolist()} bytes: no "
+            f"bandwidth can be read from them. Calibrate with larger link sizes.")
+    return float(1.0 / slope), float(max(intercept, 0.0) / (2 * (n - 1)))
+
+
+# ---- one process ---------------------------------------------------------------------------
+
+
+def _median_time(fn: Callable[[], object], repeats: int, barrier: Callable[[], None]) -> float:
+    import jax
+
+    jax.block_until_ready(fn())  # warm-up (compiles)
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _allreduce_fn(mesh, axis: str, nbytes: int):
+    """A thunk running a jitted all-reduce of ``nbytes`` (float32) per device over ``mesh``'s one
+    axis, and the bytes it really reduces per device."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    n = mesh.devices.size
+    elems = max(1, nbytes // 4)
+    sharding = NamedSharding(mesh, PartitionSpec(axis))
+    x = jax.make_array_from_callback((n * elems,), sharding,
+                                     lambda idx: np.ones(elems, np.float32))
+    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, axis), mesh=mesh,
+                              in_specs=PartitionSpec(axis), out_specs=PartitionSpec(axis)))
+    return lambda: f(x), elems * 4
+
+
+def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
+            repeats: int) -> dict:
+    """This process's part of a calibration (inside a joined ``jax.distributed`` job).
+
+    Returns the raw timings (process 0's view; the barriers make every process run each
+    measurement at the same time).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+    from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+    counter = [0]
+
+    def barrier():
+        counter[0] += 1
+        multihost_utils.sync_global_devices(f"hulkjax-calibrate-{counter[0]}")
+
+    local = jax.local_devices()
+    k = len(local)
+    local_mesh = Mesh(np.array(local), ("dev",), axis_types=(AxisType.Auto,))
+    per_dev = NamedSharding(local_mesh, PartitionSpec("dev"))
+    out: dict = {"local_devices": k, "processes": jax.process_count(),
+                 "platform": local[0].platform}
+
+    n = int(matmul_size)
+    a = jax.make_array_from_callback((k * n, n), per_dev,
+                                     lambda idx: np.full((n, n), 1e-3, np.float32))
+    mm = jax.jit(jax.shard_map(lambda x: x @ x, mesh=local_mesh, in_specs=PartitionSpec("dev"),
+                               out_specs=PartitionSpec("dev")))
+    t = _median_time(lambda: mm(a), repeats, barrier)
+    out["matmul"] = {"n": n, "seconds": t, "flops_per_device": 2 * n ** 3}
+
+    elems = max(1, int(memory_bytes) // 4)
+    x = jax.make_array_from_callback((k * elems,), per_dev,
+                                     lambda idx: np.ones(elems, np.float32))
+    axpb = jax.jit(lambda v: v * jnp.float32(1.0001) + jnp.float32(1e-3))
+    t = _median_time(lambda: axpb(x), repeats, barrier)
+    out["memory"] = {"bytes_per_device": elems * 4, "seconds": t,
+                     "traffic_per_device": 2 * elems * 4}
+
+    # One device per process: the link between processes.
+    firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+              for p in range(jax.process_count())]
+    out["link"] = []
+    if len(firsts) > 1:
+        mesh = Mesh(np.array(firsts), ("proc",), axis_types=(AxisType.Auto,))
+        for nb in link_bytes:
+            fn, real = _allreduce_fn(mesh, "proc", int(nb))
+            out["link"].append({"bytes": real, "seconds": _median_time(fn, repeats, barrier)})
+    out["local_link"] = []
+    if k > 1:
+        for nb in link_bytes:
+            fn, real = _allreduce_fn(local_mesh, "dev", int(nb))
+            out["local_link"].append({"bytes": real,
+                                      "seconds": _median_time(fn, repeats, barrier)})
+    return out
+
+
+def _worker_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hulkjax.launch.calibrate",
+                                description="one process of hulkjax calibrate")
+    p.add_argument("--coordinator", required=True)
+    p.add_argument("--num-processes", type=int, required=True)
+    p.add_argument("--process-id", type=int, required=True)
+    p.add_argument("--config", required=True, help="JSON of measure()'s arguments and out")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"[process {args.process_id}] %(message)s")
+    try:
+        import jax
+
+        with open(args.config) as f:
+            cfg = json.load(f)
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", int(cfg["local_devices"]))
+        jax.distributed.initialize(coordinator_address=args.coordinator,
+                                   num_processes=args.num_processes, process_id=args.process_id,
+                                   initialization_timeout=int(cfg["timeout"]))
+        res = measure(matmul_size=cfg["matmul_size"], memory_bytes=cfg["memory_bytes"],
+                      link_bytes=cfg["link_bytes"], repeats=cfg["repeats"])
+        if args.process_id == 0:
+            path = os.path.join(cfg["out"], "measurements.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(res, f, indent=1)
+            os.replace(path + ".tmp", path)
+    except BaseException:  # noqa: BLE001 -- report, then leave without the shutdown barrier
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    jax.distributed.shutdown()
+    return 0
+
+
+# ---- the parent ----------------------------------------------------------------------------
+
+
+def calibrate(*, processes: int = 2, local_devices: int = 1, matmul_size: int = 1024,
+              memory_bytes: int = 64 << 20, link_bytes: Sequence[int] = (1 << 20, 1 << 23, 1 << 25),
+              repeats: int = 5, out: str | None = None, name: str = "calibrated",
+              timeout: float = 600.0, host: str = "127.0.0.1",
+              prefix: Callable[[int], Sequence[str]] | None = None,
+              env: dict | None = None) -> tuple[Topology, dict]:
+    """Measure this machine and the link between its processes; a topology with those numbers.
+
+    Spawns ``processes`` JAX processes with ``local_devices`` fake CPU devices each (one
+    ``jax.distributed`` job on ``host``, as ``hulkjax launch`` does), measures as the module
+    docstring says, and builds ``Topology.grid((processes, local_devices), ("proc", "dev"))``
+    (``("proc",)`` with one device per process) whose device spec and links are the measured ones.
+
+    Args:
+      processes: processes (>= 2 to measure a link between processes).
+      local_devices: fake CPU devices per process (the devices of a launch on this machine).
+      matmul_size: ``n`` of the ``n x n`` float32 matmul.
+      memory_bytes: bytes per device of the memory-bandwidth array.
+      link_bytes: all-reduce sizes (bytes per device) the link is fitted on (>= 2 sizes).
+      repeats: timed runs per measurement (the median is kept).
+      out: directory for ``calibration.json``, ``topology.json`` and the worker logs.
+      name: the topology's name.
+      timeout: seconds for the whole job.
+      host: the coordinator's address; prefix: per process a command prefix (``ip netns exec``
+        to calibrate the links of network namespaces); env: extra environment for the workers.
+
+    Returns:
+      ``(topology, record)``; the record holds the raw timings and the fitted numbers, as
+      written to ``out/calibration.json``.
+
+    Raises:
+      WorkerFailedError: a process failed or the job ran past ``timeout``.
+
+    >>> topo, rec = calibrate(processes=2, matmul_size=128, memory_bytes=1 << 20,
+    ...                       link_bytes=(1 << 12, 1 << 18), repeats=3)   # doctest: +SKIP
+    >>> topo.axis_link("proc").bandwidth == rec["link"]["bandwidth"]        # doctest: +SKIP
+    True
+    """
+    import tempfile
+
+    if processes < 2:
+        raise WorkerFailedError(f"processes={processes}: calibrate measures the link between "
+                                f"processes, so it needs 2 or more.")
+    if len(set(link_bytes)) < 2:
+        raise WorkerFailedError(f"link_bytes={tuple(link_bytes)}: give two or more sizes (the "
+                                f"link's bandwidth and latency are fitted on them).")
+    run_dir = os.path.abspath(out or tempfile.mkdtemp(prefix="hulkjax-calibrate-"))
+    os.makedirs(run_dir, exist_ok=True)
+    cfg = {"local_devices": int(local_devices), "matmul_size": int(matmul_size),
+           "memory_bytes": int(memory_bytes), "link_bytes": [int(b) for b in link_bytes],
+           "repeats": int(repeats), "out": run_dir, "timeout": max(10, int(timeout))}
+    cfg_path = os.path.join(run_dir, "calibrate-config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    meas_path = os.path.join(run_dir, "measurements.json")
+    if os.path.exists(meas_path):
+        os.remove(meas_path)
+    coordinator = f"{host}:{_free_port(host)}"
+    cmds = []
+    for i in range(processes):
+        cmd = [sys.executable, "-m", "hulkjax.launch.calibrate", "--coordinator", coordinator,
+               "--num-processes", str(processes), "--process-id", str(i), "--config", cfg_path]
+        cmds.append(list(prefix(i)) + cmd if prefix else cmd)
+    log.info("calibrating: %d processes x %d devices, coordinator %s, run dir %s", processes,
+             local_devices, coordinator, run_dir)
+    _run_workers(cmds, run_dir, _worker_env(env), timeout)
+    with open(meas_path) as f:
+        meas = json.load(f)
+    topo, record = _topology_from(meas, processes=processes, local_devices=local_devices,
+                                  name=name)
+    record["run_dir"] = run_dir
+    with open(os.path.join(run_dir, "calibration.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    topo.save(os.path.join(run_dir, "topology.json"))
+    return topo, record
+
+
+def _memory_capacity(devices: int) -> float:
+    """This machine's RAM split between its devices (bytes)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return float(total) / devices
+
+
+def _topology_from(meas: dict, *, processes: int, local_devices: int,
+                   name: str) -> tuple[Topology, dict]:
+    mm, mem = meas["matmul"], meas["memory"]
+    flops = mm["flops_per_device"] / mm["seconds"]
+    hbm = mem["traffic_per_device"] / mem["seconds"]
+    spec = DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
+                      memory=_memory_capacity(processes * local_devices), hbm_bandwidth=hbm)
+    link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
+                                       [x["seconds"] for x in meas["link"]],
+                                       participants=processes)
+    record = {"format": CALIBRATION_FORMAT, "measurements": meas,
+              "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory},
+              "link": {"bandwidth": link_bw, "latency": link_lat,
+                       "method": "gloo all-reduce between processes (jax.distributed on "
+                                 "loopback or the given namespaces), alpha-beta fit"}}
+    if local_devices > 1:
+        loc_bw, loc_lat = fit_alpha_beta([x["bytes"] for x in meas["local_link"]],
+                                         [x["seconds"] for x in meas["local_link"]],
+                                         participants=local_devices)
+        record["local_link"] = {"bandwidth": loc_bw, "latency": loc_lat,
+                                "method": "XLA:CPU all-reduce between one process's devices"}
+        topo = Topology.grid((processes, local_devices), ("proc", "dev"),
+                             bandwidth=(link_bw, loc_bw), latency=(link_lat, loc_lat),
+                             device=spec, name=name)
+    else:
+        topo = Topology.grid((processes,), ("proc",), bandwidth=link_bw, latency=link_lat,
+                             device=spec, name=name)
+    return topo, record
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

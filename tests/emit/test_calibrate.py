@@ -1,0 +1,69 @@
+"""``hulkjax calibrate`` on loopback with small sizes: a loadable topology whose numbers are the
+ones computed from the job's own timings (never the nominal ``cpu`` spec). Times are measured
+but never compared with a wall-clock bound."""
+
+import json
+
+import pytest
+
+import hulkjax as hj
+from hulkjax.cli import main
+from hulkjax.errors import HulkjaxError, WorkerFailedError
+from hulkjax.launch.calibrate import calibrate, fit_alpha_beta
+from hulkjax.topology.specs import DEVICE_SPECS
+
+TIMEOUT = 180
+SMALL = dict(matmul_size=96, memory_bytes=1 << 20, link_bytes=(1 << 20, 1 << 23), repeats=3)
+
+
+def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
+    topo, rec = calibrate(processes=2, local_devices=2, out=str(tmp_path), timeout=TIMEOUT,
+                          **SMALL)
+    loaded = hj.Topology.load(tmp_path / "topology.json")
+    assert loaded == topo and loaded.shape == (2, 2) and loaded.axis_names == ("proc", "dev")
+    meas = json.loads((tmp_path / "measurements.json").read_text())
+    assert meas["processes"] == 2 and meas["local_devices"] == 2
+    spec = loaded.slowest_device()
+    # The device numbers are the measured work divided by the measured median times.
+    mm, mem = meas["matmul"], meas["memory"]
+    assert mm["flops_per_device"] == 2 * 96 ** 3 and mm["seconds"] > 0
+    assert spec.peak_flops == pytest.approx(mm["flops_per_device"] / mm["seconds"])
+    assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / mem["seconds"])
+    assert spec.peak_flops != DEVICE_SPECS["cpu"].peak_flops and spec.platform == "cpu"
+    # The links are the alpha-beta fits of the all-reduce timings, one per size asked for.
+    assert [x["bytes"] for x in meas["link"]] == [1 << 20, 1 << 23]
+    bw, lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
+                             [x["seconds"] for x in meas["link"]], participants=2)
+    assert loaded.axis_link("proc").bandwidth == pytest.approx(bw) and bw > 0 and lat >= 0
+    assert rec["link"]["bandwidth"] == pytest.approx(bw)
+    assert loaded.axis_link("dev").bandwidth == pytest.approx(rec["local_link"]["bandwidth"])
+    assert rec["local_link"]["bandwidth"] > 0
+    # A plan on the calibrated topology is priced with the measured numbers.
+    assert hj.Topology.load(tmp_path / "topology.json").axis_link("proc").latency == lat
+
+
+def test_alpha_beta_fit_in_closed_form_and_its_refusals():
+    # Ring all-reduce over 4: t = 2 * 3/4 * B / bw + 2 * 3 * a, with bw = 2 GB/s, a = 50 us.
+    sizes = [1e6, 4e6, 16e6]
+    times = [1.5 * b / 2e9 + 6 * 50e-6 for b in sizes]
+    bw, a = fit_alpha_beta(sizes, times, participants=4)
+    assert bw == pytest.approx(2e9) and a == pytest.approx(50e-6)
+    with pytest.raises(HulkjaxError, match="two or more sizes"):
+        fit_alpha_beta([1e6, 1e6], [1e-3, 1e-3], participants=2)
+    with pytest.raises(HulkjaxError, match="do not grow with the sizes"):
+        fit_alpha_beta([1e6, 2e6], [2e-3, 1e-3], participants=2)
+    with pytest.raises(WorkerFailedError, match="needs 2 or more"):
+        calibrate(processes=1)
+
+
+def test_calibrate_command(tmp_path, capsys):
+    out = tmp_path / "cal"
+    assert main(["calibrate", "--processes", "2", "--matmul-size", "64", "--memory-mb", "1",
+                 "--link-mb", "1", "8", "--repeats", "3", "--out", str(out),
+                 "--topology-out", str(tmp_path / "mine.json"), "--timeout", str(TIMEOUT)]) == 0
+    printed = capsys.readouterr().out
+    assert "link between processes" in printed and "GFLOP/s" in printed
+    topo = hj.Topology.load(tmp_path / "mine.json")
+    assert topo == hj.Topology.load(out / "topology.json") and topo.shape == (2,)
+    rec = json.loads((out / "calibration.json").read_text())
+    assert topo.axis_link("proc").bandwidth == pytest.approx(rec["link"]["bandwidth"])
