@@ -809,10 +809,14 @@ class CostModel:
                 src = src_loc.specs.get(v)
                 if src is None or dst is None:
                     continue
-                # Whole copies of one tensor under reversals / transposes / reshapes are one
-                # all-gather: XLA gathers the source once and rearranges the whole copy (the
-                # kernel a convolution's backward pass flips).
-                key = (self._rearranged_from(v), None) if not any(dst) else (v, dst)
+                # Copies of one tensor under reversals / transposes / reshapes, gathered over the
+                # same axes, are one all-gather: XLA gathers the source once and rearranges the
+                # copy (the kernel a convolution's backward pass flips), whole or still split
+                # over the axes the gather keeps.
+                kept = {a for axes in dst for a in axes}
+                have = {a for axes in src for a in axes}
+                key = (self._rearranged_from(v), tuple(sorted(kept)), tuple(sorted(have))) \
+                    if kept <= have else (v, dst)
                 if key in seen:
                     continue
                 seen.add(key)

@@ -34,7 +34,7 @@ from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
-from hulkjax.strategies.stages import best_staged, device_groups
+from hulkjax.strategies.stages import device_groups, spmd_or_staged
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.auto")
@@ -149,21 +149,8 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     and the ``pipeline`` baseline; ``auto`` returns a staged plan only where it is faster."""
     if not options.stages or not device_groups(topology):
         return spmd_auto(graph, topology, options)
-    try:
-        plan = spmd_auto(graph, topology, options)
-    except InfeasiblePlanError:
-        staged, _ = best_staged(graph, topology, strategy="auto", spmd_time=None, solver=solve,
-                                time_limit=options.time_limit)
-        if staged is None:
-            raise
-        return staged
-    staged, notes = best_staged(graph, topology, strategy="auto",
-                                spmd_time=plan.cost.step_time, solver=solve,
-                                time_limit=options.time_limit)
-    if staged is not None:
-        return staged
-    plan.notes.extend(notes)
-    return plan
+    return spmd_or_staged(graph, topology, lambda: spmd_auto(graph, topology, options),
+                          strategy="auto", solver=solve, time_limit=options.time_limit)
 
 
 def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:

@@ -42,14 +42,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from hulkjax.cost.model import INPUT, LEADER, CostModel
-from hulkjax.errors import InfeasiblePlanError, InvalidOptionError
+from hulkjax.errors import InvalidOptionError
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import polish_memory
-from hulkjax.strategies.stages import best_staged, device_groups
+from hulkjax.strategies.stages import device_groups, spmd_or_staged
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.ilp")
@@ -108,21 +108,8 @@ def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     :func:`hulkjax.strategies.stages.search` when it is faster (see :class:`ILPOptions`)."""
     if not options.stages or not device_groups(topology):
         return spmd_ilp(graph, topology, options)
-    try:
-        plan = spmd_ilp(graph, topology, options)
-    except InfeasiblePlanError:
-        staged, _ = best_staged(graph, topology, strategy="ilp", spmd_time=None, solver=solve,
-                                time_limit=options.stage_time_limit)
-        if staged is None:
-            raise
-        return staged
-    staged, notes = best_staged(graph, topology, strategy="ilp",
-                                spmd_time=plan.cost.step_time, solver=solve,
-                                time_limit=options.stage_time_limit)
-    if staged is not None:
-        return staged
-    plan.notes.extend(notes)
-    return plan
+    return spmd_or_staged(graph, topology, lambda: spmd_ilp(graph, topology, options),
+                          strategy="ilp", solver=solve, time_limit=options.stage_time_limit)
 
 
 def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:

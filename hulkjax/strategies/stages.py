@@ -845,6 +845,28 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     return plan, notes
 
 
+def spmd_or_staged(graph: OpGraph, topology, spmd, *, strategy: str, solver,
+                   time_limit: float) -> Plan:
+    """``spmd()`` (an SPMD planner's plan), or the best staged plan where it is
+    :data:`STAGED_MIN_GAIN` faster, or where no SPMD plan fits (``spmd`` raised
+    :class:`~hulkjax.errors.InfeasiblePlanError`; re-raised if no staged plan fits either)."""
+    try:
+        plan = spmd()
+    except InfeasiblePlanError:
+        staged, _ = best_staged(graph, topology, strategy=strategy, spmd_time=None,
+                                solver=solver, time_limit=time_limit)
+        if staged is None:
+            raise
+        return staged
+    staged, notes = best_staged(graph, topology, strategy=strategy,
+                                spmd_time=plan.cost.step_time, solver=solver,
+                                time_limit=time_limit)
+    if staged is not None:
+        return staged
+    plan.notes.extend(notes)
+    return plan
+
+
 def staged_note(plan: Plan, spmd_time: float | None) -> str:
     """A line for a plan's notes: the staged plan against the best SPMD plan."""
     st = plan.cost
@@ -860,4 +882,4 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
 __all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
            "build_plan", "plan_cost",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
-           "pipeline", "search", "stage_works", "staged_note", "uniform_ranges"]
+           "pipeline", "search", "spmd_or_staged", "stage_works", "staged_note", "uniform_ranges"]

@@ -181,6 +181,29 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, name: str
     return train_step
 
 
+def causal_lm(module, config: Any, name: str):
+    """``(init_fn, train_step)`` of a linen language model ``module`` trained on next-token
+    prediction: random token sequences of ``config.batch x (config.seq_len + 1)`` split into
+    inputs and shifted targets, cross-entropy on the logits, ``make_optimizer(config)``."""
+    tx = make_optimizer(config)
+
+    def init_fn(key):
+        kp, kd = jax.random.split(key)
+        seq = jax.random.randint(
+            kd, (config.batch, config.seq_len + 1), 0, config.vocab_size, jnp.int32
+        )
+        batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+        params = module.init(kp, batch["tokens"][:1])["params"]
+        return {"params": params, "opt_state": tx.init(params)}, batch
+
+    def loss_fn(params, state, batch):
+        logits = module.apply({"params": params}, batch["tokens"])
+        loss, metrics = xent_loss(logits, batch["targets"])
+        return loss, (metrics, {})
+
+    return init_fn, make_train_step(loss_fn, tx, name)
+
+
 def build_nnx_step(name: str, config: Any, model_cls: type, make_batch, loss_of_output):
     """The nnx split-state pattern: ``graphdef, params = nnx.split(model, nnx.Param)`` at init; the
     step ``nnx.merge``\\ s them, differentiates w.r.t. the params ``State`` and updates it with optax.

@@ -20,17 +20,14 @@ import dataclasses
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from hulkjax.zoo._base import (
     InvalidModelConfigError,
     TrainConfig,
+    causal_lm,
     divides,
-    make_optimizer,
-    make_train_step,
     positive,
     register_model,
-    xent_loss,
 )
 from hulkjax.zoo._layers import TransformerBlock, default_kernel_init
 
@@ -142,20 +139,4 @@ class GPT2(nn.Module):
     doc="GPT-2 language model, tied LM head (flax.linen)",
 )
 def build_gpt2(config: GPT2Config):
-    module, tx = GPT2(config), make_optimizer(config)
-
-    def init_fn(key):
-        kp, kd = jax.random.split(key)
-        seq = jax.random.randint(
-            kd, (config.batch, config.seq_len + 1), 0, config.vocab_size, jnp.int32
-        )
-        batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
-        params = module.init(kp, batch["tokens"][:1])["params"]
-        return {"params": params, "opt_state": tx.init(params)}, batch
-
-    def loss_fn(params, state, batch):
-        logits = module.apply({"params": params}, batch["tokens"])
-        loss, metrics = xent_loss(logits, batch["targets"])
-        return loss, (metrics, {})
-
-    return init_fn, make_train_step(loss_fn, tx, "gpt2")
+    return causal_lm(GPT2(config), config, "gpt2")

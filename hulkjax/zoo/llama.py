@@ -28,11 +28,9 @@ import jax.numpy as jnp
 from hulkjax.zoo._base import (
     InvalidModelConfigError,
     TrainConfig,
-    make_optimizer,
-    make_train_step,
+    causal_lm,
     positive,
     register_model,
-    xent_loss,
 )
 from hulkjax.zoo._layers import causal_mask, default_kernel_init
 
@@ -162,20 +160,4 @@ class Llama(nn.Module):
     doc="LLaMA-class decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU (flax.linen)",
 )
 def build_llama(config: LlamaConfig):
-    module, tx = Llama(config), make_optimizer(config)
-
-    def init_fn(key):
-        kp, kd = jax.random.split(key)
-        seq = jax.random.randint(
-            kd, (config.batch, config.seq_len + 1), 0, config.vocab_size, jnp.int32
-        )
-        batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
-        params = module.init(kp, batch["tokens"][:1])["params"]
-        return {"params": params, "opt_state": tx.init(params)}, batch
-
-    def loss_fn(params, state, batch):
-        logits = module.apply({"params": params}, batch["tokens"])
-        loss, metrics = xent_loss(logits, batch["targets"])
-        return loss, (metrics, {})
-
-    return init_fn, make_train_step(loss_fn, tx, "llama")
+    return causal_lm(Llama(config), config, "llama")
