@@ -155,6 +155,20 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
                 size *= in_flight  # saved for the backward pass of every microbatch in flight
             intervals.append((n.id, stop, Buffer(n.id, o, kind, size)))
+    if mine is not None:  # what other stages send: a buffer from its first use to its last here
+        produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
+        received: dict[int, list[int]] = {}
+        for nid in sorted(mine):
+            for v in g.nodes[nid].inputs:
+                if v is not None and v not in produced and g.values[v].producer is not None:
+                    received.setdefault(v, []).append(nid)
+        for v, uses in received.items():
+            if not g.values[v].shape:
+                continue
+            size = nbytes(v)
+            if in_flight > 1 and not g.nodes[uses[0]].backward and g.nodes[uses[-1]].backward:
+                size *= in_flight
+            intervals.append((uses[0], uses[-1], Buffer(uses[0], v, "activations", size)))
     copies: dict[tuple, list] = {}  # one gathered copy per (value, layout), live across its uses
     for mv in b.moves:
         if mv.node < 0 or (mine is not None and mv.node not in mine):
