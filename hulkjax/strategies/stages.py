@@ -815,7 +815,8 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     memory filter is additive, so a hand-made layout it rules out may still fit."""
     try:
         extra = (*extra, pipeline(graph, topology, PipelineOptions()))
-    except (StrategyNotApplicableError, InfeasiblePlanError) as e:
+    except (StrategyNotApplicableError, InfeasiblePlanError, InvalidOptionError,
+            UnsupportedStepError) as e:
         log.debug("pipeline baseline does not apply: %s", e)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule)
     ctx = _context(graph, topology, time_limit)
