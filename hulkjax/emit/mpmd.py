@@ -50,6 +50,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
 from hulkjax.emit.spmd import _place_copy as place_copy
+from hulkjax.emit.spmd import bind_graph, check_args
 from hulkjax.errors import (
     DonatedArgumentError,
     InvalidPlanError,
@@ -58,10 +59,9 @@ from hulkjax.errors import (
     UnsupportedStepError,
 )
 from hulkjax.plan.records import BodyPlan, Plan
-from hulkjax.trace.graph import OpGraph, dtype_name
+from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import BodyHooks, constant_values, equations, evaluate
 from hulkjax.trace.microbatch import analyze, microbatch_graph
-from hulkjax.trace.tracer import trace
 
 log = logging.getLogger("hulkjax.emit")
 
@@ -135,36 +135,11 @@ class StagedStep:
 
     # ---- building -------------------------------------------------------------------------
     def _bind_graph(self, args) -> OpGraph:
-        if self._graph is not None and getattr(self._graph, "fn", None) is not self.fn:
-            self._graph = None
-        if self._graph is None:
-            g = trace(self.fn, *args)
-            if self.plan.graph_fingerprint and g.fingerprint() != self.plan.graph_fingerprint:
-                raise PlanMismatchError(
-                    f"the plan was made for another step (graph fingerprint "
-                    f"{self.plan.graph_fingerprint}, this step traces to {g.fingerprint()}). "
-                    f"Re-plan with hj.plan(fn, *args, topology=...).")
-            self._graph = g
-            self.plan.graph = g
-            self.plan.in_tree, self.plan.out_tree = g.in_tree, g.out_tree
+        self._graph = bind_graph(self.fn, self.plan, self._graph, args)
         return self._graph
 
     def _check_args(self, args) -> list:
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        if self.plan.in_tree is not None and tree != self.plan.in_tree:
-            raise PlanMismatchError(f"arguments have structure {tree}, the plan expects "
-                                    f"{self.plan.in_tree}. Re-plan for these arguments.")
-        if len(leaves) != len(self.plan.inputs):
-            raise PlanMismatchError(f"got {len(leaves)} argument leaves, the plan has "
-                                    f"{len(self.plan.inputs)}. Re-plan for these arguments.")
-        for leaf, t in zip(leaves, self.plan.inputs):
-            shape = tuple(getattr(leaf, "shape", ()))
-            dtype = dtype_name(leaf.dtype) if hasattr(leaf, "dtype") else type(leaf).__name__
-            if shape != t.shape or dtype != t.dtype:
-                raise PlanMismatchError(f"argument {t.path!r} is {dtype}{list(shape)}, the plan was "
-                                        f"made for {t.dtype}{list(t.shape)}. Re-plan for new "
-                                        f"shapes (hj.hulk_shard does this automatically).")
-        return leaves
+        return check_args(self.plan, args)
 
     def _sharding(self, k: int, v: int) -> NamedSharding | None:
         spec = self.plan.stages[k].value_specs.get(v)

@@ -32,6 +32,54 @@ from hulkjax.trace.tracer import leaf_aval, trace
 log = logging.getLogger("hulkjax.emit")
 
 
+def bind_graph(fn, plan, graph: OpGraph | None, args) -> OpGraph:
+    """The graph a plan is emitted from: ``graph`` if it was traced from ``fn``, else ``fn`` traced
+    on ``args``, which must have the plan's fingerprint (and is then bound to the plan:
+    ``plan.graph`` and its trees). Shared by :class:`ShardedStep` and the staged step."""
+    # The plan's graph is only ours if it was traced from this very function: emitting a plan
+    # with another step must not silently run the step the plan was made for (the program is
+    # re-run from the graph's jaxpr, not from ``fn``). Another function object (a re-built
+    # closure, a functools.partial) is traced and accepted if its structure is the same.
+    if graph is not None and getattr(graph, "fn", None) is not fn:
+        graph = None
+    if graph is None:
+        g = trace(fn, *args)
+        if plan.graph_fingerprint and g.fingerprint() != plan.graph_fingerprint:
+            raise PlanMismatchError(
+                f"the plan was made for another step (graph fingerprint "
+                f"{plan.graph_fingerprint}, this step traces to {g.fingerprint()}). "
+                f"Re-plan with hj.plan(fn, *args, topology=...).")
+        graph = g
+        plan.graph = g
+        plan.in_tree, plan.out_tree = g.in_tree, g.out_tree
+    return graph
+
+def check_args(plan, args) -> list:
+    """The leaves of ``args``, checked against the plan's tree, shapes and dtypes."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    if plan.in_tree is not None and tree != plan.in_tree:
+        raise PlanMismatchError(f"arguments have structure {tree}, the plan expects "
+                                f"{plan.in_tree}. Re-plan for these arguments.")
+    if len(leaves) != len(plan.inputs):
+        raise PlanMismatchError(f"got {len(leaves)} argument leaves, the plan has "
+                                f"{len(plan.inputs)}. Re-plan for these arguments.")
+    for leaf, t in zip(leaves, plan.inputs):
+        # As JAX will compute with it: a float64 numpy array is float32 without x64 (the plan,
+        # traced from it, says float32), a Python int is int32; PRNG key arrays are named by
+        # str ("key<fry>").
+        try:
+            aval = leaf_aval(leaf)
+        except OverflowError:  # an int too large for int32: name it, as plan() does
+            aval = None
+        shape = tuple(aval.shape) if aval is not None else ()
+        dtype = dtype_name(aval.dtype) if aval is not None else type(leaf).__name__
+        if shape != t.shape or dtype != t.dtype:
+            raise PlanMismatchError(f"argument {t.path!r} is {dtype}{list(shape)}, the plan was "
+                                    f"made for {t.dtype}{list(t.shape)}. Re-plan for new shapes "
+                                    f"(hj.hulk_shard does this automatically).")
+    return leaves
+
+
 class ShardedStep:
     """A step compiled for a plan: call it like the original function.
 
@@ -142,47 +190,11 @@ class ShardedStep:
                                            f"{node.source}.") from None
 
     def _bind_graph(self, args) -> OpGraph:
-        # The plan's graph is only ours if it was traced from this very function: emitting a plan
-        # with another step must not silently run the step the plan was made for (the program is
-        # re-run from the graph's jaxpr, not from ``fn``). Another function object (a re-built
-        # closure, a functools.partial) is traced and accepted if its structure is the same.
-        if self._graph is not None and getattr(self._graph, "fn", None) is not self.fn:
-            self._graph = None
-        if self._graph is None:
-            g = trace(self.fn, *args)
-            if self.plan.graph_fingerprint and g.fingerprint() != self.plan.graph_fingerprint:
-                raise PlanMismatchError(
-                    f"the plan was made for another step (graph fingerprint "
-                    f"{self.plan.graph_fingerprint}, this step traces to {g.fingerprint()}). "
-                    f"Re-plan with hj.plan(fn, *args, topology=...).")
-            self._graph = g
-            self.plan.graph = g
-            self.plan.in_tree, self.plan.out_tree = g.in_tree, g.out_tree
+        self._graph = bind_graph(self.fn, self.plan, self._graph, args)
         return self._graph
 
     def _check_args(self, args) -> list:
-        leaves, tree = jax.tree_util.tree_flatten(args)
-        if self.plan.in_tree is not None and tree != self.plan.in_tree:
-            raise PlanMismatchError(f"arguments have structure {tree}, the plan expects "
-                                    f"{self.plan.in_tree}. Re-plan for these arguments.")
-        if len(leaves) != len(self.plan.inputs):
-            raise PlanMismatchError(f"got {len(leaves)} argument leaves, the plan has "
-                                    f"{len(self.plan.inputs)}. Re-plan for these arguments.")
-        for leaf, t in zip(leaves, self.plan.inputs):
-            # As JAX will compute with it: a float64 numpy array is float32 without x64 (the plan,
-            # traced from it, says float32), a Python int is int32; PRNG key arrays are named by
-            # str ("key<fry>").
-            try:
-                aval = leaf_aval(leaf)
-            except OverflowError:  # an int too large for int32: name it, as plan() does
-                aval = None
-            shape = tuple(aval.shape) if aval is not None else ()
-            dtype = dtype_name(aval.dtype) if aval is not None else type(leaf).__name__
-            if shape != t.shape or dtype != t.dtype:
-                raise PlanMismatchError(f"argument {t.path!r} is {dtype}{list(shape)}, the plan was "
-                                        f"made for {t.dtype}{list(t.shape)}. Re-plan for new shapes "
-                                        f"(hj.hulk_shard does this automatically).")
-        return leaves
+        return check_args(self.plan, args)
 
     def _flat_fn(self, graph: OpGraph):
         on_operand, on_result = self._node_hooks(self.plan.operand_specs, self.plan.result_specs)
