@@ -50,7 +50,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
 from hulkjax.emit.spmd import _place_copy as place_copy
-from hulkjax.emit.spmd import bind_graph, check_args
+from hulkjax.emit.spmd import bind_graph, body_hooks, check_args, node_hooks
 from hulkjax.errors import (
     DonatedArgumentError,
     InvalidPlanError,
@@ -58,9 +58,9 @@ from hulkjax.errors import (
     PlanMismatchError,
     UnsupportedStepError,
 )
-from hulkjax.plan.records import BodyPlan, Plan
+from hulkjax.plan.records import Plan
 from hulkjax.trace.graph import OpGraph
-from hulkjax.trace.interpret import BodyHooks, constant_values, equations, evaluate
+from hulkjax.trace.interpret import constant_values, equations, evaluate
 from hulkjax.trace.microbatch import analyze, microbatch_graph
 
 log = logging.getLogger("hulkjax.emit")
@@ -339,8 +339,8 @@ class StagedStep:
         graph = p.graph
         eqns = self._equations(graph)
         consts = self._constant_env(graph)
-        on_operand, on_result = _node_hooks(mesh, st.operand_specs, st.result_specs)
-        on_body = _body_hooks(mesh, st.bodies)
+        on_operand, on_result = node_hooks(mesh, st.operand_specs, st.result_specs)
+        on_body = body_hooks(mesh, st.bodies)
         n_reads, accs = len(p.reads), p.accs
         mine = set(p.nodes)
         nodes = [n for n in p.nodes if n in mine]
@@ -659,43 +659,4 @@ def _combine(acc, scale: float, dtype):
     return (acc * scale).astype(dtype) if scale != 1.0 else acc.astype(dtype)
 
 
-def _node_hooks(mesh, operand_specs, result_specs):
-    op_specs = {k: NamedSharding(mesh, s) for k, s in operand_specs.items()}
-    res_specs = {k: NamedSharding(mesh, s) for k, s in result_specs.items()}
-    result_nodes = {n for n, _ in res_specs}
-    wsc = jax.lax.with_sharding_constraint
-
-    def on_operand(nid, k, x):
-        s = op_specs.get((nid, k))
-        return x if s is None else wsc(x, s)
-
-    def on_result(nid, outs):
-        if nid not in result_nodes:
-            return outs
-        return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
-                for k, x in enumerate(outs)]
-
-    return (on_operand if op_specs else None), (on_result if res_specs else None)
-
-
-def _body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
-    if not bodies:
-        return None
-    wsc = jax.lax.with_sharding_constraint
-
-    def boundary(specs: dict):
-        shardings = {j: NamedSharding(mesh, s) for j, s in specs.items()}
-        if not shardings:
-            return None
-        return lambda xs: [x if (s := shardings.get(j)) is None else wsc(x, s)
-                           for j, x in enumerate(xs)]
-
-    def hooks(bp: BodyPlan) -> BodyHooks:
-        on_operand, on_result = _node_hooks(mesh, bp.operand_specs, bp.result_specs)
-        return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
-                         on_operand=on_operand, on_result=on_result,
-                         on_body=_body_hooks(mesh, bp.bodies))
-
-    table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
-    return table.get
 

@@ -80,6 +80,50 @@ def check_args(plan, args) -> list:
     return leaves
 
 
+def node_hooks(mesh, operand_specs, result_specs):
+    """``(on_operand, on_result)`` for :func:`interpret`, placing the planned constraints on
+    ``mesh`` (``None`` where there are none). Shared by the SPMD and the staged step."""
+    op_specs = {k: NamedSharding(mesh, s) for k, s in operand_specs.items()}
+    res_specs = {k: NamedSharding(mesh, s) for k, s in result_specs.items()}
+    result_nodes = {n for n, _ in res_specs}
+    wsc = jax.lax.with_sharding_constraint
+
+    def on_operand(nid, k, x):
+        s = op_specs.get((nid, k))
+        return x if s is None else wsc(x, s)
+
+    def on_result(nid, outs):
+        if nid not in result_nodes:
+            return outs
+        return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
+                for k, x in enumerate(outs)]
+
+    return (on_operand if op_specs else None), (on_result if res_specs else None)
+
+
+def body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
+    """``on_body`` for :func:`interpret`: constraints inside loop bodies (``None`` if none)."""
+    if not bodies:
+        return None
+    wsc = jax.lax.with_sharding_constraint
+
+    def boundary(specs: dict):
+        shardings = {j: NamedSharding(mesh, s) for j, s in specs.items()}
+        if not shardings:
+            return None
+        return lambda xs: [x if (s := shardings.get(j)) is None else wsc(x, s)
+                           for j, x in enumerate(xs)]
+
+    def hooks(bp: BodyPlan) -> BodyHooks:
+        on_operand, on_result = node_hooks(mesh, bp.operand_specs, bp.result_specs)
+        return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
+                         on_operand=on_operand, on_result=on_result,
+                         on_body=body_hooks(mesh, bp.bodies))
+
+    table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
+    return table.get
+
+
 class ShardedStep:
     """A step compiled for a plan: call it like the original function.
 
@@ -197,55 +241,15 @@ class ShardedStep:
         return check_args(self.plan, args)
 
     def _flat_fn(self, graph: OpGraph):
-        on_operand, on_result = self._node_hooks(self.plan.operand_specs, self.plan.result_specs)
-        on_body = self._body_hooks(self.plan.bodies)
+        on_operand, on_result = node_hooks(self.mesh, self.plan.operand_specs,
+                                           self.plan.result_specs)
+        on_body = body_hooks(self.mesh, self.plan.bodies)
 
         def flat_fn(*flat):
             return tuple(interpret(graph.jaxpr, flat, on_operand=on_operand, on_result=on_result,
                                    on_body=on_body))
 
         return flat_fn
-
-    def _node_hooks(self, operand_specs, result_specs):
-        """``(on_operand, on_result)`` placing the planned constraints (``None`` where none)."""
-        op_specs = {k: NamedSharding(self.mesh, s) for k, s in operand_specs.items()}
-        res_specs = {k: NamedSharding(self.mesh, s) for k, s in result_specs.items()}
-        result_nodes = {n for n, _ in res_specs}
-        wsc = jax.lax.with_sharding_constraint
-
-        def on_operand(nid, k, x):
-            s = op_specs.get((nid, k))
-            return x if s is None else wsc(x, s)
-
-        def on_result(nid, outs):
-            if nid not in result_nodes:
-                return outs
-            return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
-                    for k, x in enumerate(outs)]
-
-        return (on_operand if op_specs else None), (on_result if res_specs else None)
-
-    def _body_hooks(self, bodies: dict[int, tuple[BodyPlan, ...]]):
-        """``on_body`` for :func:`interpret`: constraints inside loop bodies (``None`` if none)."""
-        if not bodies:
-            return None
-        wsc = jax.lax.with_sharding_constraint
-
-        def boundary(specs: dict):
-            shardings = {j: NamedSharding(self.mesh, s) for j, s in specs.items()}
-            if not shardings:
-                return None
-            return lambda xs: [x if (s := shardings.get(j)) is None else wsc(x, s)
-                               for j, x in enumerate(xs)]
-
-        def hooks(bp: BodyPlan) -> BodyHooks:
-            on_operand, on_result = self._node_hooks(bp.operand_specs, bp.result_specs)
-            return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
-                             on_operand=on_operand, on_result=on_result,
-                             on_body=self._body_hooks(bp.bodies))
-
-        table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
-        return table.get
 
     def compile(self, *args):
         """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs)."""
