@@ -11,6 +11,9 @@ platform:
   reduce-scatters up to 30 MiB each (``xla_gpu_*_combine_threshold_bytes``); TPUs are modelled like
   GPUs.
 * **Reduce-scatter.** XLA:CPU does not form reduce-scatters: it all-reduces and slices.
+* **Wire dtype.** XLA:CPU has no bfloat16 / float16 collectives: it converts narrow floats to f32
+  before every collective (all-reduce, all-gather, all-to-all, permute alike) and back after, so
+  they move twice the bytes. GPUs and TPUs move them as they are.
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -30,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 _MIB = 1 << 20
+_NARROW_FLOATS = {"bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,31 @@ class Backend:
       reduce_scatter: whether reduce-scatters are formed (else all-reduce, then a local slice).
       hierarchical: whether a collective over several mesh axes runs axis by axis (else one flat
         ring over all its devices).  # bool
+      min_float_bytes: floats narrower than this many bytes per element are widened to it for
+        the collective (0: moved as they are).  # int
     """
 
     name: str
     combine_threshold: dict[str, float] = field(default_factory=dict)
     reduce_scatter: bool = True
     hierarchical: bool = True
+    min_float_bytes: int = 0
+
+    def wire_dtype(self, dtype: str) -> str:
+        """The dtype a tensor of ``dtype`` moves in through a collective.
+
+        >>> BACKENDS["cpu"].wire_dtype("bfloat16"), BACKENDS["gpu"].wire_dtype("bfloat16")
+        ('float32', 'bfloat16')
+        """
+        if self.min_float_bytes and dtype in _NARROW_FLOATS \
+                and _NARROW_FLOATS[dtype] < self.min_float_bytes:
+            return {4: "float32", 8: "float64"}[self.min_float_bytes]
+        return dtype
+
+    def wire_factor(self, dtype: str) -> float:
+        """Bytes on the wire per byte of a ``dtype`` tensor (2.0 for bf16 on CPU)."""
+        wire = self.wire_dtype(dtype)
+        return 1.0 if wire == dtype else self.min_float_bytes / _NARROW_FLOATS[dtype]
 
     def combines(self, kind: str) -> bool:
         """Whether independent collectives of ``kind`` are merged."""
@@ -74,7 +97,8 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False),
+    "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False,
+                   min_float_bytes=4),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB}),
     "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,

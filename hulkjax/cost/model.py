@@ -71,7 +71,14 @@ from hulkjax.rules.sharding import (
     replicated_resolution,
 )
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
-from hulkjax.trace.primitives import BROADCAST_PATH, FUSIBLE, PASSTHROUGH, POOLING, REARRANGING
+from hulkjax.trace.primitives import (
+    BROADCAST_PATH,
+    FUSIBLE,
+    PASSTHROUGH,
+    POOLING,
+    REARRANGING,
+    SCATTERS,
+)
 
 INPUT, LEADER, FREE = "input", "leader", "free"
 
@@ -111,6 +118,17 @@ class Move:
     node: int
     group: int
     comm: Comm
+
+
+@dataclass(frozen=True)
+class ProgramComm:
+    """A collective of the compiled program and where it sits: it takes the result of node
+    ``source`` (-1: a graph input) and node ``user`` uses what it returns (the number of nodes:
+    the step's end). An operator's own collective (a partial sum) has ``source == user``."""
+
+    comm: Comm
+    source: int
+    user: int
 
 
 @dataclass(frozen=True)
@@ -362,11 +380,12 @@ class CostModel:
         return saved
 
     def _tail_nodes(self) -> set[int]:
-        """Nodes from which only light operators (no matmul, convolution, gather, scatter or loop)
-        lead to the step's results: the optimizer update, a parameter's gradient once made, the
-        loss's last reduction. Collectives there are deferred: no other collective waits for them,
-        so compilers combine them (a gradient of the activations, in contrast, feeds the next
-        layer's backward matmuls)."""
+        """Nodes from which only light operators (no matmul, convolution, gather or loop; a
+        scatter is light: it adds a gradient into a table) lead to the step's results: the
+        optimizer update, a parameter's gradient once made (an embedding's or a position bias's
+        through its scatter-add too), the loss's last reduction. Collectives there are deferred:
+        no other collective waits for them, so compilers combine them (a gradient of the
+        activations, in contrast, feeds the next layer's backward matmuls)."""
         g = self.graph
         outputs = {v for v in g.outputs if v is not None}
         tail: set[int] = set()
@@ -374,9 +393,20 @@ class CostModel:
             used = [c for o in n.outputs for c, _ in g.consumers(o)]
             if not used and not any(o in outputs for o in n.outputs):
                 continue
-            if all(c in tail and not is_leader(g.nodes[c]) for c in used):
+            if all(c in tail and (g.nodes[c].primitive in SCATTERS or not is_leader(g.nodes[c]))
+                   for c in used):
                 tail.add(n.id)
         return tail
+
+    def _on_wire(self, comms, node) -> tuple[Comm, ...]:
+        """An operator's own collectives (on its results) with the bytes the backend moves:
+        widened where it has no collectives of the results' dtype (bf16 on CPU)."""
+        if not comms or not node.outputs:
+            return tuple(comms)
+        f = self.backend.wire_factor(self.graph.values[node.outputs[0]].dtype)
+        if f == 1.0:
+            return tuple(comms)
+        return tuple(replace(c, bytes=int(c.bytes * f)) for c in comms)
 
     def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
         """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
@@ -464,7 +494,7 @@ class CostModel:
                 t = self.compute_time(node, r.shards)
             compute += t
             node_compute[node.id] = t
-            own = self._defer(r.comms, node.id)
+            own = self._defer(self._on_wire(r.comms, node), node.id)
             node_comms[node.id] = own
             comms.extend(own)
         else:
@@ -493,7 +523,7 @@ class CostModel:
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
-            own = self._defer(r.comms, nid)
+            own = self._defer(self._on_wire(r.comms, node), nid)
             node_comms[nid] = own
             comms.extend(own)
             if program is not None:
@@ -562,7 +592,7 @@ class CostModel:
         key = (v.shape, v.dtype, src, dst)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = reshard_comms(v.shape, v.dtype, src, dst, self.sizes)
+            hit = reshard_comms(v.shape, self.backend.wire_dtype(v.dtype), src, dst, self.sizes)
             self._reshard_cache[key] = hit
         return hit
 
@@ -794,13 +824,29 @@ class CostModel:
     def program_comm_list(self, assignment, *, loops: bool = True) -> list[Comm]:
         """Every collective :meth:`program_collectives` counts, one entry per execution
         (``loops=False``: without those of loop bodies)."""
-        out: list[Comm] = []
+        return [e.comm for e in self.program_entries(assignment, loops=loops)]
+
+    def program_entries(self, assignment, *, loops: bool = True) -> list[ProgramComm]:
+        """:meth:`program_comm_list` with where each collective sits in the graph: the node whose
+        result it takes and the node that uses what it returns (what XLA's combiners need to
+        know which collectives depend on which)."""
+        g = self.graph
+        out: list[ProgramComm] = []
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
-            if not loops and self.groups[gid].kind == LEADER and isinstance(
-                    self.groups[gid].candidates[c], LoopResolution):
-                continue
-            out.extend(loc.program_comms)
+            grp = self.groups[gid]
+            r = grp.candidates[c] if grp.kind == LEADER else None
+            if isinstance(r, LoopResolution):
+                if not loops:
+                    continue
+                out.extend(ProgramComm(cm, grp.leader, grp.leader) for cm in r.program_comms)
+                out.extend(ProgramComm(cm, nid, nid) for nid, cms in loc.node_comms.items()
+                           if nid != grp.leader for cm in cms)
+            else:
+                out.extend(ProgramComm(cm, nid, nid) for nid, cms in loc.node_comms.items()
+                           for cm in cms)
+            for mv in loc.moves:
+                out.append(ProgramComm(mv.comm, self._producer(mv.value), mv.node))
         seen = set()
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
@@ -815,12 +861,86 @@ class CostModel:
                 # over the axes the gather keeps.
                 kept = {a for axes in dst for a in axes}
                 have = {a for axes in src for a in axes}
-                key = (self._rearranged_from(v), tuple(sorted(kept)), tuple(sorted(have))) \
-                    if kept <= have else (v, dst)
+                if self._broadcasts_operand(nid, v):
+                    # A consumer that broadcasts size-1 dimensions of the operand (``x * scale``
+                    # after rank promotion) gets its own broadcast in the HLO, and XLA's SPMD
+                    # partitioner reshards each such broadcast separately: once per consumer.
+                    key = (v, dst, nid)
+                elif kept <= have:
+                    key = (self._rearranged_from(v), tuple(sorted(kept)), tuple(sorted(have)))
+                else:
+                    key = (v, dst)
                 if key in seen:
                     continue
                 seen.add(key)
-                out.extend(self._defer(self.reshard(v, src, dst), nid))
+                out.extend(ProgramComm(cm, self._producer(v), nid if nid >= 0 else len(g.nodes))
+                           for cm in self._defer(self.reshard(v, src, dst), nid))
+        return out
+
+    def _producer(self, vid: int) -> int:
+        """The node computing value ``vid`` (-1 for a graph input)."""
+        p = self.graph.values[vid].producer
+        return -1 if p is None else p
+
+    def _descendants(self) -> list[int]:
+        """Per node, a bit set of the nodes reachable from it (itself included)."""
+        d = self.graph.memo.get("descendants")
+        if d is None:
+            g = self.graph
+            d = [0] * len(g.nodes)
+            for n in reversed(g.nodes):
+                bits = 1 << n.id
+                for o in n.outputs:
+                    for c, _ in g.consumers(o):
+                        bits |= d[c]
+                d[n.id] = bits
+            g.memo["descendants"] = d
+        return d
+
+    def _combine(self, entries: list[ProgramComm], be: Backend) -> list[tuple[str, tuple, int]]:
+        """The collectives of one computation after the backend's combiners, as
+        ``(kind, axes, bytes)``. XLA's ``CombineInstructionsByKey``: in program order, the first
+        collective left opens a group; later ones of its kind and devices join it until one depends
+        on a member (or a threshold is reached); repeat with what is left. Kinds the backend does not
+        combine stay one collective each."""
+        order = self.mesh.axis_names
+        desc = self._descendants()
+        end = len(self.graph.nodes)
+        items = []
+        for e in entries:
+            kind = be.kind_of(e.comm.kind)
+            axes = tuple(sorted(e.comm.axes, key=order.index))
+            # program order: a reshard just before the operator that uses it, an operator's own
+            # collective just after the operator
+            pos = e.user - 0.5 if e.user != e.source else e.source + 0.5
+            items.append((pos, kind, axes, e))
+        items.sort(key=lambda t: t[0])
+        out: list[tuple[str, tuple, int]] = []
+        left = []
+        for _, kind, axes, e in items:
+            if be.combines(kind):
+                left.append((kind, axes, e))
+            else:
+                out.append((kind, axes, e.comm.bytes))
+        while left:
+            key = left[0][:2]
+            threshold = be.combine_threshold[key[0]]
+            reach = 0
+            total = 0
+            taken = []
+            for i, (kind, axes, e) in enumerate(left):
+                if (kind, axes) != key:
+                    continue
+                b = e.comm.bytes
+                if taken and (total + b > threshold or (e.source >= 0 and reach >> e.source & 1)):
+                    break
+                taken.append(i)
+                total += b
+                if 0 <= e.user < end:
+                    reach |= desc[e.user]
+            out.append((key[0], key[1], total))
+            drop = set(taken)
+            left = [t for i, t in enumerate(left) if i not in drop]
         return out
 
     def program_summary(self, assignment, backend: str | Backend | None = None, *,
@@ -851,16 +971,21 @@ class CostModel:
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
         order = self.mesh.axis_names
-        # A combiner merges collectives of one computation: the step's, and each loop body's
-        # per iteration (then repeated trip_count times).
-        scopes: list[tuple[list[Comm], int]] = [([], 1)]
-        for cm in self.program_comm_list(assignment, loops=False):
-            scopes[0][0].append(cm)
+        out: dict[tuple, dict] = {}
+        # A combiner merges collectives of one computation: the step's (where the graph says which
+        # depend on which), and each loop body's per iteration (then repeated trip_count times;
+        # its deferred collectives merged).
+        for kind, axes, nbytes in self._combine(self.program_entries(assignment, loops=False), be):
+            if nbytes <= min_bytes:
+                continue
+            entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += nbytes
+        scopes: list[tuple[list[Comm], int]] = []
         for gid, c in enumerate(assignment):
             r = self.groups[gid].candidates[c] if self.groups[gid].kind == LEADER else None
             if isinstance(r, LoopResolution):
                 scopes.append((list(r.iteration_comms), r.trips))
-        out: dict[tuple, dict] = {}
         for comms, trips in scopes:
             groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
             for cm in comms:
@@ -878,6 +1003,18 @@ class CostModel:
                 entry["count"] += count * trips
                 entry["bytes"] += nbytes * trips
         return out
+
+    def _broadcasts_operand(self, nid: int, vid: int) -> bool:
+        """Whether node ``nid`` implicitly broadcasts operand ``vid``: same rank as its result,
+        size 1 along a dimension where the result is larger."""
+        if nid < 0:
+            return False
+        node = self.graph.nodes[nid]
+        if not node.outputs:
+            return False
+        shape, out = self.graph.values[vid].shape, self.graph.values[node.outputs[0]].shape
+        return len(shape) == len(out) and shape != out and all(
+            a == b or a == 1 for a, b in zip(shape, out))
 
     def _rearranged_from(self, vid: int) -> int:
         """The value ``vid`` is a rearrangement of (same elements), through reversals,
