@@ -11,9 +11,11 @@ platform:
   reduce-scatters up to 30 MiB each (``xla_gpu_*_combine_threshold_bytes``); TPUs are modelled like
   GPUs.
 * **Reduce-scatter.** XLA:CPU does not form reduce-scatters: it all-reduces and slices.
-* **Wire dtype.** XLA:CPU has no bfloat16 / float16 collectives: it converts narrow floats to f32
-  before every collective (all-reduce, all-gather, all-to-all, permute alike) and back after, so
-  they move twice the bytes. GPUs and TPUs move them as they are.
+* **Narrow floats.** XLA:CPU has no bfloat16 / float16 arithmetic and no such collectives: it
+  converts narrow floats to f32 around every operator and collective (all-reduce, all-gather,
+  all-to-all, permute alike) and then removes the convert pairs between them, so collectives move
+  twice the bytes and the step's intermediates are held in f32 (its arguments and results keep
+  their dtype). GPUs and TPUs compute and move them as they are.
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -47,8 +49,8 @@ class Backend:
       reduce_scatter: whether reduce-scatters are formed (else all-reduce, then a local slice).
       hierarchical: whether a collective over several mesh axes runs axis by axis (else one flat
         ring over all its devices).  # bool
-      min_float_bytes: floats narrower than this many bytes per element are widened to it for
-        the collective (0: moved as they are).  # int
+      min_float_bytes: floats narrower than this many bytes per element are widened to it in
+        collectives and intermediates (0: kept as they are).  # int
     """
 
     name: str

@@ -106,11 +106,14 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
                 specs[v] = need
 
-    def nbytes(vid, spec=None):
+    def nbytes(vid, spec=None, held_as_is=False):
+        # Intermediates of a backend without narrow-float arithmetic (XLA:CPU) are held in f32;
+        # the step's arguments and results keep their dtype.
         v = g.values[vid]
         spec = specs.get(vid) if spec is None else spec
         shape = v.shape if spec is None else local_shape(v.shape, spec, sizes)
-        return float(np.prod(shape, dtype=np.float64)) * dtype_size(v.dtype)
+        widen = 1.0 if held_as_is else cm.backend.wire_factor(v.dtype)
+        return float(np.prod(shape, dtype=np.float64)) * dtype_size(v.dtype) * widen
 
     args: list[Buffer] = []
     roles = {PARAMETER: "parameters", OPTIMIZER: "optimizer", DATA: "data"}
@@ -119,9 +122,9 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             continue
         if role == DATA:
             if mine is None or any(c in mine for c, _ in g.consumers(vid)):
-                args.append(Buffer(None, vid, "data", nbytes(vid) * in_flight))
+                args.append(Buffer(None, vid, "data", nbytes(vid, held_as_is=True) * in_flight))
         elif held is None or i in held:
-            args.append(Buffer(None, vid, roles[role], nbytes(vid)))
+            args.append(Buffer(None, vid, roles[role], nbytes(vid, held_as_is=True)))
 
     carried = {g.outputs[o] for o in g.carried.values()}
     outputs = {v for v in g.outputs if v is not None}
@@ -151,7 +154,7 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
             stop = end if o in outputs else max(uses, default=n.id)
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
-            size = nbytes(o)
+            size = nbytes(o, held_as_is=o in outputs)
             if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
                 size *= in_flight  # saved for the backward pass of every microbatch in flight
             intervals.append((n.id, stop, Buffer(n.id, o, kind, size)))
