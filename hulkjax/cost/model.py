@@ -78,6 +78,7 @@ from hulkjax.trace.primitives import (
     POOLING,
     REARRANGING,
     SCATTERS,
+    TOP_K,
 )
 
 INPUT, LEADER, FREE = "input", "leader", "free"
@@ -1106,7 +1107,8 @@ class CostModel:
         """What the emitter constrains: ``({(node, operand): Spec}, {(node, result): Spec})`` of
         every leader under ``assignment``, and the results of pooling operators (XLA otherwise
         propagates a consumer's gathered layout back through the pooling and gathers the larger
-        input instead); literals and scalars left out."""
+        input instead) and the operands and results of top-k (the emitter runs it per shard:
+        XLA's partitioner would gather it); literals and scalars left out."""
         g = self.graph
         operands, results = {}, {}
         for grp in self.groups:
@@ -1122,10 +1124,15 @@ class CostModel:
                     results[(node.id, k)] = s
             loc = self.local(grp.id, assignment[grp.id])
             for nid in grp.members:
-                if g.nodes[nid].primitive in POOLING:
-                    for k, (o, s) in enumerate(zip(g.nodes[nid].outputs, loc.res[nid].out_specs)):
-                        if g.values[o].shape:
+                n = g.nodes[nid]
+                if n.primitive in POOLING or n.primitive in TOP_K:
+                    for k, (o, s) in enumerate(zip(n.outputs, loc.res[nid].out_specs)):
+                        if g.values[o].shape and s is not None:
                             results[(nid, k)] = s
+                if n.primitive in TOP_K:  # run per shard by the emitter (XLA would gather)
+                    for k, (v, s) in enumerate(zip(n.inputs, loc.res[nid].in_specs)):
+                        if v is not None and s is not None and g.values[v].shape:
+                            operands[(nid, k)] = s
         return operands, results
 
 

@@ -339,7 +339,7 @@ class StagedStep:
         graph = p.graph
         eqns = self._equations(graph)
         consts = self._constant_env(graph)
-        on_operand, on_result = node_hooks(mesh, st.operand_specs, st.result_specs)
+        on_operand, on_result, on_bind = node_hooks(mesh, st.operand_specs, st.result_specs)
         on_body = body_hooks(mesh, st.bodies)
         n_reads, accs = len(p.reads), p.accs
         mine = set(p.nodes)
@@ -349,7 +349,7 @@ class StagedStep:
             env = dict(consts)
             env.update(zip(p.reads, args[:n_reads]))
             evaluate(graph, eqns, nodes, env, on_operand=on_operand, on_result=on_result,
-                     on_body=on_body)
+                     on_body=on_body, on_bind=on_bind)
             outs = [env[v] for v in p.writes]
             new = [a + env[v].astype(jnp.float32)
                    for a, v in zip(args[n_reads:], accs)]

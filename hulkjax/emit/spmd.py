@@ -27,6 +27,7 @@ from hulkjax.errors import DonatedArgumentError, InvalidPlanError, PlanMismatchE
 from hulkjax.plan.records import BodyPlan, Plan
 from hulkjax.trace.graph import OpGraph, dtype_name
 from hulkjax.trace.interpret import BodyHooks, interpret
+from hulkjax.trace.primitives import TOP_K
 from hulkjax.trace.tracer import leaf_aval, trace
 
 log = logging.getLogger("hulkjax.emit")
@@ -81,8 +82,10 @@ def check_args(plan, args) -> list:
 
 
 def node_hooks(mesh, operand_specs, result_specs):
-    """``(on_operand, on_result)`` for :func:`interpret`, placing the planned constraints on
-    ``mesh`` (``None`` where there are none). Shared by the SPMD and the staged step."""
+    """``(on_operand, on_result, on_bind)`` for :func:`interpret`, placing the planned
+    constraints on ``mesh`` (``None`` where there are none), and running per shard the operators
+    XLA's partitioner would gather (:func:`local_binds`). Shared by the SPMD and the staged
+    step."""
     op_specs = {k: NamedSharding(mesh, s) for k, s in operand_specs.items()}
     res_specs = {k: NamedSharding(mesh, s) for k, s in result_specs.items()}
     result_nodes = {n for n, _ in res_specs}
@@ -98,7 +101,32 @@ def node_hooks(mesh, operand_specs, result_specs):
         return [x if (s := res_specs.get((nid, k))) is None else wsc(x, s)
                 for k, x in enumerate(outs)]
 
-    return (on_operand if op_specs else None), (on_result if res_specs else None)
+    return ((on_operand if op_specs else None), (on_result if res_specs else None),
+            local_binds(mesh, operand_specs, result_specs))
+
+
+def local_binds(mesh, operand_specs, result_specs):
+    """``on_bind`` for :func:`interpret`: a top-k whose operand is planned split runs per shard
+    (``jax.shard_map`` over the planned layouts). XLA's SPMD partitioner does not split top-k
+    along the dimensions it leaves alone: it all-gathers the operand (a Mixture-of-Experts
+    router's logits, every step). ``None`` where the plan has none."""
+    local = {nid for (nid, k), s in operand_specs.items() if k == 0 and any(e for e in s)}
+    if not local:
+        return None
+
+    def on_bind(nid, prim, invals, params):
+        if nid not in local or prim not in TOP_K or len(invals) != 1:
+            return None
+        in_spec = operand_specs[(nid, 0)]
+        out_specs = tuple(result_specs.get((nid, k), in_spec) for k in range(2))
+
+        def per_shard(x):
+            return tuple(prim.bind(x, **prim.get_bind_params(params)))
+
+        return list(jax.shard_map(per_shard, mesh=mesh, in_specs=(in_spec,),
+                                  out_specs=out_specs, check_vma=False)(*invals))
+
+    return on_bind
 
 
 def body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
@@ -115,10 +143,10 @@ def body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
                            for j, x in enumerate(xs)]
 
     def hooks(bp: BodyPlan) -> BodyHooks:
-        on_operand, on_result = node_hooks(mesh, bp.operand_specs, bp.result_specs)
+        on_operand, on_result, on_bind = node_hooks(mesh, bp.operand_specs, bp.result_specs)
         return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
                          on_operand=on_operand, on_result=on_result,
-                         on_body=body_hooks(mesh, bp.bodies))
+                         on_body=body_hooks(mesh, bp.bodies), on_bind=on_bind)
 
     table = {nid: tuple(hooks(bp) for bp in plans) for nid, plans in bodies.items()}
     return table.get
@@ -241,13 +269,13 @@ class ShardedStep:
         return check_args(self.plan, args)
 
     def _flat_fn(self, graph: OpGraph):
-        on_operand, on_result = node_hooks(self.mesh, self.plan.operand_specs,
-                                           self.plan.result_specs)
+        on_operand, on_result, on_bind = node_hooks(self.mesh, self.plan.operand_specs,
+                                                    self.plan.result_specs)
         on_body = body_hooks(self.mesh, self.plan.bodies)
 
         def flat_fn(*flat):
             return tuple(interpret(graph.jaxpr, flat, on_operand=on_operand, on_result=on_result,
-                                   on_body=on_body))
+                                   on_body=on_body, on_bind=on_bind))
 
         return flat_fn
 

@@ -31,13 +31,16 @@ from hulkjax.trace.walk import count_nodes, inlined_body
 
 OperandHook = Callable[[int, int, Any], Any]  # (node id, operand index, value) -> value
 ResultHook = Callable[[int, list], list]  # (node id, results) -> results
+# (node id, primitive, operands, params) -> results, or None to bind the primitive as traced
+BindHook = Callable[[int, Any, list, dict], "list | None"]
 
 
 class BodyHooks(NamedTuple):
     """Hooks for one body of a loop node (all optional).
 
     on_input / on_output: ``(values) -> values`` on the body's arguments on entry and its results
-    on exit. on_operand / on_result / on_body: as :func:`interpret`'s, with the body graph's ids.
+    on exit. on_operand / on_result / on_body / on_bind: as :func:`interpret`'s, with the body
+    graph's ids.
     """
 
     on_input: Callable[[list], list] | None = None
@@ -45,23 +48,37 @@ class BodyHooks(NamedTuple):
     on_operand: OperandHook | None = None
     on_result: ResultHook | None = None
     on_body: Any = None
+    on_bind: BindHook | None = None
 
 
 BodyHook = Callable[[int], "Sequence[BodyHooks | None] | None"]  # node id -> hooks per body
 
 
 def interpret(closed, args: Sequence[Any], *, on_operand: OperandHook | None = None,
-              on_result: ResultHook | None = None, on_body: BodyHook | None = None) -> list:
+              on_result: ResultHook | None = None, on_body: BodyHook | None = None,
+              on_bind: BindHook | None = None) -> list:
     """Evaluate a ``ClosedJaxpr`` on flat arguments, calling the hooks at each graph node.
 
     ``on_body(node_id)`` may return, for a loop node, one :class:`BodyHooks` (or ``None``) per
-    body in :func:`hulkjax.trace.walk.sub_jaxprs` order.
+    body in :func:`hulkjax.trace.walk.sub_jaxprs` order. ``on_bind`` may run a node itself (the
+    emitter runs per shard what XLA's partitioner would gather): it returns the results, or
+    ``None`` for the plain bind.
     """
-    outs, _ = _run(closed.jaxpr, closed.consts, list(args), on_operand, on_result, 0, on_body)
+    outs, _ = _run(closed.jaxpr, closed.consts, list(args), on_operand, on_result, 0, on_body,
+                   on_bind)
     return outs
 
 
-def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None):
+def _bind(eqn, nid: int, invals: list, params: dict, on_bind):
+    ans = None if on_bind is None else on_bind(nid, eqn.primitive, invals, params)
+    if ans is None:
+        with eqn.ctx.manager:
+            ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+        return list(ans) if eqn.primitive.multiple_results else [ans]
+    return list(ans)
+
+
+def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None, on_bind=None):
     env: dict[Any, Any] = {}
 
     def read(a):
@@ -80,13 +97,14 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None)
             if eqn.primitive is P.remat_p:
                 def fn(*xs, _sub=sub, _consts=sub_consts, _start=start):
                     return _run(_sub, _consts, list(xs), on_operand, on_result, _start,
-                                on_body)[0]
+                                on_body, on_bind)[0]
 
                 outs = jax.checkpoint(fn, prevent_cse=eqn.params.get("prevent_cse", True),
                                       policy=eqn.params.get("policy"))(*invals)
                 next_id = start + count_nodes(sub)
             else:
-                outs, next_id = _run(sub, sub_consts, invals, on_operand, on_result, start, on_body)
+                outs, next_id = _run(sub, sub_consts, invals, on_operand, on_result, start, on_body,
+                                     on_bind)
         else:
             if on_operand is not None:
                 invals = [x if isinstance(a, jex_core.Literal) else on_operand(next_id, k, x)
@@ -96,9 +114,7 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None)
                 hooks = on_body(next_id)
                 if hooks:
                     params = _hooked_loop_params(eqn, hooks)
-            with eqn.ctx.manager:
-                ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
-            outs = list(ans) if eqn.primitive.multiple_results else [ans]
+            outs = _bind(eqn, next_id, invals, params, on_bind)
             if on_result is not None:
                 outs = on_result(next_id, outs)
             next_id += 1
@@ -138,7 +154,8 @@ def _hooked_body(closed, h: BodyHooks):
         xs = list(xs)
         if h.on_input is not None:
             xs = h.on_input(xs)
-        outs, _ = _run(jaxpr, closed.consts, xs, h.on_operand, h.on_result, 0, h.on_body)
+        outs, _ = _run(jaxpr, closed.consts, xs, h.on_operand, h.on_result, 0, h.on_body,
+                       h.on_bind)
         if h.on_output is not None:
             outs = h.on_output(list(outs))
         # A literal result (a constant carry) comes back as an array of the result's type.
@@ -237,7 +254,7 @@ def literal_operands(closed) -> dict[tuple[int, int], Any]:
 
 def evaluate(graph, eqns: Sequence[Equation], node_ids: Sequence[int], env: dict, *,
              on_operand: OperandHook | None = None, on_result: ResultHook | None = None,
-             on_body: BodyHook | None = None) -> dict:
+             on_body: BodyHook | None = None, on_bind: BindHook | None = None) -> dict:
     """Run some of a graph's nodes, in the order given, on values keyed by value id.
 
     ``eqns`` is :func:`equations` of the graph's jaxpr; ``env`` maps value ids to arrays (the graph
@@ -263,9 +280,7 @@ def evaluate(graph, eqns: Sequence[Equation], node_ids: Sequence[int], env: dict
             hooks = on_body(nid)
             if hooks:
                 params = _hooked_loop_params(eqn, hooks)
-        with eqn.ctx.manager:
-            ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
-        outs = list(ans) if eqn.primitive.multiple_results else [ans]
+        outs = _bind(eqn, nid, invals, params, on_bind)
         if on_result is not None:
             outs = on_result(nid, outs)
         for v, x in zip(node.outputs, outs):
