@@ -220,3 +220,58 @@ def test_unaligned_sharded_slices_are_priced_as_an_upper_bound(start, size):
     p, c = predicted[("collective-permute", ("d",))], compiled[("collective-permute", ("d",))]
     assert c["bytes"] <= p["bytes"] <= 1.5 * c["bytes"]
     assert c["count"] / 2 <= p["count"] <= 2 * c["count"]
+
+
+# ---- what XLA:CPU does that the graph alone does not say (measured on real model code) --------
+
+
+def _attention_like(dtype=jnp.float32):
+    """Three projections of one input (query / key / value style), a layer-norm-like scale used
+    forward and backward, and a top-k router: the patterns of the real-model suite."""
+
+    def step(p, x):
+        def loss(p):
+            h = x * p["scale"]  # rank promotion: a broadcast per use, forward and backward
+            q, k, v = (h @ p["q"], h @ p["k"], h @ p["v"])
+            y = jnp.tanh(q * k + v) @ p["o"]
+            vals, _ = jax.lax.top_k(y, 2)
+            return jnp.mean(y.astype(jnp.float32) ** 2) + jnp.mean(vals.astype(jnp.float32))
+
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p))
+
+    p = {"scale": jnp.ones((32,), dtype),
+         **{n: jnp.full((32, 32), 0.01, dtype) for n in ("q", "k", "v", "o")}}
+    return step, p, jnp.ones((16, 32), dtype)
+
+
+@pytest.mark.parametrize("strategy,topology", [("fsdp", D8), ("megatron", D8), ("dp", D8),
+                                               ("dp_tp", D2x4)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_program_summary_on_real_code_patterns(strategy, topology, dtype):
+    """Each of these once disagreed with the HLO: XLA gathers a broadcast scale once per use,
+    combines the three projections' independent backward all-reduces into one, moves bf16 as f32
+    on the CPU; and the emitter runs the router's top-k per shard (XLA would gather it)."""
+    step, p, x = _attention_like(dtype)
+    plan = hj.plan(step, p, x, topology=topology, strategy=strategy)
+    predicted = cost_model(plan.graph, topology).program_summary(plan.assignment, "cpu",
+                                                                 min_bytes=64)
+    compiled = {k: v for k, v in _compiled_summary(step, plan, p, x).items()}
+    compiled = {k: v for k, v in compiled.items() if v["bytes"] > 64}
+    assert predicted == compiled
+
+
+def test_top_k_on_a_split_batch_is_run_per_shard_and_equals_the_unsharded_step():
+    step, p, x = _attention_like()
+    plan = hj.plan(step, p, x, topology=D8, strategy="dp")
+    sharded = hj.emit(step, plan, donate=False)
+    sharded.compile(p, x)
+    assert not [c for c in sharded.collectives() if c.kind == "all-gather"]
+    got, want = sharded(p, x), jax.jit(step)(p, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_moves_and_holds_bfloat16_as_float32():
+    cpu, gpu = BACKENDS["cpu"], BACKENDS["gpu"]
+    assert cpu.wire_dtype("bfloat16") == "float32" and cpu.wire_factor("bfloat16") == 2.0
+    assert gpu.wire_dtype("bfloat16") == "bfloat16" and cpu.wire_dtype("int32") == "int32"
