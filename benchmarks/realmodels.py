@@ -260,9 +260,10 @@ def markdown(result: dict) -> tuple[str, str]:
         *highlights(result),
         "",
         "Counts compare the cost model's collectives as XLA:CPU compiles them "
-        "(`CostModel.program_summary(..., backend=\"cpu\")`: gradient all-reduces combined per "
-        "computation, reduce-scatters as all-reduce + slice) with the HLO's collective "
-        "instructions; a loop body's count once per iteration on both sides.",
+        "(`CostModel.program_summary(..., backend=\"cpu\")`: independent all-reduces combined "
+        "in program order as XLA's combiner does, reduce-scatters as all-reduce + slice, bf16 "
+        "moved as f32) with the HLO's collective instructions; a loop body's count once per "
+        "iteration on both sides.",
         "",
         "### Per collective kind",
         "",
