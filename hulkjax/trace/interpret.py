@@ -69,13 +69,21 @@ def interpret(closed, args: Sequence[Any], *, on_operand: OperandHook | None = N
     return outs
 
 
-def _bind(eqn, nid: int, invals: list, params: dict, on_bind):
-    ans = None if on_bind is None else on_bind(nid, eqn.primitive, invals, params)
-    if ans is None:
+def _bind(eqn, nid: int, invals: list, on_body, on_bind, on_result) -> list:
+    """Node ``nid``'s results: its loop bodies hooked (``on_body``), bound by ``on_bind`` or as
+    traced, then ``on_result``. Shared by :func:`interpret` and :func:`evaluate`."""
+    params = eqn.params
+    if on_body is not None and eqn.primitive in LOOPS:
+        hooks = on_body(nid)
+        if hooks:
+            params = _hooked_loop_params(eqn, hooks)
+    outs = None if on_bind is None else on_bind(nid, eqn.primitive, invals, params)
+    if outs is None:
         with eqn.ctx.manager:
             ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
-        return list(ans) if eqn.primitive.multiple_results else [ans]
-    return list(ans)
+        outs = ans if eqn.primitive.multiple_results else [ans]
+    outs = list(outs)
+    return outs if on_result is None else on_result(nid, outs)
 
 
 def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None, on_bind=None):
@@ -109,14 +117,7 @@ def _run(jaxpr, consts, args, on_operand, on_result, next_id: int, on_body=None,
             if on_operand is not None:
                 invals = [x if isinstance(a, jex_core.Literal) else on_operand(next_id, k, x)
                           for k, (a, x) in enumerate(zip(eqn.invars, invals))]
-            params = eqn.params
-            if on_body is not None and eqn.primitive in LOOPS:
-                hooks = on_body(next_id)
-                if hooks:
-                    params = _hooked_loop_params(eqn, hooks)
-            outs = _bind(eqn, next_id, invals, params, on_bind)
-            if on_result is not None:
-                outs = on_result(next_id, outs)
+            outs = _bind(eqn, next_id, invals, on_body, on_bind, on_result)
             next_id += 1
         for v, x in zip(eqn.outvars, outs):
             env[v] = x
@@ -275,14 +276,7 @@ def evaluate(graph, eqns: Sequence[Equation], node_ids: Sequence[int], env: dict
         invals = [lits[k] if k in lits else env[v] for k, v in enumerate(node.inputs)]
         if on_operand is not None:
             invals = [x if k in lits else on_operand(nid, k, x) for k, x in enumerate(invals)]
-        params = eqn.params
-        if on_body is not None and eqn.primitive in LOOPS:
-            hooks = on_body(nid)
-            if hooks:
-                params = _hooked_loop_params(eqn, hooks)
-        outs = _bind(eqn, nid, invals, params, on_bind)
-        if on_result is not None:
-            outs = on_result(nid, outs)
+        outs = _bind(eqn, nid, invals, on_body, on_bind, on_result)
         for v, x in zip(node.outputs, outs):
             env[v] = x
     return env
