@@ -143,6 +143,22 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             return True
         return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
 
+    # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
+    # buffer until the collective runs, its result another. Deferred ones run combined, once the
+    # last of them is ready: their partial sums wait for it, and their results exist only from
+    # then on (at the combined collective, operands and results are live together).
+    combined_at: dict[tuple, int] = {}
+    own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
+    for nid, comms in own.items():
+        for c in comms:
+            if c.deferred:
+                key = (cm.backend.kind_of(c.kind), c.axes)
+                combined_at[key] = max(combined_at.get(key, nid), nid)
+    reduced_at = {nid: max(combined_at[(cm.backend.kind_of(c.kind), c.axes)] for c in comms
+                           if c.deferred and c.kind in ("all-reduce", "reduce-scatter"))
+                  for nid, comms in own.items()
+                  if any(c.deferred and c.kind in ("all-reduce", "reduce-scatter") for c in comms)}
+
     # Intervals [start, stop] (node ids) of every buffer.
     intervals: list[tuple[int, int, Buffer]] = []
     for n in g.nodes:
@@ -157,7 +173,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             size = nbytes(o, held_as_is=o in outputs)
             if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
                 size *= in_flight  # saved for the backward pass of every microbatch in flight
-            intervals.append((n.id, stop, Buffer(n.id, o, kind, size)))
+            start = reduced_at.get(n.id, n.id)
+            intervals.append((start, max(stop, start), Buffer(n.id, o, kind, size)))
     if mine is not None:  # what other stages send: a buffer from its first use to its last here
         produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
         received: dict[int, list[int]] = {}
@@ -184,16 +201,6 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         span[0], span[1] = min(span[0], mv.node), max(span[1], mv.node)
     for _, (start, stop, size) in copies.items():
         intervals.append((start, stop, Buffer(start, None, "transients", size)))
-    # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
-    # buffer until the collective runs, its result another. Deferred ones run combined, once the
-    # last of them is ready: their partial sums wait for it.
-    combined_at: dict[tuple, int] = {}
-    own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
-    for nid, comms in own.items():
-        for c in comms:
-            if c.deferred:
-                key = (cm.backend.kind_of(c.kind), c.axes)
-                combined_at[key] = max(combined_at.get(key, nid), nid)
     for nid, comms in own.items():
         for c in comms:
             if c.kind not in ("all-reduce", "reduce-scatter"):
@@ -201,7 +208,14 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             stop = combined_at[(cm.backend.kind_of(c.kind), c.axes)] if c.deferred else nid
             kind = "gradients" if c.deferred else "transients"
             intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
-    for n in g.nodes:  # matmul operands XLA first copies into its canonical dimension order
+    # Matmul operands XLA first copies into its canonical dimension order. Layout assignment
+    # makes the copy where the operand is made (a parameter's at the start of the step), not
+    # where the matmul reads it: the copy of a weight or of a saved activation that a backward
+    # matmul reads transposed is live from then on. An operand nothing else reads is made in
+    # the matmul's order directly: its copy is a transient at the matmul.
+    first = 0 if mine is None else min(mine, default=0)
+    relaid: dict[tuple, list] = {}
+    for n in g.nodes:
         if n.name != "dot_general" or (mine is not None and n.id not in mine):
             continue
         (lc, rc), (lb, rb) = n.params["dimension_numbers"]
@@ -215,7 +229,18 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if order != list(range(rank)) and (k == 0 or [*batch, *free, *contract] != list(range(rank))):
                 spec = cm.local(cm.group_of_node[n.id], assignment[cm.group_of_node[n.id]]).res
                 need = spec[n.id].in_specs[k] if n.id in spec else None
-                intervals.append((n.id, n.id, Buffer(n.id, None, "transients", nbytes(v, need))))
+                producer = g.values[v].producer
+                if producer is None:
+                    start = first
+                elif any(c != n.id for c, _ in g.consumers(v)):
+                    start = producer
+                else:
+                    start = n.id
+                span = relaid.setdefault((v, tuple(order), need),
+                                         [start, n.id, nbytes(v, need)])
+                span[0], span[1] = min(span[0], start), max(span[1], n.id)
+    for start, stop, size in relaid.values():
+        intervals.append((start, stop, Buffer(start, None, "transients", size)))
     for grp in cm.groups:
         if grp.kind == "leader" and (mine is None or grp.leader in mine):
             r = grp.candidates[assignment[grp.id]]
