@@ -154,6 +154,9 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if c.deferred:
                 key = (cm.backend.kind_of(c.kind), c.axes)
                 combined_at[key] = max(combined_at.get(key, nid), nid)
+    # It runs once the last of them is made and that node's operands are freed: on the boundary
+    # after it (an index <= the number of nodes: the sweep has a slot for the step's end).
+    combined_at = {key: at + 1 for key, at in combined_at.items()}
     reduced_at = {nid: max(combined_at[(cm.backend.kind_of(c.kind), c.axes)] for c in comms
                            if c.deferred and c.kind in ("all-reduce", "reduce-scatter"))
                   for nid, comms in own.items()

@@ -2,11 +2,12 @@
 (``compiled.memory_analysis()``: arguments + temporaries + outputs - donated aliases), and its
 rules in closed form.
 
-Measured on jax 0.10 (``python benchmarks/fidelity.py`` tabulates more models and meshes):
-data-parallel and sharded-state plans are predicted within 25% (usually 10%); replicated and
-tensor-parallel plans of attention models are underpredicted by up to a third, because XLA:CPU
-keeps 2-D copies of the operands of batched matmuls and packs its temporaries without minimizing
-their peak. The bounds below are what holds, so that a change that breaks the walk (a missing
+Measured on jax 0.10 (``python benchmarks/realmodels.py`` tabulates seven third-party model
+families and three meshes): data-parallel and sharded-state plans are predicted within 1% there
+(within 12% on the zoo's transformer block below);
+replicated and tensor-parallel plans of attention models are underpredicted by up to 27%, mostly
+because XLA:CPU copies some donated weights at the start of the step and materializes broadcasts
+and transposed operands this walk does not know of. The bounds below are what holds, so that a change that breaks the walk (a missing
 kind of buffer, a double count) fails here.
 """
 
@@ -49,12 +50,15 @@ def measured(request):
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
 def test_sharded_plans_peak_memory_is_close_to_the_compiled_program(measured, strategy):
     predicted, compiled = measured[strategy]
-    assert 0.75 * compiled <= predicted <= 1.15 * compiled, (predicted, compiled)
+    assert 0.85 * compiled <= predicted <= 1.1 * compiled, (predicted, compiled)
 
 
 def test_replicated_peak_memory_is_a_lower_estimate_within_a_third(measured):
+    """Attention's batched matmuls read saved activations transposed: XLA lays those copies
+    out where the activation is made, so they are held from the forward pass on (0.65 of the
+    compiled peak without them, 0.72 with them, on the transformer block)."""
     predicted, compiled = measured["replicate"]
-    assert 0.6 * compiled <= predicted <= 1.15 * compiled, (predicted, compiled)
+    assert 0.7 * compiled <= predicted <= 1.1 * compiled, (predicted, compiled)
 
 
 def test_plans_rank_by_memory_as_compiled(measured):
@@ -82,7 +86,8 @@ def test_a_fused_elementwise_chain_is_one_buffer():
 def test_the_peak_is_at_the_turn_of_the_backward_pass_and_holds_the_saved_activations():
     """An MLP keeps each layer's activations until its backward pass: the peak is after the
     forward pass and holds them all (``activations``) next to the state."""
-    depth, width, batch = 4, 64, 512
+    depth, width, batch = 4, 64, 8192  # activations larger than the gradients: with small
+    # ones the peak is at the combined gradient all-reduce (the test below)
 
     def step(ws, x):
         def loss(ws):
@@ -102,3 +107,28 @@ def test_the_peak_is_at_the_turn_of_the_backward_pass_and_holds_the_saved_activa
     assert rep.breakdown["data"] == local_act
     assert rep.breakdown["activations"] >= (depth - 1) * local_act
     assert rep.peak <= cm.memory(p.assignment)  # the ILP's additive model bounds it
+
+
+def _mlp(depth, width, batch):
+    def step(ws, x):
+        def loss(ws):
+            h = x
+            for w in ws:
+                h = jnp.tanh(h @ w)
+            return jnp.mean(h)
+        return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+    return step, [jnp.ones((width, width))] * depth, jnp.ones((batch, width))
+
+
+def test_a_combined_gradient_all_reduce_holds_its_operands_and_results():
+    """XLA combines ``dp``'s gradient all-reduces into one after the last gradient is made. An
+    all-reduce is not in place: there every partial gradient and every reduced one are live at
+    once. With small activations that is the peak: twice the gradients."""
+    depth, width = 4, 64
+    step, ws, x = _mlp(depth, width, batch=64)
+    p = hj.plan(step, ws, x, topology=D8, strategy="dp")
+    rep = liveness(cost_model(p.graph, D8), p.assignment)
+    assert rep.breakdown["gradients"] == 2 * depth * width * width * 4
+    assert rep.breakdown["activations"] == 0  # the last matmul's operands are freed by then
+    assert rep.peak == pytest.approx(_compiled_bytes(step, p, ws, x), rel=0.02)
+
