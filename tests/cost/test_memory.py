@@ -4,11 +4,11 @@ rules in closed form.
 
 Measured on jax 0.10 (``python benchmarks/realmodels.py`` tabulates seven third-party model
 families and three meshes): data-parallel and sharded-state plans are predicted within 1% there
-(within 12% on the zoo's transformer block below);
-replicated and tensor-parallel plans of attention models are underpredicted by up to 27%, mostly
-because XLA:CPU copies some donated weights at the start of the step and materializes broadcasts
-and transposed operands this walk does not know of. The bounds below are what holds, so that a change that breaks the walk (a missing
-kind of buffer, a double count) fails here.
+(within 12% on the zoo's transformer block below); replicated and tensor-parallel plans of
+attention models are underpredicted by up to 27%, mostly because XLA:CPU copies some donated
+weights at the start of the step and materializes broadcasts and transposed operands this walk
+does not know of. The bounds below are what holds, so that a change that breaks the walk (a
+missing kind of buffer, a double count) fails here.
 """
 
 import jax
