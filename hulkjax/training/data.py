@@ -1,7 +1,8 @@
 """Training graphs for the planner network, labelled with ILP-optimal plans and cached on disk.
 
 A sample is a (model, topology) pair drawn from families of zoo models with random sizes (MLPs,
-Transformer blocks over depth, width, heads, sequence and batch; CNNs; MoE layers) and random
+Transformer blocks over depth, width, heads, sequence, batch and dtype (f32 or bf16 kernels);
+CNNs; MoE layers; LLaMA-style decoders with grouped-query attention and rotary embeddings) and random
 topologies (1-3 mesh axes, bandwidths over four orders of magnitude, latencies from NVLink to WAN,
 device kinds from H100 to T4, memory pressure from ample to tight). The label is the ILP's optimal
 assignment under the shared cost model.
@@ -32,9 +33,9 @@ from hulkjax.trace import trace
 
 log = logging.getLogger("hulkjax.training")
 
-FAMILIES = ("mlp", "transformer-block", "cnn", "moe")
+FAMILIES = ("mlp", "transformer-block", "cnn", "moe", "llama")
 HELD_OUT_FAMILIES = ("gpt2", "bert", "vit")
-DATA_VERSION = 1
+DATA_VERSION = 2  # 2: the combiner-aware cost model, llama and bf16 samples
 
 
 def cache_dir() -> str:
@@ -53,7 +54,14 @@ def _model_spec(family: str, rng: np.random.Generator) -> dict:
         d = pick(64, 256, 1024)
         return dict(size="tiny", d_model=d, n_heads=int(pick(4, 8)), d_ff=4 * d,
                     n_layers=int(pick(1, 2)), seq_len=int(pick(64, 256, 1024)),
-                    batch=int(pick(4, 16, 64)))
+                    batch=int(pick(4, 16, 64)), dtype=pick("float32", "bfloat16"))
+    if family == "llama":  # grouped-query attention, rotary embeddings, SwiGLU
+        d = pick(64, 128, 256)
+        heads = int(pick(4, 8))
+        return dict(size="tiny", n_layers=int(pick(1, 2)), d_model=d, n_heads=heads,
+                    n_kv_heads=int(pick(1, 2, heads)), d_ff=int(pick(2, 4)) * d,
+                    vocab_size=int(pick(256, 1024)), seq_len=int(pick(16, 64)),
+                    batch=int(pick(4, 8, 32)), dtype=pick("float32", "bfloat16"))
     if family == "cnn":
         f = int(pick(16, 32, 64))
         return dict(size="tiny", image_size=int(pick(16, 32)), features=(f, 2 * f), dense=4 * f,
