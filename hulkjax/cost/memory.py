@@ -144,23 +144,46 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
 
     # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
-    # buffer until the collective runs, its result another. Deferred ones run combined, once the
-    # last of them is ready: their partial sums wait for it, and their results exist only from
-    # then on (at the combined collective, operands and results are live together).
-    combined_at: dict[tuple, int] = {}
+    # buffer until the collective runs, its result another. Deferred ones (gradient reductions)
+    # run combined, as the backend's combiner groups them: in program order, up to its threshold
+    # per kind and devices (XLA:CPU: all in one). A group runs once its last member is made and
+    # that node's operands are freed, on the boundary after it (an index <= the number of nodes:
+    # the sweep has a slot for the step's end). Its partial sums wait for it; its results exist
+    # from then on, so operands and results are live together there.
     own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
-    for nid, comms in own.items():
-        for c in comms:
-            if c.deferred:
-                key = (cm.backend.kind_of(c.kind), c.axes)
-                combined_at[key] = max(combined_at.get(key, nid), nid)
-    # It runs once the last of them is made and that node's operands are freed: on the boundary
-    # after it (an index <= the number of nodes: the sweep has a slot for the step's end).
-    combined_at = {key: at + 1 for key, at in combined_at.items()}
-    reduced_at = {nid: max(combined_at[(cm.backend.kind_of(c.kind), c.axes)] for c in comms
-                           if c.deferred and c.kind in ("all-reduce", "reduce-scatter"))
-                  for nid, comms in own.items()
-                  if any(c.deferred and c.kind in ("all-reduce", "reduce-scatter") for c in comms)}
+    reductions = ("all-reduce", "reduce-scatter")
+    pending: dict[tuple, list] = {}  # (kind, axes) -> [[nid, comm], ...] of the open group
+    runs_at: dict[int, int] = {}  # id(comm) -> where its group runs
+    for nid in sorted(own):
+        for c in own[nid]:
+            if not (c.deferred and c.kind in reductions):
+                continue
+            kind = cm.backend.kind_of(c.kind)
+            threshold = cm.backend.combine_threshold.get(kind, 0.0)
+            group = pending.setdefault((kind, c.axes), [])
+            if group and sum(x.bytes for _, x in group) + c.bytes > threshold:
+                for _, x in group:
+                    runs_at[id(x)] = group[-1][0] + 1
+                group.clear()
+            group.append((nid, c))
+    for group in pending.values():
+        for _, x in group:
+            runs_at[id(x)] = group[-1][0] + 1
+    reduced_at = {nid: max(runs_at[id(c)] for c in comms if id(c) in runs_at)
+                  for nid, comms in own.items() if any(id(c) in runs_at for c in comms)}
+
+    # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
+    # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
+    # ``sub`` of a gradient runs with the optimizer, not after the gradient's matmul).
+    read_at = list(range(end))  # consumers come after their producers: one reverse pass
+    for n in reversed(g.nodes):
+        if not fusible[n.id]:
+            continue
+        for o in n.outputs:
+            if g.values[o].shape and o not in carried and not materialized(n, o):
+                for c, _ in g.consumers(o):
+                    if mine is None or c in mine:
+                        read_at[n.id] = max(read_at[n.id], read_at[c])
 
     # Intervals [start, stop] (node ids) of every buffer.
     intervals: list[tuple[int, int, Buffer]] = []
@@ -171,7 +194,7 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if not g.values[o].shape or not materialized(n, o):
                 continue
             uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
-            stop = end if o in outputs else max(uses, default=n.id)
+            stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
             size = nbytes(o, held_as_is=o in outputs)
             if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
@@ -208,7 +231,7 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         for c in comms:
             if c.kind not in ("all-reduce", "reduce-scatter"):
                 continue
-            stop = combined_at[(cm.backend.kind_of(c.kind), c.axes)] if c.deferred else nid
+            stop = runs_at.get(id(c), nid)
             kind = "gradients" if c.deferred else "transients"
             intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
     # Matmul operands XLA first copies into its canonical dimension order. Layout assignment

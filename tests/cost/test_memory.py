@@ -132,3 +132,22 @@ def test_a_combined_gradient_all_reduce_holds_its_operands_and_results():
     assert rep.breakdown["activations"] == 0  # the last matmul's operands are freed by then
     assert rep.peak == pytest.approx(_compiled_bytes(step, p, ws, x), rel=0.02)
 
+
+
+def test_gradient_reductions_free_their_operands_group_by_group_on_a_gpu():
+    """Abstract arrays: 8 gradients of 16 MiB. XLA:GPU combines gradient all-reduces up to 30 MiB,
+    so each runs right after its gradient is made and frees its partial sum there: at the end
+    one reduced copy of every gradient is held, plus at most one group's partial sums. XLA:CPU
+    combines all of them into one, which holds both copies of every gradient at once."""
+    depth, width = 8, 2048  # 2048 x 2048 float32 = 16 MiB
+    step, _, _ = _mlp(depth, width, 8)
+    ws = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth
+    x = jax.ShapeDtypeStruct((64, width), jnp.float32)
+    total = depth * width * width * 4
+    gpu = hj.Topology.preset("dgx-h100")
+    held = {}
+    for name, topo in (("gpu", gpu), ("cpu", hj.Topology.grid((8,), ("d",)))):
+        p = hj.plan(step, ws, x, topology=topo, strategy="dp")
+        held[name] = liveness(cost_model(p.graph, topo), p.assignment).breakdown["gradients"]
+    assert held["cpu"] == 2 * total
+    assert total <= held["gpu"] <= total + width * width * 4
