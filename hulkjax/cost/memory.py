@@ -7,15 +7,19 @@ and the transient buffers of collectives (a gathered parameter right before its 
 backends without reduce-scatters, the whole partial sum before its slice). Buffers are sized at
 their planned layouts. Elementwise chains fuse: a value is a buffer only when an unfusible
 operator makes or reads it (or it is a result of the step), as XLA's loop and reduction fusions
-keep the rest in registers. The state update writes into the donated arguments (no new buffer).
-Loops add their body's transient at the loop.
+keep the rest in registers, and a fused chain reads its operands where it runs (its last
+operator). The state update writes into the donated arguments (no new buffer). Gradient
+reductions run combined as the backend's combiner groups them, and a reduction is not in place:
+where a group runs, its partial sums and its results are live together (on XLA:CPU, one group:
+twice the gradients). A matmul operand XLA lays out anew is copied where it is made. Loops add
+their body's transient at the loop.
 
 This is the memory :class:`~hulkjax.plan.Cost` reports (``peak_memory``, ``memory_breakdown``) and
 that ``tests/cost/test_memory.py`` holds against ``compiled.memory_analysis()``. The ILP's
 memory constraint needs an additive model; it uses the per-group sums of
 :meth:`~hulkjax.cost.CostModel.memory` (parameters, gradients, optimizer state and saved
-activations), which bounds this one from above in practice, and the planners re-check their
-result with this walk.
+activations), which usually bounds this one from above (not where a combined gradient reduction
+holds its operands and results at once), and the planners check their result with this walk.
 
 >>> import jax, jax.numpy as jnp, hulkjax as hj
 >>> p = hj.plan(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),

@@ -1050,7 +1050,8 @@ class CostModel:
         """Per-device memory of an assignment in the additive model the ILP constrains: every
         group's parameters, gradients, optimizer state and saved activations at their layouts.
         The reported peak (``evaluate(...).peak_memory``) is :func:`~hulkjax.cost.memory.liveness`'s
-        walk, which this sum bounds from above in practice."""
+        walk, which this sum usually bounds from above (not where a combined gradient reduction
+        holds its operands and results at once); planners check their result with the walk."""
         return sum(self.local(gid, c).memory for gid, c in enumerate(assignment))
 
     def peak_memory(self, assignment) -> float:

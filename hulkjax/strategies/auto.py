@@ -178,8 +178,7 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     if not solved:
         found, _ = search(cm, logp, top_k=top_k, sweeps=max(sweeps, 4), seed=seed, seeds=baselines)
         candidates["search"] = found
-    fitting = {k: a for k, a in candidates.items()
-               if cm.memory(a) <= cm.capacity or cm.peak_memory(a) <= cm.capacity}
+    fitting = {k: a for k, a in candidates.items() if cm.peak_memory(a) <= cm.capacity}
     if not fitting:
         need = min(cm.peak_memory(a) for a in candidates.values())
         raise infeasible_error(cm, need, planner="auto", exhaustive=False, also=(

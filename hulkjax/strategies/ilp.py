@@ -11,10 +11,11 @@ objective unchanged.
 The program always has a plan. Memory is the only constraint between classes and it is a sum over
 them, so the program is feasible exactly when the leanest candidate of every class together fits
 (otherwise :class:`~hulkjax.errors.InfeasiblePlanError` names the cause), and then that choice is a
-solution. The sum counts every group's bytes at once, which overstates the liveness peak a
-plan reports (:func:`hulkjax.cost.memory.liveness`): when it rules every layout out, the program is
-solved without it and the peak decides (the optimum if it fits, else the fastest of the leanest
-choice and the baselines that fit; only when none does is the plan infeasible, and then no
+solution. The sum counts every group's bytes at once, which usually overstates the liveness peak a
+plan reports (:func:`hulkjax.cost.memory.liveness`; not where a combined gradient reduction holds
+its operands and results at once): when it rules every layout out, the program is solved without
+it. Either way the peak decides (the optimum if it fits, else the fastest of the leanest choice
+and the baselines that fit; only when none does is the plan infeasible, and then no
 exhaustiveness is claimed). HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
 (every baseline's assignment is in the program's space), or that leanest choice. Stopped by its
 time limit, it returns its best solution so far, never worse than that start, with the gap to the
@@ -213,10 +214,11 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     capacity = cm.capacity if memory_limit is None else memory_limit
     prog = _Program(cm, [s for _, s in named], tie_layers=tie_layers, restrict=restrict,
                     max_candidates=max_candidates)
-    # The program's memory is additive (every group's bytes at once), which overstates the peak
-    # of the liveness walk (what a plan reports). When that sum rules every layout out, the
-    # program is solved without it and the liveness peak decides: the optimum if it fits, else the
-    # fastest of the leanest layout and the seeds that fit.
+    # The program's memory is additive (every group's bytes at once), which usually overstates
+    # the peak of the liveness walk (what a plan reports). When that sum rules every layout out,
+    # the program is solved without it. Either way the liveness peak decides: the optimum if it
+    # fits, else the fastest of the leanest layout and the seeds that fit (the sum can understate
+    # the walk: a combined gradient reduction holds operands and results at once).
     limit = capacity if prog.min_memory <= capacity else np.inf
     start_name, start = prog.start(cm, named, limit)
     build_time = time.perf_counter() - t0
@@ -236,7 +238,7 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
                       cm.objective(candidate), cm.memory(candidate), start_objective)
     if polish:
         assignment = polish_memory(cm, assignment)
-    if limit > capacity and cm.peak_memory(assignment) > capacity:
+    if cm.peak_memory(assignment) > capacity:  # the sum is not a bound everywhere (below)
         pool = [("leanest", prog.leanest()), *((n, list(a)) for n, a in named)]
         peaks = [cm.peak_memory(a) for _, a in pool]
         fits = [(cm.objective(a), i) for i, ((_, a), p) in enumerate(zip(pool, peaks))
