@@ -16,6 +16,10 @@ platform:
   all-to-all, permute alike) and then removes the convert pairs between them, so collectives move
   twice the bytes and the step's intermediates are held in f32 (its arguments and results keep
   their dtype). GPUs and TPUs compute and move them as they are.
+* **Buffers.** XLA:GPU runs an all-reduce in place (NCCL writes the sum into the operand's
+  buffer: ``CanShareBufferHint`` in the GPU compiler); XLA:CPU writes it into a new buffer, so
+  operands and results of a combined all-reduce are live together (measured with
+  ``compiled.memory_analysis()``, ``tests/cost/test_memory.py``).
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -51,6 +55,7 @@ class Backend:
         ring over all its devices).  # bool
       min_float_bytes: floats narrower than this many bytes per element are widened to it in
         collectives and intermediates (0: kept as they are).  # int
+      in_place_all_reduce: whether an all-reduce's result takes its operand's buffer.  # bool
     """
 
     name: str
@@ -58,6 +63,7 @@ class Backend:
     reduce_scatter: bool = True
     hierarchical: bool = True
     min_float_bytes: int = 0
+    in_place_all_reduce: bool = True
 
     def wire_dtype(self, dtype: str) -> str:
         """The dtype a tensor of ``dtype`` moves in through a collective.
@@ -100,7 +106,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False,
-                   min_float_bytes=4),
+                   min_float_bytes=4, in_place_all_reduce=False),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB}),
     "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,

@@ -11,7 +11,7 @@ keep the rest in registers, and a fused chain reads its operands where it runs (
 operator). The state update writes into the donated arguments (no new buffer). Gradient
 reductions run combined as the backend's combiner groups them, and a reduction is not in place:
 where a group runs, its partial sums and its results are live together (on XLA:CPU, one group:
-twice the gradients). A matmul operand XLA lays out anew is copied where it is made. Loops add
+twice the gradients; XLA:GPU's all-reduce is in place). A matmul operand XLA lays out anew is copied where it is made. Loops add
 their body's transient at the loop.
 
 This is the memory :class:`~hulkjax.plan.Cost` reports (``peak_memory``, ``memory_breakdown``) and
@@ -153,7 +153,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     # per kind and devices (XLA:CPU: all in one). A group runs once its last member is made and
     # that node's operands are freed, on the boundary after it (an index <= the number of nodes:
     # the sweep has a slot for the step's end). Its partial sums wait for it; its results exist
-    # from then on, so operands and results are live together there.
+    # from then on, so operands and results are live together there, unless the backend reduces
+    # in place.
     own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
     reductions = ("all-reduce", "reduce-scatter")
     pending: dict[tuple, list] = {}  # (kind, axes) -> [[nid, comm], ...] of the open group
@@ -236,6 +237,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             if c.kind not in ("all-reduce", "reduce-scatter"):
                 continue
             stop = runs_at.get(id(c), nid)
+            if c.kind == "all-reduce" and cm.backend.in_place_all_reduce:
+                stop -= 1  # the result (the value's own buffer, from ``stop`` on) takes it over
             kind = "gradients" if c.deferred else "transients"
             intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
     # Matmul operands XLA first copies into its canonical dimension order. Layout assignment

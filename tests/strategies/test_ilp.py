@@ -229,18 +229,19 @@ def test_a_plan_stopped_by_its_time_limit_says_so_with_the_gap(mixed_mlp):
 
 def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     """No seed fits under the limit, yet a plan does: the solver starts from every class's
-    smallest-footprint candidate, which fits whenever anything does."""
+    smallest-footprint candidate, which fits whenever anything does, and what it returns fits by
+    the liveness peak (on XLA:CPU fsdp's full-size partial gradients wait for the combined
+    all-reduce: 2.6x the additive sum here)."""
     _, _, cm, seeds = mixed_mlp
     lean = solve(cm, time_limit=0.0, polish=False)
     assert lean.start == "leanest" and lean.status == "time limit"
-    limit = cm.memory(lean.assignment) * 1.5
-    # fsdp (and expert: fsdp over one axis, column/row pairs over the other) is as lean as it
-    # gets here; the others need 2.4x to 5.3x the limit.
-    unfit = {k: a for k, a in seeds.items() if k not in ("fsdp", "expert")}
-    assert all(cm.memory(a) > 2 * limit for a in unfit.values())
+    limit = cm.peak_memory(lean.assignment) * 1.2
+    unfit = {k: a for k, a in seeds.items()
+             if cm.memory(a) > limit and cm.peak_memory(a) > limit}
+    assert {"replicate", "dp", "dp_tp"} <= set(unfit)
     for time_limit in (0.0, 60.0):
         r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit)
-        assert r.start == "leanest" and cm.memory(r.assignment) <= limit
+        assert r.start == "leanest" and cm.peak_memory(r.assignment) <= limit
     assert r.status == "optimal" and r.objective < lean.start_objective
 
 
@@ -331,7 +332,7 @@ def test_bad_solver_options_are_refused(options, message):
 
 # ---- infeasibility that names its cause -----------------------------------------------------
 
-SMALL_V100 = DeviceSpec(kind="V100", peak_flops=1.25e14, memory=25e6, hbm_bandwidth=9e11)
+SMALL_V100 = DeviceSpec(kind="V100", peak_flops=1.25e14, memory=30e6, hbm_bandwidth=9e11)
 
 
 @pytest.mark.parametrize("strategy", ["ilp", "auto"])
