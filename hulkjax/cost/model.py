@@ -498,6 +498,8 @@ class CostModel:
             own = self._defer(self._on_wire(r.comms, node), node.id)
             node_comms[node.id] = own
             comms.extend(own)
+            for nb in self._waiting_partial_sums(own):
+                use(node.id, "gradients", nb)
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
@@ -527,6 +529,8 @@ class CostModel:
             own = self._defer(self._on_wire(r.comms, node), nid)
             node_comms[nid] = own
             comms.extend(own)
+            for nb in self._waiting_partial_sums(own):
+                use(nid, "gradients", nb)
             if program is not None:
                 program.extend(own)
             for k, v in enumerate(node.inputs):  # layout changes inside the group
@@ -544,6 +548,25 @@ class CostModel:
                     comms if program is None else program, node_compute, node_comms, moves, uses)
         self._locals[key] = loc
         return loc
+
+    def _waiting_partial_sums(self, comms) -> list[float]:
+        """Bytes of the partial sums among ``comms`` that the additive memory model must hold
+        next to the reduced gradient: deferred reductions a backend combines all into one and
+        does not run in place (XLA:CPU) keep every partial sum until the combined collective, so
+        its peak holds both (:func:`~hulkjax.cost.memory.liveness`). Where groups are bounded
+        (GPUs: 30 MiB) or all-reduces run in place, at most one group waits: not charged."""
+        be = self.backend
+        out = []
+        for c in comms:
+            if not c.deferred or c.kind not in ("all-reduce", "reduce-scatter"):
+                continue
+            kind = be.kind_of(c.kind)
+            if not math.isinf(be.combine_threshold.get(kind, 0.0)):
+                continue
+            if kind == "all-reduce" and be.in_place_all_reduce:
+                continue
+            out.append(float(c.bytes))
+        return out
 
     def _follow(self, node, lead, lead_spec) -> Resolution:
         if lead_spec is None:
