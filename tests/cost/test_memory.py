@@ -83,32 +83,6 @@ def test_a_fused_elementwise_chain_is_one_buffer():
     assert ma.temp_size_in_bytes == 0
 
 
-def test_the_peak_is_at_the_turn_of_the_backward_pass_and_holds_the_saved_activations():
-    """An MLP keeps each layer's activations until its backward pass: the peak is after the
-    forward pass and holds them all (``activations``) next to the state."""
-    depth, width, batch = 4, 64, 8192  # activations larger than the gradients: with small
-    # ones the peak is at the combined gradient all-reduce (the test below)
-
-    def step(ws, x):
-        def loss(ws):
-            h = x
-            for w in ws:
-                h = jnp.tanh(h @ w)
-            return jnp.mean(h)
-        return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
-
-    ws = [jnp.ones((width, width))] * depth
-    x = jnp.ones((batch, width))
-    p = hj.plan(step, ws, x, topology=D8, strategy="dp")
-    cm = cost_model(p.graph, D8)
-    rep = liveness(cm, p.assignment)
-    local_act = batch // 8 * width * 4
-    assert rep.breakdown["parameters"] == depth * width * width * 4
-    assert rep.breakdown["data"] == local_act
-    assert rep.breakdown["activations"] >= (depth - 1) * local_act
-    assert rep.peak <= cm.memory(p.assignment)  # the ILP's additive model bounds it
-
-
 def _mlp(depth, width, batch):
     def step(ws, x):
         def loss(ws):
@@ -118,6 +92,22 @@ def _mlp(depth, width, batch):
             return jnp.mean(h)
         return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
     return step, [jnp.ones((width, width))] * depth, jnp.ones((batch, width))
+
+
+def test_the_peak_is_at_the_turn_of_the_backward_pass_and_holds_the_saved_activations():
+    """An MLP keeps each layer's activations until its backward pass: the peak is after the
+    forward pass and holds them all (``activations``) next to the state."""
+    depth, width, batch = 4, 64, 8192  # activations larger than the gradients: with small
+    # ones the peak is at the combined gradient all-reduce (the test below)
+    step, ws, x = _mlp(depth, width, batch)
+    p = hj.plan(step, ws, x, topology=D8, strategy="dp")
+    cm = cost_model(p.graph, D8)
+    rep = liveness(cm, p.assignment)
+    local_act = batch // 8 * width * 4
+    assert rep.breakdown["parameters"] == depth * width * width * 4
+    assert rep.breakdown["data"] == local_act
+    assert rep.breakdown["activations"] >= (depth - 1) * local_act
+    assert rep.peak <= cm.memory(p.assignment)  # the ILP's additive model bounds it
 
 
 def test_a_combined_gradient_all_reduce_holds_its_operands_and_results():
