@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.gnn import data
+from hulkjax.training import data
 from hulkjax.strategies.auto import prior, search
 from hulkjax.strategies.realize import cost_model
 
