@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.training import data
 from hulkjax.strategies.auto import prior, search
 from hulkjax.strategies.realize import cost_model
+from hulkjax.training import data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
