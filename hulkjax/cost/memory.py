@@ -9,10 +9,10 @@ their planned layouts. Elementwise chains fuse: a value is a buffer only when an
 operator makes or reads it (or it is a result of the step), as XLA's loop and reduction fusions
 keep the rest in registers, and a fused chain reads its operands where it runs (its last
 operator). The state update writes into the donated arguments (no new buffer). Gradient
-reductions run combined as the backend's combiner groups them, and a reduction is not in place:
-where a group runs, its partial sums and its results are live together (on XLA:CPU, one group:
-twice the gradients; XLA:GPU's all-reduce is in place). A matmul operand XLA lays out anew is copied where it is made. Loops add
-their body's transient at the loop.
+reductions run combined as the backend's combiner groups them; where a group runs, its partial
+sums and its results are live together unless the backend reduces in place (XLA:CPU does not,
+and makes one group: twice the gradients; XLA:GPU's all-reduce is in place). A matmul operand
+XLA lays out anew is copied where it is made. Loops add their body's transient at the loop.
 
 This is the memory :class:`~hulkjax.plan.Cost` reports (``peak_memory``, ``memory_breakdown``) and
 that ``tests/cost/test_memory.py`` holds against ``compiled.memory_analysis()``. The ILP's
@@ -157,7 +157,7 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     # in place.
     own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
     reductions = ("all-reduce", "reduce-scatter")
-    pending: dict[tuple, list] = {}  # (kind, axes) -> [[nid, comm], ...] of the open group
+    pending: dict[tuple, list] = {}  # (kind, axes) -> [(nid, comm), ...] of the open group
     runs_at: dict[int, int] = {}  # id(comm) -> where its group runs
     for nid in sorted(own):
         for c in own[nid]:
