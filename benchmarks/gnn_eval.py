@@ -7,7 +7,7 @@ no baselines), of ``auto`` with a uniform prior (the ablation: the same pipeline
 network), and the planning-time ratio ILP/auto (each on a freshly traced graph).
 Then the planning time of the zoo's GPT-2 small, medium and 1B steps (trace + plan).
 
-    python benchmarks/gnn_eval.py [--n 12] [--out benchmarks/results/gnn_eval.json]
+    python benchmarks/gnn_eval.py [--n 6] [--out benchmarks/results/gnn_eval.json]
 
 Writes the JSON and prints a markdown report (also written to benchmarks/results/gnn_eval.md).
 """
@@ -91,7 +91,7 @@ def gpt2_times():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--n", type=int, default=12, help="graphs per split")
+    ap.add_argument("--n", type=int, default=6, help="graphs per split")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "gnn_eval.json"))
     args = ap.parse_args()
     splits = {
