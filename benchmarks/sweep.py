@@ -35,7 +35,6 @@ import argparse
 import datetime
 import gc
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -138,12 +137,9 @@ def machine_info() -> dict:
 
 
 def ilp_default_time_limit() -> float | None:
-    """The ILP planner's own default ``time_limit`` (read from its signature)."""
-    try:
-        param = inspect.signature(hj.strategies.get_strategy("ilp")).parameters.get("time_limit")
-    except hj.HulkjaxError:
-        return None
-    return None if param is None or param.default is inspect.Parameter.empty else param.default
+    """The ILP planner's own default ``time_limit`` (from its registered options)."""
+    from hulkjax.strategies.registry import options_of
+    return getattr(options_of("ilp"), "time_limit", None)
 
 
 def topology_info(key: str, topo) -> dict:
