@@ -25,8 +25,8 @@ holds its operands and results at once), and the planners check their result wit
 >>> p = hj.plan(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w),
 ...             jnp.ones((64, 64)), jnp.ones((128, 64)), topology=hj.Topology.grid((8,), ("d",)),
 ...             strategy="dp")
->>> sorted(k for k, v in p.cost.memory_breakdown.items() if v)
-['activations', 'data', 'gradients', 'parameters', 'transients']
+>>> sorted(k for k, v in p.cost.memory_breakdown.items() if v)  # the peak: the gradient all-reduce
+['data', 'gradients', 'parameters']
 """
 
 from __future__ import annotations
