@@ -98,6 +98,14 @@ class Backend:
             return 0.0
         return min(1.0, nbytes / threshold)
 
+    def in_place(self, kind: str) -> bool:
+        """Whether the reduction the backend runs for ``kind`` writes into its operand's buffer.
+
+        >>> BACKENDS["gpu"].in_place("all-reduce"), BACKENDS["cpu"].in_place("all-reduce")
+        (True, False)
+        """
+        return self.kind_of(kind) == "all-reduce" and self.in_place_all_reduce
+
     def kind_of(self, kind: str) -> str:
         """The collective the backend really runs for ``kind`` (CPU: all-reduce for a
         reduce-scatter)."""

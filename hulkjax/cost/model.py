@@ -560,12 +560,9 @@ class CostModel:
         for c in comms:
             if not c.deferred or c.kind not in ("all-reduce", "reduce-scatter"):
                 continue
-            kind = be.kind_of(c.kind)
-            if not math.isinf(be.combine_threshold.get(kind, 0.0)):
-                continue
-            if kind == "all-reduce" and be.in_place_all_reduce:
-                continue
-            out.append(float(c.bytes))
+            if math.isinf(be.combine_threshold.get(be.kind_of(c.kind), 0.0)) \
+                    and not be.in_place(c.kind):
+                out.append(float(c.bytes))
         return out
 
     def _follow(self, node, lead, lead_spec) -> Resolution:

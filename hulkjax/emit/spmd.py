@@ -55,6 +55,7 @@ def bind_graph(fn, plan, graph: OpGraph | None, args) -> OpGraph:
         plan.in_tree, plan.out_tree = g.in_tree, g.out_tree
     return graph
 
+
 def check_args(plan, args) -> list:
     """The leaves of ``args``, checked against the plan's tree, shapes and dtypes."""
     leaves, tree = jax.tree_util.tree_flatten(args)
