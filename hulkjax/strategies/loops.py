@@ -343,7 +343,7 @@ def body_plans(cm: CostModel, assignment) -> dict:
 def _body_plan(body: LoopBody) -> BodyPlan:
     g, bcm, a = body.graph, body.cost_model, body.assignment
     operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.leader_layouts(a))
+        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.pinned_layouts(a))
     inputs = {j: to_pspec(s) for j, (v, s) in enumerate(zip(g.inputs, body.inputs))
               if g.values[v].shape}
     outputs = {i: to_pspec(s) for i, (v, s) in enumerate(zip(g.outputs, body.outputs))

@@ -5,7 +5,7 @@ arguments and results at their planned layouts, each leader operator's operands 
 constrained to the candidate chosen for it (followers are left to the partitioner, which
 propagates the same layouts the cost model derived; pooling results are pinned too, or the
 partitioner moves a later gather in front of the pooling, onto the bigger tensor:
-:meth:`CostModel.leader_layouts`), and the layouts inside loop bodies.
+:meth:`CostModel.pinned_layouts`), and the layouts inside loop bodies.
 
 >>> import jax.numpy as jnp, hulkjax as hj
 >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
@@ -60,7 +60,7 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
         outputs.append(TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype,
                                   role="output", spec=spec))
     operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in table.items()} for table in cm.leader_layouts(assignment))
+        {key: to_pspec(s) for key, s in table.items()} for table in cm.pinned_layouts(assignment))
     plan = Plan(strategy=strategy, axis_names=tuple(cm.mesh.axis_names),
                 mesh_shape=tuple(cm.mesh.shape), inputs=inputs, outputs=tuple(outputs),
                 operand_specs=operand_specs, result_specs=result_specs,

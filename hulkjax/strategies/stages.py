@@ -369,7 +369,7 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
     for k, (w, (a, b)) in enumerate(zip(works, layout.ranges)):
         cm, sub = w.cost_model, w.cost_model.topology
         mine = set(w.forward) | set(w.backward) | set(w.update)
-        ops, res = cm.leader_layouts(w.assignment)
+        ops, res = cm.pinned_layouts(w.assignment)
         bodies = {nid: bp for nid, bp in body_plans(cm, w.assignment).items() if nid in mine}
         stages.append(Stage(
             devices=w.devices, layers=tuple(labels[a:b]), axis_names=tuple(sub.axis_names),
