@@ -90,9 +90,17 @@ def main() -> int:
         key = case_id(model, size, overrides, topo)
         print(key, file=sys.stderr)
         data[key] = plans_for(model, size, overrides, topo)
+    # One line per (case, strategy): every value's layout is pinned, so a plan is long.
     with open(PATH, "w") as f:
-        json.dump(data, f, indent=0, sort_keys=True)
-        f.write("\n")
+        f.write("{\n")
+        for i, key in enumerate(sorted(data)):
+            f.write(f"{json.dumps(key)}: {{\n")
+            strategies = sorted(data[key])
+            for j, name in enumerate(strategies):
+                sep = "," if j + 1 < len(strategies) else ""
+                f.write(f"{json.dumps(name)}: {json.dumps(data[key][name], sort_keys=True)}{sep}\n")
+            f.write("}" + ("," if i + 1 < len(data) else "") + "\n")
+        f.write("}\n")
     return 0
 
 
