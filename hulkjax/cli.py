@@ -458,6 +458,10 @@ def _print_launch_report(report) -> None:
                           f"{c['count']} x, {format_bytes(c['bytes'])}"
                           f"{' x' if c['crosses_processes'] else ''}"
                           for c in r["collectives"]) or "none"
+        if r.get("transfers"):  # a staged plan: values sent between its stages' processes
+            colls += "".join(f"\nsend p{'+'.join(map(str, t['from_processes']))}->"
+                             f"p{'+'.join(map(str, t['to_processes']))}: {t['count']} x, "
+                             f"{format_bytes(t['bytes'])} x" for t in r["transfers"])
         if r["check"] is None:
             check = "not checked"
         else:

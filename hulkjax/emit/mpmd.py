@@ -19,6 +19,15 @@ Programs are lowered and compiled by :meth:`StagedStep.compile` before any argum
 Donation as in SPMD emission: each state leaf's buffer is given to the program that writes its new
 value (the last to read it); gradient accumulators are donated from microbatch to microbatch.
 
+Under ``jax.distributed`` (several processes, e.g. ``hulkjax launch``) the same step runs
+multi-controller: every process calls it with the same arguments (host values, or what the step
+returned), runs the same host schedule, compiles and runs the programs of the stages whose devices
+it holds, and holds placeholders (arrays with no shards here) for the other stages' values; a
+value crossing processes goes with one cross-host ``jax.device_put`` that every process takes
+part in (:mod:`hulkjax.emit.transfer`), and a call returns once every process has its results
+(so a job-wide collective after it cannot wait on a pending send). Each stage's devices must
+belong to one process.
+
 What cannot be emitted with several microbatches (the plan then raises and says why): steps whose
 batch-dependent part is not a sum over examples (batch statistics, a loss normalized by a
 data-dependent count, reductions over the batch that are not sums, random numbers drawn per example),
@@ -48,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hulkjax.emit import transfer
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
 from hulkjax.emit.spmd import _place_copy as place_copy
 from hulkjax.emit.spmd import bind_graph, body_hooks, check_args, node_hooks
@@ -56,12 +66,14 @@ from hulkjax.errors import (
     InvalidPlanError,
     NotEnoughDevicesError,
     PlanMismatchError,
+    ProcessLayoutError,
     UnsupportedStepError,
 )
 from hulkjax.plan.records import Plan
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import constant_values, equations, evaluate
 from hulkjax.trace.microbatch import analyze, microbatch_graph
+from hulkjax.trace.tracer import leaf_aval
 
 log = logging.getLogger("hulkjax.emit")
 
@@ -93,7 +105,11 @@ class StagedStep:
       plan: the staged :class:`~hulkjax.plan.Plan` it runs.
       meshes: one ``jax.sharding.Mesh`` per stage (its sub-mesh of ``jax.devices()``).
       programs: ``{(stage, phase): compiled program}`` after :meth:`compile` (phase ``"F"``,
-        ``"B"``, ``"U0"``, ``"U1"``, ... for the update's segments).
+        ``"B"``, ``"U0"``, ``"U1"``, ... for the update's segments); in a multi-process job only
+        the stages this process holds.
+      local_stages: the stages whose devices this process holds (all of them in one process).
+      crossings: the values the last call sent between processes, in order
+        (:class:`hulkjax.emit.transfer.Crossing`; empty in one process).
     """
 
     def __init__(self, fn: Callable, plan: Plan, *, donate: bool = True, devices=None):
@@ -123,6 +139,22 @@ class StagedStep:
             self.meshes.append(jax.sharding.Mesh(
                 grid.reshape(st.mesh_shape), st.axis_names,
                 axis_types=(jax.sharding.AxisType.Auto,) * len(st.axis_names)))
+        me = jax.process_index()
+        owners = [sorted({d.process_index for d in m.devices.flat}) for m in self.meshes]
+        for k, procs in enumerate(owners):
+            if len(procs) > 1:
+                raise ProcessLayoutError(
+                    f"stage {k} of the staged plan runs on devices {list(plan.stages[k].devices)}"
+                    f" of processes {procs}; a staged step runs each stage in one process (its "
+                    f"programs there, values between stages sent across processes). Start one "
+                    f"process per stage's device group (hulkjax launch --processes "
+                    f"{len(plan.stages)} for this plan's groups, or one per region holding whole "
+                    f"stages), or plan stages that fit the processes.")
+        self.local_stages = frozenset(k for k, procs in enumerate(owners) if me in procs)
+        self.multiprocess = len({p for procs in owners for p in procs}) > 1
+        if self.multiprocess:
+            transfer.check_enabled("this staged plan")
+        self.crossings: list[transfer.Crossing] = []
         self.programs: dict[tuple[int, str], object] = {}
         self._graph: OpGraph | None = plan.graph
         self._built = False
@@ -396,6 +428,11 @@ class StagedStep:
 
         def compile_one(p: _Program, key):
             k = p.stage
+            for v in p.accs:
+                self._acc_sharding[v] = self._sharding(k, v) or \
+                    NamedSharding(self.meshes[k], PartitionSpec())
+            if k not in self.local_stages:  # another process runs it
+                return
             ins = []
             for v in p.reads:
                 src = produced.get(v)
@@ -407,8 +444,7 @@ class StagedStep:
                 ins.append(abstract(k, v, p.graph, s))
             accs = []
             for v in p.accs:
-                s = self._sharding(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
-                self._acc_sharding[v] = s
+                s = self._acc_sharding[v]
                 val = p.graph.values[v]
                 accs.append(jax.ShapeDtypeStruct(val.shape, jnp.float32, sharding=s))
             outs = []
@@ -492,12 +528,14 @@ class StagedStep:
         leaves = self._check_args(args)
         g, plan = self.full, self.plan
         M = plan.microbatches
+        job = jax.process_count() > 1
         for x, t in zip(leaves, plan.inputs):
             if isinstance(x, jax.Array) and x.is_deleted():
                 raise DonatedArgumentError(
                     f"argument {t.path!r} has been deleted: its buffer was donated to an earlier "
                     f"call of this step. Pass the state the step returned, or emit with "
                     f"donate=False.")
+        self.crossings = []
         env: dict[int, object] = {}
         # State leaves on the stage holding them (passed through when already in place).
         donated = set()
@@ -510,12 +548,16 @@ class StagedStep:
                 continue
             s = NamedSharding(self.meshes[k], t.spec)
             v = g.inputs[i]
-            if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim) \
-                    and not (v in donated and any(y is x for y in leaves[:i])):
+            in_place = isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
+            if in_place and not (v in donated and any(y is x for y in leaves[:i])):
                 env[v] = x
+            elif k not in self.local_stages:  # the same value is placed by its holder
+                env[v] = transfer.placeholder(t.shape, leaf_aval(x).dtype, s)
             else:
+                x = self._host_view(x, t.path) if job and not in_place else x
                 env[v] = place_copy(x, s, force=v in donated and isinstance(x, jax.Array))
-        data = {g.inputs[i]: x for i, x in enumerate(leaves) if self.holder.get(i) is None}
+        data = {g.inputs[i]: (self._host_view(x, plan.inputs[i].path) if job else x)
+                for i, x in enumerate(leaves) if self.holder.get(i) is None}
         for v, x in data.items():  # data no microbatch splits is the same for every one
             if g.inputs.index(v) not in self.split_inputs:
                 env[v] = x
@@ -535,7 +577,7 @@ class StagedStep:
             key = (k, v)
             if v in env and key in moved:
                 return moved[key]
-            y = jax.device_put(x, want)
+            y = transfer.move(x, want, self.crossings)
             if v in env:
                 moved[key] = y
             return y
@@ -554,13 +596,17 @@ class StagedStep:
         for p in self.per_mb.values():
             for v in p.accs:
                 s = self._acc_sharding[v]
-                accs[v] = jnp.zeros(p.graph.values[v].shape, jnp.float32, device=s)
+                shape = p.graph.values[v].shape
+                accs[v] = jnp.zeros(shape, jnp.float32, device=s) if p.stage in self.local_stages \
+                    else transfer.placeholder(shape, jnp.float32, s)
         kept: dict[int, list] = defaultdict(list)  # concat boundaries, per microbatch
         for k, ph, m in self.order:
             p = self.per_mb[(k, ph)]
             local = micro_envs[m]
+            # Every process fetches (values crossing processes need every process), only the
+            # stage's own process runs the program.
             args_ = [fetch(k, v, local) for v in p.reads]
-            outs, new = p.compiled(*args_, *[accs[v] for v in p.accs])
+            outs, new = self._run(p, args_, [accs[v] for v in p.accs])
             for v, x in zip(p.writes, outs):
                 local[v] = x
                 c = self.boundary.get(v)
@@ -576,28 +622,64 @@ class StagedStep:
             last = micro_envs[-1]
             for v, c in self.boundary.items():
                 dtype = self._dtype_of(self.full, v)
-                if c.kind == "sum":
-                    env[v] = _combine(accs[v], c.scale(M), dtype)
-                elif c.kind == "concat":
-                    env[v] = (jnp.concatenate(kept[v], axis=c.dim) * c.scale(M)).astype(dtype)
-                else:
+                here = self.stage_of[self.micro.values[v].producer] in self.local_stages
+                if c.kind not in ("sum", "concat"):  # "same": any microbatch's
                     env[v] = last[v]
+                elif not here:  # combined by the process holding its stage
+                    src = accs[v] if c.kind == "sum" else kept[v][0]
+                    env[v] = transfer.placeholder(self.full.values[v].shape, dtype, src.sharding)
+                elif c.kind == "sum":
+                    env[v] = _combine(accs[v], c.scale(M), dtype)
+                else:
+                    env[v] = (jnp.concatenate(kept[v], axis=c.dim) * c.scale(M)).astype(dtype)
         else:
             env.update({v: x for v, x in micro_envs[0].items() if v not in data})
         for seg in self.segments:
             args_ = [fetch(seg.stage, v, {}) for v in seg.reads]
-            outs, _ = seg.compiled(*args_)
+            outs, _ = self._run(seg, args_, [])
             env.update(zip(seg.writes, outs))
         result = []
         for v in g.outputs:
             if v is None:
-                result.append(jnp.zeros((), jnp.float32))
+                result.append(transfer.move(np.zeros((), np.float32), NamedSharding(
+                    self.meshes[0], PartitionSpec())) if job else jnp.zeros((), jnp.float32))
                 continue
             x = env.get(v, data.get(v))
             if x is None and v in micro_envs[0]:
                 x = micro_envs[0][v]
             result.append(x)
+        if job:  # return once every process holds what it was sent (see transfer.settle)
+            transfer.settle(result)
         return jax.tree_util.tree_unflatten(plan.out_tree, result)
+
+    def _run(self, p: _Program, args, accs):
+        """``(outputs, accumulators)`` of one program: run here if this process holds its stage,
+        else placeholders laid out on the stage's devices."""
+        if p.stage in self.local_stages:
+            return p.compiled(*args, *accs)
+        mesh = self.meshes[p.stage]
+        outs = [transfer.placeholder(
+                    p.graph.values[v].shape, self._dtype_of(p.graph, v),
+                    self._out_sharding(p.stage, v) or NamedSharding(mesh, PartitionSpec()))
+                for v in p.writes]
+        return outs, list(accs)
+
+    @staticmethod
+    def _host_view(x, path: str):
+        """An argument of a multi-process call as a host value (the same on every process):
+        a numpy array for arrays on this process's devices."""
+        if not isinstance(x, jax.Array):
+            return x
+        if not x.is_fully_addressable:
+            raise UnsupportedStepError(
+                f"argument {path!r} is a jax.Array on other processes' devices "
+                f"({sorted(transfer.processes(x.sharding))}) that the staged plan does not hold "
+                f"there. In a multi-process job pass the same host values (numpy) on every "
+                f"process, or the state the step returned.")
+        try:
+            return np.asarray(x)
+        except (TypeError, ValueError):  # PRNG key arrays stay as they are
+            return x
 
     def _want(self, k: int, v: int):
         s = self._sharding(k, v)
@@ -613,14 +695,18 @@ class StagedStep:
                 return NamedSharding(self.meshes[k], self.plan.inputs[i].spec)
         return NamedSharding(self.meshes[k], PartitionSpec())
 
+    def _compiled(self) -> list[_Program]:
+        return [p for p in list(self.per_mb.values()) + self.segments if p.compiled is not None]
+
     def program_collectives(self) -> dict[str, list[Collective]]:
         """``{program: collectives}`` read from each compiled stage program's HLO (names
         ``"F0"``, ``"B1"``, ``"U0"``, ...); axes are those of the program's stage mesh. A
-        microbatch program's collectives run once per microbatch."""
+        microbatch program's collectives run once per microbatch. In a multi-process job: the
+        programs of the stages this process holds."""
         if not self._built:
             raise RuntimeError("not compiled yet: call the step or .compile(*args) first")
         out = {}
-        for p in list(self.per_mb.values()) + self.segments:
+        for p in self._compiled():
             mesh = self.meshes[p.stage]
             out[p.name] = collectives_from_hlo(p.compiled.as_text(),
                                                tuple(mesh.devices.shape), tuple(mesh.axis_names))
@@ -641,9 +727,10 @@ class StagedStep:
 
     def memory_per_device(self) -> float:
         """The largest per-device footprint of one compiled program (arguments + temporaries +
-        results - aliased), bytes: what XLA says a stage needs while one program runs."""
+        results - aliased), bytes: what XLA says a stage needs while one program runs (in a
+        multi-process job: of the stages this process holds)."""
         best = 0.0
-        for p in list(self.per_mb.values()) + self.segments:
+        for p in self._compiled():
             ma = p.compiled.memory_analysis()
             best = max(best, ma.argument_size_in_bytes + ma.temp_size_in_bytes
                        + ma.output_size_in_bytes - ma.alias_size_in_bytes)

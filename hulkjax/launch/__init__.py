@@ -9,6 +9,8 @@ Where this sits::
     python -m hulkjax.launch worker       one per process (or `hulkjax launch --coordinator ...` on
             |                             each host of a real cluster): jax.distributed.initialize,
             |                             Plan.load, emit over the GLOBAL devices, N timed steps
+            |                             (a staged plan: each process runs its own stages' programs,
+            |                             values between stages cross with cross-host device_put)
             v
     report.json (written by process 0)    plan and predicted cost, measured step times, losses,
                                           the collectives of the compiled multi-process program,

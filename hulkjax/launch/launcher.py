@@ -33,7 +33,7 @@ from hulkjax import api
 from hulkjax.errors import InvalidPlanError, PlanMismatchError, WorkerFailedError
 from hulkjax.launch.arrays import SAFETY
 from hulkjax.launch.job import Job
-from hulkjax.launch.layout import process_layout
+from hulkjax.launch.layout import check_stages, process_layout
 from hulkjax.launch.worker import check_runnable
 from hulkjax.loading import absolute_spec, load_step
 from hulkjax.plan.records import Plan
@@ -128,8 +128,14 @@ def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes
       prefix: per process id, a command prefix (e.g. ``ip netns exec ns0``).
       plan_options: passed to :func:`hulkjax.plan` (e.g. ``{"time_limit": 10}`` for ``ilp``).
 
+    Staged plans (``strategy="pipeline"``, or ``ilp`` / ``auto`` plans with stages) run each stage
+    in one process: its programs there, activations and gradients sent between processes with
+    cross-host ``jax.device_put`` (:mod:`hulkjax.emit.transfer`); the run's ``"transfers"`` say
+    how many values and bytes crossed per step.
+
     Raises:
-      ProcessLayoutError: the topology does not split into ``processes`` node/region blocks.
+      ProcessLayoutError: the topology does not split into ``processes`` node/region blocks, or
+        a staged plan's stage would span several processes.
       WorkerFailedError: a worker exited with an error (its stderr is in the message) or the job
         ran past ``timeout``.
 
@@ -167,17 +173,12 @@ def launch(model: str, topology, *, strategies: str | Sequence = "dp", processes
             log.info("planning %s on %s", item, topo.name)
             plan = api.plan(m.step, *m.args, topology=topo, strategy=item, graph=graph,
                            **(plan_options or {}))
-        if plan.stages is not None:
-            raise InvalidPlanError(
-                f"plan {plan.strategy!r} is staged ({len(plan.stages)} stages): hulkjax launch "
-                f"runs SPMD plans across processes; staged plans run in one process "
-                f"(hj.emit(step, plan)). For a multi-process job plan with stages=False "
-                f"(strategy 'ilp' or 'auto') or an SPMD strategy.")
         if plan.topology is None or plan.topology.fingerprint() != topo.fingerprint():
             raise InvalidPlanError(
                 f"plan {plan.strategy!r} was made for topology "
                 f"{getattr(plan.topology, 'name', None)!r}, the launch is on {topo.name!r}; "
                 f"re-plan for {topo.name!r}.")
+        check_stages(plan, layout)  # a staged plan: each stage inside one process
         name = plan.strategy
         while name in strategy_names:
             name += "_"

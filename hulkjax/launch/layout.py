@@ -147,3 +147,37 @@ def ordered_devices(layout: ProcessLayout) -> list:
             f"(on CPU: --local-devices {layout.local_devices}; on GPU hosts: that many visible "
             f"GPUs, e.g. CUDA_VISIBLE_DEVICES).")
     return devices
+
+
+def check_stages(plan, layout: ProcessLayout) -> None:
+    """A staged plan runs each stage in one process: refuse a layout that splits a stage.
+
+    Raises:
+      ProcessLayoutError: a stage's devices belong to several processes (which, and how to launch
+        instead).
+
+    >>> import types, hulkjax as hj
+    >>> from hulkjax.plan import Stage
+    >>> split = Stage(devices=(1, 2), layers=(), axis_names=("d",), mesh_shape=(2,))
+    >>> try:
+    ...     check_stages(types.SimpleNamespace(stages=(split,)),
+    ...                  process_layout(hj.Topology.grid((2, 2), ("proc", "dev")), 2))
+    ... except ProcessLayoutError as e:
+    ...     print(str(e)[:77])
+    stage 0 of the staged plan runs on topology devices [1, 2], which 2 processes
+    """
+    if plan.stages is None:
+        return
+    owner = {d: p for p, block in enumerate(layout.blocks) for d in block}
+    for k, st in enumerate(plan.stages):
+        procs = sorted({owner[d] for d in st.devices if d in owner})
+        if len(procs) > 1:
+            sizes = sorted({len(s.devices) for s in plan.stages})
+            raise ProcessLayoutError(
+                f"stage {k} of the staged plan runs on topology devices {list(st.devices)}, "
+                f"which {layout.processes} processes of {layout.local_devices} devices split "
+                f"across processes {procs}. Launch runs each stage in one process (values cross "
+                f"processes only between stages): use as many processes as the plan's device "
+                f"groups hold whole stages (stage sizes {sizes}; e.g. --processes "
+                f"{len(plan.stages)} for one process per stage), or plan stages for these "
+                f"processes' {layout.local_devices}-device blocks.")

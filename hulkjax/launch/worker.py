@@ -3,6 +3,13 @@
 ``python -m hulkjax.launch worker ...`` (spawned by :func:`hulkjax.launch.launch`) and ``hulkjax
 launch --coordinator ...`` (one host of a real cluster) both end in :func:`run_worker`. It must run
 before JAX initializes its backends in the process: importing hulkjax starts none.
+
+An SPMD plan becomes one program over the job's global mesh (inputs placed shard by shard with
+:func:`hulkjax.launch.arrays.to_global`). A staged plan becomes a
+:class:`~hulkjax.emit.mpmd.StagedStep` over the same devices: each process compiles and runs the
+programs of the stages it holds, every process runs the same schedule, and values between stages
+in different processes go with cross-host ``jax.device_put`` (:mod:`hulkjax.emit.transfer`); the
+results are sent to process 0 for the report and the check.
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ import jax
 import numpy as np
 
 from hulkjax import api
+from hulkjax.emit import transfer
 from hulkjax.emit.hlo import summarize
+from hulkjax.emit.mpmd import StagedStep
 from hulkjax.errors import HulkjaxError, InvalidPlanError, UnsupportedStepError
 from hulkjax.launch.arrays import to_global, tree_error, tree_spread
 from hulkjax.launch.job import REPORT_FORMAT, Job
-from hulkjax.launch.layout import ordered_devices, process_layout
+from hulkjax.launch.layout import check_stages, ordered_devices, process_layout
 from hulkjax.loading import LoadedStep, load_step
 from hulkjax.plan.records import Plan
 from hulkjax.topology import Topology
@@ -77,11 +86,15 @@ def _fingerprint(tree) -> int:
 
 def _init_distributed(coordinator: str, num_processes: int, process_id: int,
                       local_devices: int | None, init_timeout: int) -> None:
-    """``jax.distributed.initialize``; on CPU first ask for ``local_devices`` devices."""
+    """``jax.distributed.initialize``; on CPU first ask for ``local_devices`` devices and turn on
+    cross-host ``device_put`` (a transfer server on this host's address towards the coordinator,
+    :func:`hulkjax.emit.transfer.enable`), which staged plans send values between processes
+    with."""
     if local_devices is not None:
         os.environ["JAX_PLATFORMS"] = "cpu"
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", int(local_devices))
+        transfer.enable(transfer.reachable_address(coordinator))
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, initialization_timeout=init_timeout)
 
@@ -186,52 +199,12 @@ def run_worker(job: Job, *, coordinator: str, num_processes: int, process_id: in
 
     runs = []
     for plan in plans:
-        mesh = topo.mesh(devices)
-        step = api.emit(model.step, plan, mesh=mesh)
-        leaves, treedef = jax.tree_util.tree_flatten((host_state, host_batch))
-        if len(leaves) != len(step.in_shardings):
-            raise InvalidPlanError(f"plan {plan.strategy!r} has {len(step.in_shardings)} inputs, "
-                                   f"the model has {len(leaves)}; re-plan for this model.")
-        t0 = time.perf_counter()
-        state, batch = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(
-            to_global(leaves, step.in_shardings)))
-        step.compile(state, batch)
-        compile_time = time.perf_counter() - t0
-        colls = step.collectives()
-        multihost_utils.sync_global_devices(f"hulkjax-launch-{plan.strategy}")
-        times, metrics = [], []
-        for i in range(job.steps):
-            t0 = time.perf_counter()
-            out = step(state, batch)
-            jax.block_until_ready(out)
-            times.append(time.perf_counter() - t0)
-            state, m = _state_and_metrics(out, state, model.name)
-            metrics.append(m)
-            log.info("process %d: %s step %d: %.3f s", process_id, plan.strategy, i + 1, times[-1])
-        all_times = np.asarray(multihost_utils.process_allgather(np.asarray(times)))
-        metrics = [_float_tree(multihost_utils.process_allgather(m, tiled=True)) for m in metrics]
-        final = (jax.tree_util.tree_map(np.asarray,
-                                        multihost_utils.process_allgather(state, tiled=True))
-                 if job.check else None)
-        del state
-        per_step = all_times.reshape(num_processes, job.steps).max(axis=0)  # the slowest process
-        timed = per_step[1:] if job.steps > 1 else per_step
-        runs.append({
-            "strategy": plan.strategy,
-            "plan": job.plans[len(runs)] if job.plans else f"plan-{plan.strategy}.json",
-            "predicted": None if plan.cost is None else plan.cost.to_dict(),
-            "compile_time": compile_time,
-            "step_times": all_times.reshape(num_processes, job.steps).tolist(),
-            "step_time": float(np.median(timed)),
-            "losses": [_loss(m) for m in metrics],
-            "metrics": metrics,
-            "collectives": [
-                {"kind": kind, "axes": list(axes), "count": v["count"], "bytes": v["bytes"],
-                 "crosses_processes": bool(set(axes) & set(layout.process_axes))}
-                for (kind, axes), v in sorted(summarize(colls).items())],
-            "_final": final,
-        })
-
+        if plan.stages is None:
+            runs.append(_run_spmd(job, model, plan, topo, devices, layout, host_state, host_batch,
+                                  len(runs)))
+        else:
+            runs.append(_run_staged(job, model, plan, devices, layout, host_state, host_batch,
+                                    len(runs)))
     report = None
     if process_id == 0:
         check = check_against_unsharded(model, host_state, host_batch, job, runs) \
@@ -262,6 +235,134 @@ def run_worker(job: Job, *, coordinator: str, num_processes: int, process_id: in
         os.replace(path + ".tmp", path)
         log.info("process 0: report written to %s", path)
     return report
+
+
+def _timed_steps(job: Job, model: LoadedStep, plan: Plan, step, state, batch):
+    """``job.steps`` steps from ``(state, batch)``: ``(final state, metrics per step, this
+    process's step times)``."""
+    times, metrics = [], []
+    for i in range(job.steps):
+        t0 = time.perf_counter()
+        out = step(state, batch)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+        state, m = _state_and_metrics(out, state, model.name)
+        metrics.append(m)
+        log.info("process %d: %s step %d: %.3f s", jax.process_index(), plan.strategy, i + 1,
+                 times[-1])
+    return state, metrics, times
+
+
+def _run_record(job: Job, plan: Plan, index: int, compile_time, times, metrics, final,
+                collectives: dict, layout) -> dict:
+    """The report's record of one run; ``collectives``: ``{(kind, axes): {"count", "bytes"}}``
+    (:func:`hulkjax.emit.hlo.summarize`)."""
+    from jax.experimental import multihost_utils
+
+    all_times = np.asarray(multihost_utils.process_allgather(np.asarray(times)))
+    all_times = all_times.reshape(layout.processes, job.steps)
+    per_step = all_times.max(axis=0)  # the slowest process
+    timed = per_step[1:] if job.steps > 1 else per_step
+    return {
+        "strategy": plan.strategy,
+        "plan": job.plans[index] if job.plans else f"plan-{plan.strategy}.json",
+        "predicted": None if plan.cost is None else plan.cost.to_dict(),
+        "compile_time": compile_time,
+        "step_times": all_times.tolist(),
+        "step_time": float(np.median(timed)),
+        "losses": [_loss(m) for m in metrics] if metrics is not None else None,
+        "metrics": metrics,
+        "collectives": [
+            {"kind": kind, "axes": list(axes), "count": v["count"], "bytes": v["bytes"],
+             "crosses_processes": bool(set(axes) & set(layout.process_axes))}
+            for (kind, axes), v in sorted(collectives.items())],
+        "_final": final,
+    }
+
+
+def _run_spmd(job, model, plan, topo, devices, layout, host_state, host_batch, index) -> dict:
+    """One SPMD plan over the job's global mesh: global inputs, one program on every process."""
+    from jax.experimental import multihost_utils
+
+    mesh = topo.mesh(devices)
+    step = api.emit(model.step, plan, mesh=mesh)
+    leaves, treedef = jax.tree_util.tree_flatten((host_state, host_batch))
+    if len(leaves) != len(step.in_shardings):
+        raise InvalidPlanError(f"plan {plan.strategy!r} has {len(step.in_shardings)} inputs, "
+                               f"the model has {len(leaves)}; re-plan for this model.")
+    t0 = time.perf_counter()
+    state, batch = jax.tree_util.tree_unflatten(treedef, jax.tree_util.tree_leaves(
+        to_global(leaves, step.in_shardings)))
+    step.compile(state, batch)
+    compile_time = time.perf_counter() - t0
+    colls = summarize(step.collectives())
+    multihost_utils.sync_global_devices(f"hulkjax-launch-{plan.strategy}")
+    state, metrics, times = _timed_steps(job, model, plan, step, state, batch)
+    metrics = [_float_tree(multihost_utils.process_allgather(m, tiled=True)) for m in metrics]
+    final = (jax.tree_util.tree_map(np.asarray,
+                                    multihost_utils.process_allgather(state, tiled=True))
+             if job.check else None)
+    del state
+    return _run_record(job, plan, index, compile_time, times, metrics, final, colls, layout)
+
+
+def _run_staged(job, model, plan, devices, layout, host_state, host_batch, index) -> dict:
+    """One staged plan: each process runs the programs of the stages on its devices; values
+    crossing processes go with cross-host ``jax.device_put`` (:mod:`hulkjax.emit.transfer`).
+
+    Every process calls the step with the same host values; the results are sent to process 0's
+    first device for the report and the check.
+    """
+    from jax.experimental import multihost_utils
+
+    check_stages(plan, layout)
+    step = StagedStep(model.step, plan, devices=devices)
+    t0 = time.perf_counter()
+    step.compile(host_state, host_batch)
+    compile_time = time.perf_counter() - t0
+    # Each process compiled its own stages' programs: process 0 reports everyone's.
+    colls: dict = {}
+    mine = [[kind, list(axes), v["count"], v["bytes"]]
+            for (kind, axes), v in summarize(step.collectives()).items()]
+    for part in _allgather_json(mine):
+        for kind, axes, count, nbytes in part:
+            c = colls.setdefault((kind, tuple(axes)), {"count": 0, "bytes": 0})
+            c["count"] += count
+            c["bytes"] += nbytes
+    multihost_utils.sync_global_devices(f"hulkjax-launch-{plan.strategy}")
+    state, metrics, times = _timed_steps(job, model, plan, step, host_state, host_batch)
+    crossings = list(step.crossings)  # the last step's (every step sends the same)
+    metrics = [_float_tree(m) if m is not None else None
+               for m in (transfer.gather(m, devices[0]) for m in metrics)]
+    final = transfer.gather(state, devices[0]) if job.check else None
+    del state
+    run = _run_record(job, plan, index, compile_time, times,
+                      metrics if jax.process_index() == 0 else None, final, colls, layout)
+    owner = {d: p for p, block in enumerate(layout.blocks) for d in block}
+    run["stages"] = [{"stage": k, "devices": list(st.devices), "process": owner[st.devices[0]],
+                      "mesh": dict(zip(st.axis_names, st.mesh_shape)), "strategy": st.strategy,
+                      "layers": list(st.layers)}
+                     for k, st in enumerate(plan.stages)]
+    run["microbatches"], run["schedule"] = plan.microbatches, plan.schedule
+    pairs: dict[tuple, list] = {}
+    for c in crossings:
+        pairs.setdefault((c.src, c.dst), []).append(c.nbytes)
+    run["transfers"] = [{"from_processes": list(src), "to_processes": list(dst),
+                         "count": len(b), "bytes": int(sum(b))}
+                        for (src, dst), b in sorted(pairs.items())]
+    return run
+
+
+def _allgather_json(obj) -> list:
+    """``obj`` (JSON) of every process, in process order, through the job's collectives."""
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array(len(data), np.int64))).ravel()
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:len(data)] = data
+    every = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [json.loads(row[:n].tobytes().decode()) for row, n in zip(every, sizes)]
 
 
 def _unsharded_run(model, host_state, host_batch, steps: int, dev):
