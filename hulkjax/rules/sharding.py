@@ -607,6 +607,7 @@ def _scatter_candidates(node, graph, mesh):
         u = [()] * len(us)
         ix = [()] * len(is_)
         partial = []
+        partial_by_dim: dict[int, tuple[str, ...]] = {}  # update dim -> axes it is split over
         for axis, opt in zip(mesh.axis_names, choice):
             if opt is None:
                 continue
@@ -622,6 +623,7 @@ def _scatter_candidates(node, graph, mesh):
                 if opt[2] < len(is_) - 1:
                     ix[opt[2]] = (*ix[opt[2]], axis)
                 partial.append(axis)
+                partial_by_dim[opt[1]] = (*partial_by_dim.get(opt[1], ()), axis)
         o, u, ix = tuple(o), tuple(u), tuple(ix)
         if not (divides(os_, o, mesh.sizes) and divides(us, u, mesh.sizes)
                 and divides(is_, ix, mesh.sizes)):
@@ -630,7 +632,12 @@ def _scatter_candidates(node, graph, mesh):
         variants = [(o, ())]
         if partial:
             ar = Comm("all-reduce", tuple(partial), _local_bytes(graph, node.outputs[0], o, mesh))
-            variants = [(o, (ar,))]
+            # XLA's partitioner completes a scatter split along several update dimensions one
+            # dimension at a time: one all-reduce per dimension, over the axes that split it
+            # (T5's relative-position bias gradient, split over "fsdp" and "model", compiles to an
+            # all-reduce over each, combined with other all-reduces of the same axes).
+            variants = [(o, tuple(Comm("all-reduce", axes, ar.bytes)
+                                  for _, axes in sorted(partial_by_dim.items())))]
             for d in range(len(os_)):
                 rs = list(o)
                 rs[d] = (*rs[d], *partial)

@@ -802,8 +802,8 @@ def _dp_tau(W, Z, links, G: int, U: int, tau: float):
 STAGED_MIN_GAIN = 0.02
 """How much faster than the best SPMD plan a staged plan must be predicted to be for ``ilp`` and
 ``auto`` to return it: a staged program runs as several programs with host-driven transfers (and
-``hulkjax launch`` runs SPMD plans only), so a tie, or a fraction of a percent that the cost
-model cannot resolve, goes to the single SPMD program."""
+``hulkjax launch`` needs each stage inside one process), so a tie, or a fraction of a percent that
+the cost model cannot resolve, goes to the single SPMD program."""
 
 
 def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
