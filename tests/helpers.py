@@ -49,3 +49,18 @@ def assert_steps_match(step, state, batch, refs, compile_count, **tolerance):
         assert_trees_close(state, ref_state, **tolerance)
     assert compile_count() == compiles, "a later call recompiled"
     return state
+
+
+def zoo_losses_and_state(name: str, steps: int, **cfg):
+    """Losses and final state of ``steps`` plain jitted steps of zoo model ``name`` (tiny) in this
+    process: the reference a launched job is held against, independent of the job."""
+    from hulkjax import zoo
+
+    m = zoo.get(name, size="tiny", **cfg)
+    state, batch = m.init(seed=0)
+    step = jax.jit(m.step)
+    losses = []
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return losses, jax.tree_util.tree_map(np.asarray, state)

@@ -1,7 +1,8 @@
 """Emit a plan as one compiled SPMD program.
 
 ``jax.jit`` of the traced step, re-run by :func:`hulkjax.trace.interpret` so that planned operands and
-intermediates get ``with_sharding_constraint`` (inside inlined nested jits too, and inside the
+intermediates get ``with_sharding_constraint`` (every result, and every operand the plan moves:
+:meth:`hulkjax.cost.CostModel.pinned_layouts`; inside inlined nested jits too, and inside the
 bodies of ``scan`` / ``while`` / ``cond``, re-made with the plan's :attr:`Plan.bodies`), with the
 plan's in/out ``NamedSharding`` s and the state buffers donated. The program is lowered and compiled before
 any argument is touched: if anything fails, the caller's arrays are untouched.

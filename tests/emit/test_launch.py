@@ -21,6 +21,7 @@ from hulkjax.emit.hlo import summarize
 from hulkjax.errors import ProcessLayoutError, WorkerFailedError
 from hulkjax.launch import launch, process_layout, tree_error
 from hulkjax.plan import Plan
+from tests.helpers import zoo_losses_and_state
 
 # Process p holds row p of the mesh: 'proc' crosses processes, 'dev' stays inside one.
 TOPO = hj.Topology.grid((2, 2), ("proc", "dev"), bandwidth=(1e9, 100e9), latency=(5e-6, 1e-6))
@@ -39,14 +40,7 @@ def report(tmp_path_factory):
 @pytest.fixture(scope="module")
 def unsharded():
     """Losses and final state of the plain jitted step in this process (independent of the job)."""
-    m = zoo.get("mlp", size="tiny")
-    state, batch = m.init(seed=0)
-    step = jax.jit(m.step)
-    losses = []
-    for _ in range(STEPS):
-        state, metrics = step(state, batch)
-        losses.append(float(metrics["loss"]))
-    return losses, jax.tree_util.tree_map(np.asarray, state)
+    return zoo_losses_and_state("mlp", STEPS)
 
 
 def test_every_plan_matches_the_unsharded_step(report, unsharded):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import hulkjax as hj
-from hulkjax import zoo
 from hulkjax.errors import ProcessLayoutError
 from hulkjax.launch import launch
+from tests.helpers import zoo_losses_and_state
 
 TIMEOUT = 180  # seconds per job; a hung job fails with WorkerFailedError
 STEPS = 2
@@ -25,14 +25,7 @@ THREE = hj.Topology.preset("hetero", nodes=(("A100", 1), ("V100", 1), ("T4", 1))
 
 def _unsharded(name, steps=STEPS, **cfg):
     """Losses and final state of the plain jitted step in this process (independent of the job)."""
-    m = zoo.get(name, size="tiny", **cfg)
-    state, batch = m.init(seed=0)
-    step = jax.jit(m.step)
-    losses = []
-    for _ in range(steps):
-        state, metrics = step(state, batch)
-        losses.append(float(metrics["loss"]))
-    return losses, jax.tree_util.tree_map(np.asarray, state)
+    return zoo_losses_and_state(name, steps, **cfg)
 
 
 def _check_staged_run(report, processes, stages, microbatches, name, **cfg):
@@ -101,7 +94,7 @@ def test_two_stages_per_process(tmp_path):
 
 WRONG_TRANSFER = """
 import jax
-from hulkjax import zoo
+from tests.helpers import zoo_losses_and_state
 from hulkjax.emit import transfer
 
 _move = transfer.move
