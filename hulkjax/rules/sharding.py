@@ -34,6 +34,7 @@ from jax.extend.core import primitives as P
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
 from hulkjax.rules.dims import CONTRACTED, dim_rules, map_dim
+from hulkjax.rules.halo import halo_permutes, permute_axes
 from hulkjax.trace.graph import Node, OpGraph, dtype_size
 from hulkjax.trace.primitives import (
     CASTS,
@@ -244,9 +245,13 @@ def _axes_size(axes, mesh) -> int:
 @register_follow_rule(P.concatenate_p)
 def _concat_follow(node, graph, lead, lead_spec, mesh):
     """Operands keep the lead's layout. Along the concatenated dimension a split survives when every
-    operand divides it (the gradient of ``split``, heads concatenated back): each operand's block is
-    exchanged into the result's (an all-to-all per operand, as XLA emits); otherwise that
-    dimension is gathered first."""
+    operand divides it (the gradient of ``split``, heads concatenated back), and XLA's partitioner
+    moves the split elsewhere to concatenate: where another dimension's block divides by the
+    split's size, an all-to-all per operand moves the split onto it, the blocks are concatenated
+    whole along the dimension, and one more all-to-all moves the result's split back; where none
+    does, each operand is all-gathered along the dimension and the result cut from the whole
+    (measured on XLA:CPU: ``tests/cost/test_backends.py``). Otherwise that dimension is gathered
+    first."""
     dim = node.params["dimension"]
     axes = lead_spec[dim]
     n = _axes_size(axes, mesh)
@@ -255,8 +260,16 @@ def _concat_follow(node, graph, lead, lead_spec, mesh):
     ins = tuple(None if v is None else out for v in node.inputs)
     comms = ()
     if keep:
-        comms = tuple(Comm("all-to-all", tuple(axes), _local_bytes(graph, v, out, mesh))
-                      for v in node.inputs if v is not None)
+        operands = [v for v in node.inputs if v is not None]
+        block = local_shape(_shape(graph, node.outputs[0]), out, mesh.sizes)
+        if any(size % n == 0 for d, size in enumerate(block) if d != dim):
+            comms = tuple(Comm("all-to-all", tuple(axes), _local_bytes(graph, v, out, mesh))
+                          for v in operands)
+            comms += (Comm("all-to-all", tuple(axes),
+                           _local_bytes(graph, node.outputs[0], out, mesh)),)
+        else:
+            comms = tuple(Comm("all-gather", tuple(axes), _local_bytes(graph, v, out, mesh) * n)
+                          for v in operands)
     return Resolution(ins, (out,), comms, shards=num_shards(out, mesh.sizes))
 
 
@@ -301,17 +314,12 @@ def _same_size_dims_follow(node, graph, lead, lead_spec, mesh):
 def _sharded_slice(node, graph, lead_spec, mesh):
     """A static slice along one sharded dimension keeps it sharded, as XLA compiles it.
 
-    XLA slices each device's block and deals the pieces to the devices that hold them in the
-    result's layout with collective-permutes (GPT-2's ``wpe[:T]`` of a position table sharded by
-    rows), instead of gathering the operand. Result block ``j`` (``c = S / n`` rows from
-    ``start + j c``) stays put when device ``j``'s operand block (``b = D / n`` rows from ``j b``)
-    holds it; the others are sent. XLA issues one permute per send a source device makes (at most
-    the most any one device sends); their bytes add up to the moved blocks. Checked against
-    XLA:CPU on 8 devices (``tests/cost/test_backends.py``): exact in count and bytes for slices
-    from row 0 or a block boundary whose result blocks lie inside one operand block (``wpe[:16]``,
-    ``[16:24]`` of 64 rows); for other offsets and sizes XLA moves fewer rows (``[8:24]``: 3072
-    bytes against 3584 here; ``[:32]``: 5120 against 7168, 4 permutes against 2), so the bytes
-    are an upper bound and the count is within 2x.
+    XLA reshards the operand as a windowed input: every device fetches the rows of its result
+    block that it does not hold from the devices that do, in a halo exchange of
+    collective-permutes (GPT-2's ``wpe[:T]`` of a position table sharded by rows), instead of
+    gathering the operand. :func:`hulkjax.rules.halo.halo_permutes` gives the permutes and their
+    rows as XLA's partitioner makes them; checked against XLA:CPU on 8 devices
+    (``tests/cost/test_backends.py``), count and bytes exact.
 
     Returns:
       ``(dim, comms)``, or ``None`` when the slice is not of that kind (no sharded dimension
@@ -328,26 +336,11 @@ def _sharded_slice(node, graph, lead_spec, mesh):
     n = _axes_size(axes, mesh)
     if src[d] % n or dst[d] % n:
         return None
-    b, c, start = src[d] // n, dst[d] // n, node.params["start_indices"][d]
-    sends: dict[int, int] = {}
-    moved = 0
-    for j in range(n):
-        lo, hi = start + j * c, start + (j + 1) * c  # result block j's rows in the operand
-        owners = range(lo // b, (hi - 1) // b + 1)
-        if list(owners) == [j]:
-            continue
-        moved += 1
-        for o in owners:
-            sends[o] = sends.get(o, 0) + 1
     out = tuple(ax if i == d or src[i] == dst[i] else () for i, ax in enumerate(lead_spec))
-    block = _local_bytes(graph, node.outputs[0], out, mesh)
-    if not moved:
-        return d, ()
-    k = max(sends.values())
-    total = moved * block
-    comms = tuple(Comm("collective-permute", axes, total // k + (1 if i < total % k else 0))
-                  for i in range(k))
-    return d, comms
+    row = _local_bytes(graph, node.outputs[0], out, mesh) // (dst[d] // n)
+    permutes = halo_permutes(src[d], n, node.params["start_indices"][d], dst[d])
+    return d, tuple(Comm("collective-permute", permute_axes(axes, mesh.sizes, pairs), r * row)
+                    for r, pairs in permutes)
 
 
 register_follow_rule(*SIZE_PRESERVING, *TOP_K)(_same_size_dims_follow)
@@ -357,18 +350,25 @@ register_follow_rule(*SIZE_PRESERVING, *TOP_K)(_same_size_dims_follow)
 def _split_follow(node, graph, lead, lead_spec, mesh):
     """``split``: every piece keeps the operand's layout. Along the split axis a piece's columns do
     not line up with the operand's shards: when the split axis is sharded and every piece divides
-    it (a fused QKV projection split into q, k, v), the pieces stay split and the devices exchange
-    their blocks (collective-permutes, as XLA emits; charged as one permute of the operand's local
-    block), otherwise that axis is gathered first."""
+    it (a fused QKV projection split into q, k, v), the pieces stay split and each is a slice
+    whose missing columns the devices exchange (the halo exchange XLA emits:
+    :func:`hulkjax.rules.halo.halo_permutes`, piece by piece), otherwise that axis is gathered
+    first."""
     axis = node.params["axis"]
     axes = lead_spec[axis]
     n = _axes_size(axes, mesh)
     keep = bool(axes) and all(_shape(graph, o)[axis] % n == 0 for o in node.outputs)
     out = tuple(ax if d != axis or keep else () for d, ax in enumerate(lead_spec))
-    comms = ()
+    comms = []
     if keep:
-        comms = (Comm("collective-permute", tuple(axes),
-                      _local_bytes(graph, node.inputs[0], lead_spec, mesh)),)
+        whole, start = _shape(graph, node.inputs[0])[axis], 0
+        for o in node.outputs:
+            size = _shape(graph, o)[axis]
+            row = _local_bytes(graph, o, out, mesh) // (size // n)
+            comms += [Comm("collective-permute", permute_axes(axes, mesh.sizes, pairs), r * row)
+                      for r, pairs in halo_permutes(whole, n, start, size)]
+            start += size
+    comms = tuple(comms)
     return Resolution((lead_spec if keep else out,), tuple(out for _ in node.outputs), comms,
                       shards=num_shards(out, mesh.sizes))
 
