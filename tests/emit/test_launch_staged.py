@@ -94,7 +94,7 @@ def test_two_stages_per_process(tmp_path):
 
 WRONG_TRANSFER = """
 import jax
-from tests.helpers import zoo_losses_and_state
+from hulkjax import zoo
 from hulkjax.emit import transfer
 
 _move = transfer.move
