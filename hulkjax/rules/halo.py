@@ -49,8 +49,6 @@ def halo_permutes(dim: int, n: int, start: int, size: int) -> list[tuple[int, li
     def right(j):  # rows device j needs from after its block
         return start + (j + 1) * c - (j + 1) * b
 
-    if all(left(j) == 0 and right(j) == 0 for j in range(n)):
-        return []
     max_left = max(left(j) for j in range(1, n)) if n > 1 else 0
     max_right = max(right(j) for j in range(n - 1)) if n > 1 else 0
     if max_left > b or max_right > b:
