@@ -1,0 +1,345 @@
+"""How long planning takes, where the time goes, and how much memory the planner needs.
+
+For each case (a zoo model on a topology preset) it measures, each in a fresh process (so every
+number is a first call's, and the peak RSS is that of one planner):
+
+* ``trace``: ``hj.trace`` of the step on abstract arguments (JAX's caches cleared, best of two);
+* ``auto`` and ``ilp``: ``hj.plan(..., strategy=...)`` on a freshly traced graph (the cost model,
+  the network, the searches and the staged search included, as a first call pays);
+* the process's peak RSS (``resource.getrusage``) after tracing and after planning;
+* a ``cProfile`` of ``auto`` (a separate run: profiling slows Python down about 2x), summarized by
+  phase (inclusive time of the functions that start each phase; phases nest, so they do not add up)
+  and by module (self time).
+
+Each plan's digest (its assignment, stages and predicted cost) is recorded, so two runs (before and
+after a speed-up) show whether the plans are the same. Results go to
+``benchmarks/results/planning.json`` and ``benchmarks/PLANNING.md``::
+
+    python benchmarks/planning.py                        # every case -> JSON + PLANNING.md
+    python benchmarks/planning.py --cases gpt2-small@dgx-h100x2 --no-ilp
+    python benchmarks/planning.py --report-only          # PLANNING.md from the JSON
+
+Timings are wall-clock seconds on the machine that runs it (``cpus`` in the JSON); nothing here is
+a timed assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import hashlib
+import json
+import os
+import platform
+import pstats
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT_JSON = os.path.join(HERE, "results", "planning.json")
+OUT_MD = os.path.join(HERE, "PLANNING.md")
+
+# case key -> (zoo name, zoo overrides, preset, preset arguments, run ilp by default)
+CASES: dict[str, tuple[str, dict, str, dict, bool]] = {
+    "gpt2-small@dgx-h100x2": ("gpt2", {"size": "small", "batch": 16, "seq_len": 1024},
+                              "dgx-h100", {"nodes": 2}, True),
+    # LLaMA-8B-class (issue 14): 32 layers, hidden 4096, GQA, batch 64 x 2048, bf16, remat; 64 H100.
+    "llama3-8b@dgx-h100x8": ("llama", {"size": "llama3-8b", "batch": 64, "seq_len": 2048,
+                                       "dtype": "bfloat16", "remat": True},
+                             "dgx-h100", {"nodes": 8}, False),
+}
+DEFAULT_CASES = tuple(CASES)
+
+# Phases of a plan: (label, file suffix, function name). Inclusive time of the function.
+PHASES = (
+    ("auto, total", "strategies/auto.py", "auto"),
+    ("SPMD auto (cost model, prior, baselines, shortlist ILP, descent)", "strategies/auto.py",
+     "spmd_auto"),
+    ("cost model construction (groups, candidates)", "cost/model.py", "__init__"),
+    ("group tables (CostModel.local)", "cost/model.py", "local"),
+    ("edge matrices (CostModel.edge_matrix)", "cost/model.py", "edge_matrix"),
+    ("baselines (baseline_assignments)", "strategies/baselines.py", "baseline_assignments"),
+    ("baselines: propagation", "strategies/search.py", "propagate"),
+    ("GNN features", "gnn/features.py", "build"),
+    ("GNN network", "gnn/infer.py", "log_probs"),
+    ("ILP (build + solve)", "strategies/ilp.py", "solve"),
+    ("ILP: HiGHS", "~", "<built-in method highspy._core.run>"),
+    ("coordinate descent", "strategies/search.py", "coordinate_descent"),
+    ("memory polish", "strategies/search.py", "polish_memory"),
+    ("plans from assignments (layouts + evaluate)", "strategies/realize.py",
+     "plan_from_assignment"),
+    ("liveness walks (cost/memory.liveness)", "cost/memory.py", "liveness"),
+    ("staged search, total (best_staged)", "strategies/stages.py", "best_staged"),
+    ("staged: pipeline baseline", "strategies/stages.py", "pipeline"),
+    ("staged: dynamic program search", "strategies/stages.py", "search"),
+    ("staged: microbatch re-tracing", "trace/microbatch.py", "microbatch_graph"),
+    ("staged: per-stage SPMD plans (assignments)", "strategies/stages.py", "assignments"),
+    ("staged: unit tables", "strategies/stages.py", "_unit_table"),
+    ("staged: exact pipeline costs", "cost/pipeline.py", "pipeline_cost"),
+    ("tracing (all hj.trace calls)", "trace/tracer.py", "trace"),
+)
+
+
+# ------------------------------------------------------------------------------------- worker
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _digest(plan) -> str:
+    """What must not change when planning gets faster: layouts, stages and predicted cost."""
+    c = plan.cost
+    assignment = plan.assignment
+    if isinstance(assignment, tuple):
+        assignment = [list(a) for a in assignment]
+    doc = {"assignment": assignment, "microbatches": plan.microbatches,
+           "stages": None if plan.stages is None else [
+               [list(s.devices), list(s.layers), s.strategy] for s in plan.stages],
+           "in": [str(t.spec) for t in plan.inputs],
+           "cost": [repr(c.step_time), repr(c.compute_time), repr(c.comm_time),
+                    repr(c.peak_memory)]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _phase_table(stats: pstats.Stats) -> list[dict]:
+    out = []
+    for label, suffix, fn in PHASES:
+        cum, calls = 0.0, 0
+        for (path, _line, name), (_cc, nc, _tt, ct, _callers) in stats.stats.items():
+            if name == fn and (suffix == "~" or path.endswith(suffix)):
+                cum += ct
+                calls += nc
+        out.append({"phase": label, "seconds": cum, "calls": calls})
+    return out
+
+
+def _module_table(stats: pstats.Stats, top: int = 15) -> list[dict]:
+    by_mod: dict[str, float] = {}
+    for (path, _line, _name), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():
+        if "/hulkjax/" in path:
+            mod = "hulkjax/" + path.split("/hulkjax/", 1)[1]
+        elif "site-packages/" in path:
+            mod = path.split("site-packages/", 1)[1].split("/", 1)[0]
+        elif path == "~":
+            mod = "builtins"
+        else:
+            mod = os.path.basename(path)
+        by_mod[mod] = by_mod.get(mod, 0.0) + tt
+    rows = sorted(by_mod.items(), key=lambda kv: -kv[1])[:top]
+    return [{"module": m, "self_seconds": s} for m, s in rows]
+
+
+def _function_table(stats: pstats.Stats, top: int = 20) -> list[dict]:
+    rows = []
+    for (path, line, name), (_cc, nc, tt, ct, _callers) in stats.stats.items():
+        short = path.split("/hulkjax/", 1)[1] if "/hulkjax/" in path else os.path.basename(path)
+        rows.append({"function": f"{short}:{line}({name})", "calls": nc, "self_seconds": tt,
+                     "cumulative_seconds": ct})
+    rows.sort(key=lambda r: -r["self_seconds"])
+    return rows[:top]
+
+
+def worker(case: str, strategy: str, profile: bool) -> dict:
+    sys.path.insert(0, ROOT)
+    import jax
+
+    import hulkjax as hj
+    from hulkjax import zoo
+
+    name, overrides, preset, preset_kw, _ = CASES[case]
+    m = zoo.get(name, **overrides)
+    topo = hj.Topology.preset(preset, **preset_kw)
+    args = m.abstract()
+    times = []
+    graph = None
+    for _ in range(2):  # the second trace: JAX's caches cleared, its Python warm
+        jax.clear_caches()
+        t0 = time.perf_counter()
+        graph = hj.trace(m.step, *args)
+        times.append(time.perf_counter() - t0)
+    rss_traced = _rss_mb()
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
+    plan = hj.plan(m.step, *args, topology=topo, strategy=strategy, graph=graph)
+    if prof is not None:
+        prof.disable()
+    plan_s = time.perf_counter() - t0
+    out = {"case": case, "strategy": strategy, "profiled": profile, "nodes": len(graph.nodes),
+           "devices": topo.num_devices, "trace_s": min(times), "plan_s": plan_s,
+           "rss_after_trace_mb": rss_traced, "rss_peak_mb": _rss_mb(),
+           "step_time": plan.cost.step_time, "peak_memory": plan.cost.peak_memory,
+           "staged": plan.stages is not None, "digest": _digest(plan)}
+    if prof is not None:
+        stats = pstats.Stats(prof)
+        out["phases"] = _phase_table(stats)
+        out["modules"] = _module_table(stats)
+        out["functions"] = _function_table(stats)
+        out["profiled_total_s"] = sum(tt for (_c, _n, tt, _ct, _cl) in stats.stats.values())
+    return out
+
+
+# ------------------------------------------------------------------------------------- driver
+
+def _run_worker(case: str, strategy: str, profile: bool, timeout: float) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, strategy]
+    if profile:
+        cmd.append("--profile")
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"case": case, "strategy": strategy, "profiled": profile, "status": "timeout",
+                "timeout_s": timeout}
+    if p.returncode != 0:
+        return {"case": case, "strategy": strategy, "profiled": profile, "status": "error",
+                "message": p.stderr[-2000:]}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["status"] = "ok"
+    res["process_s"] = time.perf_counter() - t0
+    return res
+
+
+def machine_info() -> dict:
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    import jax
+
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(), "jax": jax.__version__,
+            "git_commit": git("rev-parse", "--short", "HEAD"),
+            "hulkjax_dirty": bool(git("status", "--porcelain", "--", "hulkjax"))}
+
+
+def _row(rows, case, strategy, profiled=False):
+    return next((r for r in rows if r["case"] == case and r["strategy"] == strategy
+                 and r.get("profiled", False) == profiled and r.get("status") == "ok"), None)
+
+
+def report(doc: dict) -> str:
+    rows = doc["rows"]
+    lines = ["# Planning time", "",
+             "Generated by `python benchmarks/planning.py` (issue 14, item 1: fast planning). Each "
+             "number comes from a fresh process on "
+             f"{doc['machine']['cpus']} CPU core(s) ({doc['machine']['processor']}), commit "
+             f"`{doc['machine']['git_commit']}`{' (dirty)' if doc['machine']['hulkjax_dirty'] else ''}"
+             f", {doc['machine']['date']}. `trace` is `hj.trace` on abstract arguments; `auto` and "
+             "`ilp` are `hj.plan` on a fresh graph (cost model, network, searches and the staged "
+             "search included). Peak RSS is the planner process's high-water mark "
+             "(`resource.getrusage`), JAX and the traced graph included.", "",
+             "Target (GPT-2 small on two DGX-H100 nodes): trace + `auto` under 2 s, and `auto` at "
+             "least 10x faster than `ilp`.", "",
+             "| case | graph nodes | devices | trace (s) | auto (s) | trace + auto (s) | ilp (s) | "
+             "ilp / auto | auto peak RSS (MB) | ilp peak RSS (MB) | auto step (ms) | "
+             "ilp step (ms) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case in doc["cases"]:
+        a, i = _row(rows, case, "auto"), _row(rows, case, "ilp")
+        if a is None:
+            bad = next((r for r in rows if r["case"] == case), {})
+            lines.append(f"| {case} | | | | {bad.get('status', 'not run')} | | | | | | | |")
+            continue
+        ratio = f"{i['plan_s'] / a['plan_s']:.1f}x" if i else "-"
+        lines.append(
+            f"| {case} | {a['nodes']} | {a['devices']} | {a['trace_s']:.2f} | {a['plan_s']:.2f} | "
+            f"{a['trace_s'] + a['plan_s']:.2f} | {i['plan_s']:.2f} | {ratio} | "
+            f"{a['rss_peak_mb']:.0f} | {i['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} | "
+            f"{i['step_time'] * 1e3:.4g} |" if i else
+            f"| {case} | {a['nodes']} | {a['devices']} | {a['trace_s']:.2f} | {a['plan_s']:.2f} | "
+            f"{a['trace_s'] + a['plan_s']:.2f} | not run | - | {a['rss_peak_mb']:.0f} | - | "
+            f"{a['step_time'] * 1e3:.4g} | - |")
+    lines += ["", "Plan digests (assignment, stages, layouts of the arguments, predicted cost; equal "
+              "digests across commits mean equal plans):", ""]
+    for r in rows:
+        if r.get("status") == "ok" and not r.get("profiled"):
+            lines.append(f"- {r['case']} `{r['strategy']}`: `{r['digest']}`")
+    for case in doc["cases"]:
+        p = _row(rows, case, "auto", profiled=True)
+        if p is None:
+            continue
+        lines += ["", f"## Where `auto`'s time goes: {case}", "",
+                  f"`cProfile` of one `auto` run: {p['plan_s']:.2f} s under the profiler "
+                  f"({_row(rows, case, 'auto')['plan_s'] if _row(rows, case, 'auto') else float('nan'):.2f} s "
+                  "without it). Inclusive time of the function that starts each phase; phases "
+                  "nest (the SPMD part and the staged search both build tables, run baselines "
+                  "and walk liveness), so rows do not add up.", "",
+                  "| phase | seconds (profiled) | share of auto | calls |", "|---|---:|---:|---:|"]
+        total = next(x["seconds"] for x in p["phases"] if x["phase"] == "auto, total") or 1.0
+        for x in p["phases"]:
+            if x["calls"]:
+                lines.append(f"| {x['phase']} | {x['seconds']:.2f} | {x['seconds'] / total:.0%} | "
+                             f"{x['calls']} |")
+        lines += ["", "Self time by module (top):", "", "| module | self seconds |", "|---|---:|"]
+        lines += [f"| {x['module']} | {x['self_seconds']:.2f} |" for x in p["modules"]]
+        lines += ["", "Functions by self time (top):", "",
+                  "| function | calls | self s | cumulative s |", "|---|---:|---:|---:|"]
+        lines += [f"| `{x['function']}` | {x['calls']} | {x['self_seconds']:.2f} | "
+                  f"{x['cumulative_seconds']:.2f} |" for x in p["functions"]]
+    skipped = doc.get("skipped") or []
+    if skipped:
+        lines += ["", "Not run: " + "; ".join(skipped) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", nargs=2, metavar=("CASE", "STRATEGY"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), choices=list(CASES))
+    ap.add_argument("--no-ilp", action="store_true", help="skip ilp everywhere")
+    ap.add_argument("--ilp-everywhere", action="store_true",
+                    help="run ilp on the large cases too (slow)")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--out", default=OUT_JSON)
+    ap.add_argument("--md", default=OUT_MD)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.profile)))
+        return
+    if args.report_only:
+        with open(args.out) as f:
+            doc = json.load(f)
+    else:
+        from tqdm import tqdm
+
+        jobs, skipped = [], []
+        for case in args.cases:
+            jobs.append((case, "auto", False))
+            if not args.no_ilp and (CASES[case][4] or args.ilp_everywhere):
+                jobs.append((case, "ilp", False))
+            elif not args.no_ilp:
+                skipped.append(f"ilp on {case} (slow; --ilp-everywhere runs it)")
+            if not args.no_profile:
+                jobs.append((case, "auto", True))
+        rows = []
+        bar = tqdm(jobs, desc="planning", unit="run")
+        for case, strategy, profile in bar:
+            bar.set_postfix_str(f"{case} {strategy}{' (profiled)' if profile else ''}")
+            rows.append(_run_worker(case, strategy, profile, args.timeout))
+        doc = {"machine": machine_info(), "cases": list(args.cases), "rows": rows,
+               "skipped": skipped}
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    md = report(doc)
+    with open(args.md, "w") as f:
+        f.write(md)
+    print(md.split("\n## ")[0])
+
+
+if __name__ == "__main__":
+    main()
