@@ -23,14 +23,19 @@ from hulkjax.strategies.search import propagate
 class SpecBuilder(InputLayouts):
     """Input layouts (see :class:`~hulkjax.strategies.layouts.InputLayouts`) that build a plan."""
 
-    def build(self) -> Plan:
-        """The plan: these input layouts (optimizer state following its parameter), every operator
-        then on its best candidate given its neighbours, costed by the shared cost model."""
+    def assignment(self) -> list[int]:
+        """The cost-model assignment: these input layouts (optimizer state following its
+        parameter), every operator then on its best candidate given its neighbours."""
         g = self.graph
         for opt, param in g.owners.items():
             if g.values[g.inputs[opt]].shape == g.values[g.inputs[param]].shape:
                 self.input_specs[opt] = self.input_specs[param]
         cm = cost_model(g, self.topology)
-        assignment = propagate(cm, assignment_for_inputs(cm, self.input_specs),
-                               param_use=self.param_use, gather_axes=self.gather_axes)
-        return plan_from_assignment(cm, assignment, self.strategy, self.notes)
+        return propagate(cm, assignment_for_inputs(cm, self.input_specs),
+                         param_use=self.param_use, gather_axes=self.gather_axes)
+
+    def build(self) -> Plan:
+        """The plan of :meth:`assignment`, costed by the shared cost model."""
+        assignment = self.assignment()
+        return plan_from_assignment(cost_model(self.graph, self.topology), assignment,
+                                    self.strategy, self.notes)

@@ -41,3 +41,18 @@ def test_stage_search_builds_only_the_baselines_it_keeps(monkeypatch, strategy):
                                       strategy=strategy, graph=g))
     assert runs["only kept"] == runs["all"]
     assert asked and all(set(n) <= {"fsdp", "dp_tp", "megatron"} for n in asked), asked
+
+
+@pytest.mark.parametrize("topology", [TWO_NODES, hj.Topology.grid((2, 4), ("data", "model"))])
+def test_baselines_completed_from_layouts_are_their_plans_assignments(topology):
+    """``baseline_assignments`` completes each baseline's layouts without building its plan (a
+    speed-up of ``auto`` and of the ILP's seeds): the assignments are those of the plans."""
+    from hulkjax.strategies.baselines import baseline_assignments
+    from hulkjax.strategies.registry import strategies
+
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    fast = baseline_assignments(g, topology)
+    assert set(fast) == set(BASELINES) - ({"dp_tp"} if len(topology.axis_names) < 2 else set())
+    for name, a in fast.items():
+        assert a == strategies[name].fn(g, topology).assignment, name
