@@ -72,7 +72,7 @@ from hulkjax.strategies.partition import (
 from hulkjax.strategies.realize import cost_model
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER, OpGraph
-from hulkjax.trace.microbatch import batch_size, microbatch_graph
+from hulkjax.trace.microbatch import batch_size, microbatch_graph, planning_graph
 
 log = logging.getLogger("hulkjax.stages")
 
@@ -210,7 +210,7 @@ class _Context:
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
 
     def micro(self, M: int) -> OpGraph:
-        return self.graph if M == 1 else microbatch_graph(self.graph, M)
+        return self.graph if M == 1 else planning_graph(self.graph, M)
 
     def usable(self, M: int) -> bool:
         """Whether the step at ``1 / M`` of the batch has the full step's operators (a batch of

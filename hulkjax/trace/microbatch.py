@@ -198,6 +198,167 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> OpGraph:
     return micro
 
 
+def planning_graph(graph: OpGraph, microbatches: int) -> OpGraph:
+    """The step at ``1 / microbatches`` of the batch, for planning: :func:`microbatch_graph`'s
+    graph, derived without tracing where that is exact (cached on the graph).
+
+    Tracing a step again per microbatch count was the staged search's largest cost. The graph at
+    the partition's microbatch count ``k`` (traced once for the batch analysis) and the full graph
+    say which sizes scale with the batch: every shape dimension and integer parameter that differs
+    between the two is ``k`` times larger at the full batch, and is divided by ``microbatches``
+    here (:func:`scaled_graph`); FLOPs and bytes are recomputed from the new shapes as the tracer
+    computes them. Where that reading does not hold (a size not proportional to the batch, a
+    parameter of another kind that changes, a loop whose body changes, FLOPs or bytes the tracer's
+    formulas do not reproduce at both batch sizes), and for microbatches of one example (size-1
+    dimensions may trace to other operators), the step is traced. The result has no ``jaxpr``:
+    emission traces (:func:`microbatch_graph`). ``tests/trace/test_microbatch.py`` holds derived
+    graphs equal to traced ones on the zoo's models.
+    """
+    cache = graph.memo.setdefault("planning_graphs", {})
+    hit = cache.get(microbatches)
+    if hit is not None:
+        return hit
+    traced = graph.memo.get("microbatch_graphs", {})
+    b = batch_size(graph)
+    out = traced.get(microbatches)
+    if out is None and b is not None and graph.fn is not None and b % microbatches == 0 \
+            and b // microbatches >= 2:
+        k = next((d for d in sorted(traced) if d != microbatches and d > 1 and b % d == 0), None)
+        if k is not None:
+            out = scaled_graph(graph, traced[k], k, microbatches)
+    if out is None:
+        out = microbatch_graph(graph, microbatches)
+    cache[microbatches] = out
+    return out
+
+
+class _NotScalable(Exception):
+    pass
+
+
+def scaled_graph(graph: OpGraph, micro: OpGraph, k: int, microbatches: int) -> OpGraph | None:
+    """``graph`` (batch ``B``) with its batch-proportional sizes divided by ``microbatches``,
+    read off ``micro`` (the same step traced at ``B / k``); ``None`` where that is not exact (see
+    :func:`planning_graph`)."""
+    try:
+        return _Scaler(graph, micro, k, microbatches).run()
+    except _NotScalable:
+        return None
+
+
+class _Scaler:
+    def __init__(self, g: OpGraph, m: OpGraph, k: int, M: int):
+        self.g, self.m, self.k, self.M = g, m, k, M
+
+    def size(self, full, micro):
+        if full == micro:
+            return full
+        if type(full) is not type(micro) or isinstance(full, bool) or not isinstance(full, int) \
+                or full != self.k * micro or full % self.M:
+            raise _NotScalable
+        return type(full)(full // self.M)
+
+    def shape(self, full: tuple, micro: tuple) -> tuple:
+        if full == micro:
+            return full
+        if len(full) != len(micro):
+            raise _NotScalable
+        return tuple(self.size(a, c) for a, c in zip(full, micro))
+
+    def param(self, full, micro):
+        if full is micro:
+            return full
+        if isinstance(full, int) and not isinstance(full, bool):
+            return self.size(full, micro)
+        if isinstance(full, tuple) and type(full) is type(micro) and len(full) == len(micro):
+            items = [self.param(a, c) for a, c in zip(full, micro)]
+            if all(a is b for a, b in zip(items, full)):
+                return full
+            return type(full)(*items) if hasattr(full, "_fields") else type(full)(items)
+        try:
+            same = bool(full == micro)
+        except Exception:  # noqa: BLE001 - arrays, objects without a plain equality
+            same = False
+        if not same or repr(full) != repr(micro):
+            raise _NotScalable
+        return full
+
+    def run(self) -> OpGraph:
+        from hulkjax.trace.flops import flops_of
+        from hulkjax.trace.graph import Node, Value
+
+        g, m = self.g, self.m
+        if len(g.nodes) != len(m.nodes) or len(g.values) != len(m.values) \
+                or g.inputs != m.inputs or g.outputs != m.outputs \
+                or g.input_roles != m.input_roles or g.constants != m.constants:
+            raise _NotScalable
+        values = []
+        for a, c in zip(g.values, m.values):
+            if a.dtype != c.dtype or a.producer != c.producer or a.index != c.index:
+                raise _NotScalable
+            shape = self.shape(a.shape, c.shape)
+            values.append(a if shape is a.shape else
+                          Value(a.id, shape, a.dtype, a.producer, a.index, a.name))
+        nodes = []
+        for a, c in zip(g.nodes, m.nodes):
+            if a.primitive is not c.primitive or a.inputs != c.inputs or a.outputs != c.outputs \
+                    or a.layer != c.layer or a.backward != c.backward:
+                raise _NotScalable
+            changed = any(values[v] is not g.values[v] for v in (*a.inputs, *a.outputs)
+                          if v is not None)
+            if a.subgraphs or c.subgraphs:
+                # A loop is kept only where nothing of it depends on the batch.
+                if changed or a.trip_count != c.trip_count or len(a.subgraphs) != \
+                        len(c.subgraphs) or any(x.fingerprint() != y.fingerprint()
+                                                for x, y in zip(a.subgraphs, c.subgraphs)):
+                    raise _NotScalable
+                nodes.append(a)
+                continue
+            if a.params.keys() != c.params.keys():
+                raise _NotScalable
+            params = {key: self.param(val, c.params[key]) for key, val in a.params.items()}
+            if all(params[key] is a.params[key] for key in params) and not changed:
+                nodes.append(a)
+                continue
+            flops = self._flops(flops_of, a, c, values, params)
+            nbytes = self._bytes(a, c, values)
+            nodes.append(Node(id=a.id, primitive=a.primitive, params=params, inputs=a.inputs,
+                              outputs=a.outputs, flops=flops, bytes=nbytes, layer=a.layer,
+                              backward=a.backward, traceback=a.traceback))
+        out = OpGraph(nodes=nodes, values=values, inputs=g.inputs, outputs=g.outputs,
+                      input_paths=g.input_paths, output_paths=g.output_paths, in_tree=m.in_tree,
+                      out_tree=m.out_tree, jaxpr=None, constants=g.constants,
+                      input_roles=m.input_roles)
+        out.carried = dict(m.carried)
+        out.owners = dict(m.owners)
+        out.fn = g.fn
+        return out
+
+    @staticmethod
+    def _shapes(node, values):
+        return ([() if v is None else values[v].shape for v in node.inputs],
+                [values[o].shape for o in node.outputs])
+
+    def _flops(self, flops_of, a, c, values, params) -> float:
+        """FLOPs at the new shapes, by the tracer's formula, which must give the traced FLOPs at
+        both traced batch sizes (literal operands are taken as scalars)."""
+        for node, vals in ((a, self.g.values), (c, self.m.values)):
+            if flops_of(node.primitive, *self._shapes(node, vals), node.params) != node.flops:
+                raise _NotScalable
+        return flops_of(a.primitive, *self._shapes(a, values), params)
+
+    def _bytes(self, a, c, values) -> float:
+        """Bytes at the new shapes: the traced bytes less the values' (what remains is the
+        literals', the same at every batch size, or this is no exact rescaling)."""
+        def sized(node, vals):
+            return sum(vals[v].nbytes for v in (*node.inputs, *node.outputs) if v is not None)
+
+        rest = a.bytes - sized(a, self.g.values)
+        if rest != c.bytes - sized(c, self.m.values) or rest < 0:
+            raise _NotScalable
+        return float(rest + sized(a, values))
+
+
 # ---- the analysis ------------------------------------------------------------------------------
 
 def analyze(graph: OpGraph, micro: OpGraph) -> BatchSplit:
