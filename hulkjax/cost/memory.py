@@ -31,6 +31,7 @@ holds its operands and results at once), and the planners check their result wit
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -93,22 +94,21 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     g = cm.graph
     mine = None if nodes is None else set(nodes)
     in_flight = max(int(in_flight), 1)
+    sk = _skeleton(cm, nodes, mine)
     specs = dict(cm.value_specs(assignment))
     sizes = cm.sizes
     b = cm.breakdown(assignment, memory=False) if breakdown is None else breakdown
     # What is computed in place from constants (zeros to scatter into, masks, iota) is made in the
     # layout its uses slice it to: partitioners propagate the consumers' sharding onto it.
-    free = {v for v, gid in cm.group_of_value.items() if gid == cm.free_group}
-    for n in g.nodes:
-        for k, v in enumerate(n.inputs):
-            if v is None or v not in free:
-                continue
-            gid = cm.group_of_node[n.id]
-            need = cm.local(gid, assignment[gid]).res[n.id].in_specs[k] if n.id in \
-                cm.local(gid, assignment[gid]).res else None
-            have = specs.get(v)
-            if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
-                specs[v] = need
+    for nid, k, v in sk.free_uses:
+        gid = cm.group_of_node[nid]
+        res = cm.local(gid, assignment[gid]).res
+        need = res[nid].in_specs[k] if nid in res else None
+        have = specs.get(v)
+        if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
+            specs[v] = need
+
+    wire = cm.backend.wire_factor
 
     def nbytes(vid, spec=None, held_as_is=False):
         # Intermediates of a backend without narrow-float arithmetic (XLA:CPU) are held in f32;
@@ -116,8 +116,9 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         v = g.values[vid]
         spec = specs.get(vid) if spec is None else spec
         shape = v.shape if spec is None else local_shape(v.shape, spec, sizes)
-        widen = 1.0 if held_as_is else cm.backend.wire_factor(v.dtype)
-        return float(np.prod(shape, dtype=np.float64)) * dtype_size(v.dtype) * widen
+        widen = 1.0 if held_as_is else wire(v.dtype)
+        # math.prod of ints is exact, as np.prod in float64 is below 2**53 elements
+        return float(math.prod(shape)) * dtype_size(v.dtype) * widen
 
     args: list[Buffer] = []
     roles = {PARAMETER: "parameters", OPTIMIZER: "optimizer", DATA: "data"}
@@ -130,22 +131,7 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         elif held is None or i in held:
             args.append(Buffer(None, vid, roles[role], nbytes(vid, held_as_is=True)))
 
-    carried = {g.outputs[o] for o in g.carried.values()}
-    outputs = {v for v in g.outputs if v is not None}
-    fusible = [n.primitive in FUSIBLE for n in g.nodes]
     end = len(g.nodes)
-
-    def materialized(n, o) -> bool:
-        if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
-            return False  # the operand's own buffer
-        if o in outputs:
-            return True
-        if not fusible[n.id]:
-            return True
-        users = g.consumers(o)
-        if len(users) > 1 and n.primitive in EXPENSIVE:  # not worth recomputing in every user
-            return True
-        return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
 
     # A reduction is not in place: the partial sums (the whole operand of a reduce-scatter) are a
     # buffer until the collective runs, its result another. Deferred ones (gradient reductions)
@@ -181,49 +167,19 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     reduced_at = {nid: max(runs_at[id(c)] for c in comms if id(c) in runs_at)
                   for nid, comms in own.items() if any(id(c) in runs_at for c in comms)}
 
-    # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
-    # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
-    # ``sub`` of a gradient runs with the optimizer, not after the gradient's matmul).
-    read_at = list(range(end))  # consumers come after their producers: one reverse pass
-    for n in reversed(g.nodes):
-        if not fusible[n.id]:
-            continue
-        for o in n.outputs:
-            if g.values[o].shape and o not in carried and not materialized(n, o):
-                for c, _ in g.consumers(o):
-                    if mine is None or c in mine:
-                        read_at[n.id] = max(read_at[n.id], read_at[c])
-
-    # Intervals [start, stop] (node ids) of every buffer.
+    # Intervals [start, stop] (node ids) of every buffer (their places: :func:`_skeleton`).
     intervals: list[tuple[int, int, Buffer]] = []
-    for n in g.nodes:
-        if mine is not None and n.id not in mine:
-            continue
-        for o in n.outputs:
-            if not g.values[o].shape or not materialized(n, o):
-                continue
-            uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
-            stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
-            kind = "gradients" if n.backward and n.id in cm.tail else "activations"
-            size = nbytes(o, held_as_is=o in outputs)
-            if in_flight > 1 and not n.backward and any(g.nodes[c].backward for c in uses):
-                size *= in_flight  # saved for the backward pass of every microbatch in flight
-            start = reduced_at.get(n.id, n.id)
-            intervals.append((start, max(stop, start), Buffer(n.id, o, kind, size)))
-    if mine is not None:  # what other stages send: a buffer from its first use to its last here
-        produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
-        received: dict[int, list[int]] = {}
-        for nid in sorted(mine):
-            for v in g.nodes[nid].inputs:
-                if v is not None and v not in produced and g.values[v].producer is not None:
-                    received.setdefault(v, []).append(nid)
-        for v, uses in received.items():
-            if not g.values[v].shape:
-                continue
-            size = nbytes(v)
-            if in_flight > 1 and not g.nodes[uses[0]].backward and g.nodes[uses[-1]].backward:
-                size *= in_flight
-            intervals.append((uses[0], uses[-1], Buffer(uses[0], v, "activations", size)))
+    for nid, o, stop, kind, is_output, saved in sk.buffers:
+        size = nbytes(o, held_as_is=is_output)
+        if in_flight > 1 and saved:
+            size *= in_flight  # saved for the backward pass of every microbatch in flight
+        start = reduced_at.get(nid, nid)
+        intervals.append((start, max(stop, start), Buffer(nid, o, kind, size)))
+    for v, first_use, last_use, saved in sk.received:
+        size = nbytes(v)
+        if in_flight > 1 and saved:
+            size *= in_flight
+        intervals.append((first_use, last_use, Buffer(first_use, v, "activations", size)))
     copies: dict[tuple, list] = {}  # one gathered copy per (value, layout), live across its uses
     for mv in b.moves:
         if mv.node < 0 or (mine is not None and mv.node not in mine):
@@ -250,32 +206,13 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     # where the matmul reads it: the copy of a weight or of a saved activation that a backward
     # matmul reads transposed is live from then on. An operand nothing else reads is made in
     # the matmul's order directly: its copy is a transient at the matmul.
-    first = 0 if mine is None else min(mine, default=0)
     relaid: dict[tuple, list] = {}
-    for n in g.nodes:
-        if n.name != "dot_general" or (mine is not None and n.id not in mine):
-            continue
-        (lc, rc), (lb, rb) = n.params["dimension_numbers"]
-        for k, (contract, batch) in enumerate(((lc, lb), (rc, rb))):
-            v = n.inputs[k]
-            if v is None:
-                continue
-            rank = len(g.values[v].shape)
-            free = [d for d in range(rank) if d not in contract and d not in batch]
-            order = [*batch, *free, *contract] if k == 0 else [*batch, *contract, *free]
-            if order != list(range(rank)) and (k == 0 or [*batch, *free, *contract] != list(range(rank))):
-                spec = cm.local(cm.group_of_node[n.id], assignment[cm.group_of_node[n.id]]).res
-                need = spec[n.id].in_specs[k] if n.id in spec else None
-                producer = g.values[v].producer
-                if producer is None:
-                    start = first
-                elif any(c != n.id for c, _ in g.consumers(v)):
-                    start = producer
-                else:
-                    start = n.id
-                span = relaid.setdefault((v, tuple(order), need),
-                                         [start, n.id, nbytes(v, need)])
-                span[0], span[1] = min(span[0], start), max(span[1], n.id)
+    for nid, k, v, order, start in sk.relaid:
+        gid = cm.group_of_node[nid]
+        spec = cm.local(gid, assignment[gid]).res
+        need = spec[nid].in_specs[k] if nid in spec else None
+        span = relaid.setdefault((v, order, need), [start, nid, nbytes(v, need)])
+        span[0], span[1] = min(span[0], start), max(span[1], nid)
     for start, stop, size in relaid.values():
         intervals.append((start, stop, Buffer(start, None, "transients", size)))
     for grp in cm.groups:
@@ -300,6 +237,117 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         breakdown[buf.kind] += buf.bytes
     total = sum(a.bytes for a in args) + temp
     return MemoryReport(total, at, {k: breakdown.get(k, 0.0) for k in KINDS}, live)
+
+
+@dataclass(frozen=True)
+class _Skeleton:
+    """What the liveness walk of one cost model (and set of nodes) finds without an assignment:
+    which results are buffers and until when they are read, what other stages send, which
+    matmul operands are copied into another dimension order, and the constant-made values."""
+
+    free_uses: tuple  # (node, operand, value) of every use of a constant-made value
+    buffers: tuple  # (node, value, stop, kind, is a result of the step, saved for backward)
+    received: tuple  # (value, first use, last use, saved for backward)
+    relaid: tuple  # (matmul node, operand, value, dimension order, start)
+
+
+def _skeleton(cm, nodes, mine) -> _Skeleton:
+    """The assignment-independent part of :func:`liveness` (memoized on the graph, per cost
+    model and set of nodes)."""
+    g = cm.graph
+    key = ("liveness skeleton", id(cm), None if nodes is None else tuple(nodes))
+    hit = g.memo.get(key)
+    if hit is not None and hit[0] is cm:
+        return hit[1]
+    free = {v for v, gid in cm.group_of_value.items() if gid == cm.free_group}
+    free_uses = tuple((n.id, k, v) for n in g.nodes for k, v in enumerate(n.inputs)
+                      if v is not None and v in free)
+    carried = {g.outputs[o] for o in g.carried.values()}
+    outputs = {v for v in g.outputs if v is not None}
+    fusible = [n.primitive in FUSIBLE for n in g.nodes]
+    end = len(g.nodes)
+
+    def materialized(n, o) -> bool:
+        if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
+            return False  # the operand's own buffer
+        if o in outputs:
+            return True
+        if not fusible[n.id]:
+            return True
+        users = g.consumers(o)
+        if len(users) > 1 and n.primitive in EXPENSIVE:  # not worth recomputing in every user
+            return True
+        return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
+
+    # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
+    # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
+    # ``sub`` of a gradient runs with the optimizer, not after the gradient's matmul).
+    read_at = list(range(end))  # consumers come after their producers: one reverse pass
+    for n in reversed(g.nodes):
+        if not fusible[n.id]:
+            continue
+        for o in n.outputs:
+            if g.values[o].shape and o not in carried and not materialized(n, o):
+                for c, _ in g.consumers(o):
+                    if mine is None or c in mine:
+                        read_at[n.id] = max(read_at[n.id], read_at[c])
+
+    buffers = []
+    for n in g.nodes:
+        if mine is not None and n.id not in mine:
+            continue
+        for o in n.outputs:
+            if not g.values[o].shape or not materialized(n, o):
+                continue
+            uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
+            stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
+            kind = "gradients" if n.backward and n.id in cm.tail else "activations"
+            saved = not n.backward and any(g.nodes[c].backward for c in uses)
+            buffers.append((n.id, o, stop, kind, o in outputs, saved))
+    received_out = []
+    if mine is not None:  # what other stages send: a buffer from its first use to its last here
+        produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
+        received: dict[int, list[int]] = {}
+        for nid in sorted(mine):
+            for v in g.nodes[nid].inputs:
+                if v is not None and v not in produced and g.values[v].producer is not None:
+                    received.setdefault(v, []).append(nid)
+        for v, uses in received.items():
+            if not g.values[v].shape:
+                continue
+            saved = not g.nodes[uses[0]].backward and g.nodes[uses[-1]].backward
+            received_out.append((v, uses[0], uses[-1], saved))
+    # Matmul operands XLA first copies into its canonical dimension order. Layout assignment
+    # makes the copy where the operand is made (a parameter's at the start of the step), not
+    # where the matmul reads it: the copy of a weight or of a saved activation that a backward
+    # matmul reads transposed is live from then on. An operand nothing else reads is made in
+    # the matmul's order directly: its copy is a transient at the matmul.
+    first = 0 if mine is None else min(mine, default=0)
+    relaid = []
+    for n in g.nodes:
+        if n.name != "dot_general" or (mine is not None and n.id not in mine):
+            continue
+        (lc, rc), (lb, rb) = n.params["dimension_numbers"]
+        for k, (contract, batch) in enumerate(((lc, lb), (rc, rb))):
+            v = n.inputs[k]
+            if v is None:
+                continue
+            rank = len(g.values[v].shape)
+            free_dims = [d for d in range(rank) if d not in contract and d not in batch]
+            order = [*batch, *free_dims, *contract] if k == 0 else [*batch, *contract, *free_dims]
+            if order != list(range(rank)) and (
+                    k == 0 or [*batch, *free_dims, *contract] != list(range(rank))):
+                producer = g.values[v].producer
+                if producer is None:
+                    start = first
+                elif any(c != n.id for c, _ in g.consumers(v)):
+                    start = producer
+                else:
+                    start = n.id
+                relaid.append((n.id, k, v, tuple(order), start))
+    sk = _Skeleton(free_uses, tuple(buffers), tuple(received_out), tuple(relaid))
+    g.memo[key] = (cm, sk)
+    return sk
 
 
 def _shards(spec, sizes) -> int:

@@ -225,12 +225,16 @@ class CostModel:
         self._sig_cache: dict[int, tuple] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
+        self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
+        self._move_time: dict[tuple, float] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
         self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
         self.traffic: list[float] = self._fused_traffic()
         self.tail: frozenset[int] = frozenset(self._tail_nodes())
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
+        self._seq_cache: dict[int, tuple[list[int], list[int]]] = {}
+        self.table_rep: list[int] = self._table_reps()
         self._edges = self._cross_edges()
 
     # ---- structure -----------------------------------------------------------------------
@@ -415,6 +419,21 @@ class CostModel:
             return tuple(comms)
         return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
 
+    def _defer_shared(self, comms, nid: int) -> tuple[Comm, ...]:
+        """:meth:`_defer`, memoized: equal comms give the same objects. Only for layout changes
+        on edges: an operator's own collectives must stay distinct objects (the liveness walk
+        tells their reductions apart by identity)."""
+        if (nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body):
+            return tuple(comms)
+        if not comms:
+            return ()
+        key = tuple(comms)
+        hit = self._deferred.get(key)
+        if hit is None:
+            hit = self._deferred[key] = tuple(c if c.deferred else replace(c, deferred=True)
+                                              for c in comms)
+        return hit
+
     def _fused_traffic(self) -> list[float]:
         """HBM bytes per node with loop fusion: an elementwise or shape operator reads only the
         operands that come from outside its fusion and writes only results that leave it."""
@@ -444,11 +463,112 @@ class CostModel:
 
     # ---- per-group tables ----------------------------------------------------------------
     def local(self, gid: int, c: int) -> Local:
-        """Specs, resolutions, time and memory of group ``gid`` under candidate ``c``."""
+        """Specs, resolutions, time and memory of group ``gid`` under candidate ``c``.
+
+        Groups of one *table class* (:meth:`table_class`: repeated layers, alike in everything
+        the table reads) share one computation: the first group's table, with its value and
+        node ids renamed (:meth:`_renamed`)."""
         key = (gid, c)
         hit = self._locals.get(key)
         if hit is not None:
             return hit
+        rep = self.table_rep[gid]
+        if rep != gid:
+            loc = self._renamed(self.local(rep, c), rep, gid)
+        else:
+            loc = self._build_local(gid, c)
+        self._locals[key] = loc
+        return loc
+
+    # ---- shared tables of repeated layers -----------------------------------------------------
+    def _sequence(self, gid: int) -> tuple[list[int], list[int]]:
+        """The nodes and values of a group's table, in the order :meth:`_build_local` meets them
+        (``(nodes, values)``: leader, members and pass-through nodes; owned inputs, results)."""
+        g, grp = self.graph, self.groups[gid]
+        nodes, values = [], []
+        if grp.kind == INPUT:
+            values.extend(g.inputs[i] for i in grp.inputs)
+        elif grp.kind == LEADER:
+            nodes.append(grp.leader)
+            values.extend(g.nodes[grp.leader].outputs)
+        for nid, is_member, alias in self._events(gid):
+            nodes.append(nid)
+            values.extend(g.nodes[nid].outputs if is_member else (alias[0],))
+        return nodes, values
+
+    def _events(self, gid: int) -> list:
+        grp = self.groups[gid]
+        return sorted([(nid, 1, None) for nid in grp.members]
+                      + [(nid, 0, (o, src)) for nid, o, src in self.aliases.get(gid, ())])
+
+    def table_class(self, gid: int):
+        """A key equal for groups whose tables are equal up to renaming value and node ids (the
+        group's structural signature, and what its table reads beyond it: fused memory traffic,
+        deferral, FLOPs and bytes of each node, which operands come from inside the group, the
+        saved activations, the roles of owned inputs); ``None`` for a group that shares nothing
+        (the free group)."""
+        g, grp = self.graph, self.groups[gid]
+        if grp.kind not in (INPUT, LEADER):
+            return None
+        nodes, values = self._sequence(gid)
+        pos = {v: k for k, v in enumerate(values)}
+        events = tuple((is_member, None if alias is None else
+                        (g.values[alias[0]].shape, g.values[alias[0]].dtype, pos.get(alias[1], -1)))
+                       for _, is_member, alias in self._events(gid))
+        per_node = tuple((self._node_sig(n), self.traffic[n], n in self.tail, g.nodes[n].flops,
+                          g.nodes[n].bytes, tuple(None if v is None else pos.get(v, -1)
+                                                  for v in g.nodes[n].inputs))
+                         for n in nodes)
+        npos = {n: k for k, n in enumerate(nodes)}
+        per_value = tuple((g.values[v].shape, g.values[v].dtype, v in self.saved_activations,
+                           npos.get(g.values[v].producer, -1)) for v in values)
+        return (grp.kind, grp.signature, tuple(g.input_roles[i] for i in grp.inputs), events,
+                per_node, per_value)
+
+    def _table_reps(self) -> list[int]:
+        """Per group, the first group of its :meth:`table_class` (itself when unshared)."""
+        first: dict = {}
+        reps = []
+        for grp in self.groups:
+            key = self.table_class(grp.id)
+            reps.append(grp.id if key is None else first.setdefault(key, grp.id))
+        return reps
+
+    def _renamed(self, loc: Local, rep: int, gid: int) -> Local:
+        """Group ``rep``'s table ``loc`` as group ``gid``'s (same table class): its value and node
+        ids renamed. An operator's deferred collectives are new objects per group, as when
+        built (the liveness walk tells reductions apart by identity)."""
+        seq = self._seq_cache
+        if rep not in seq:
+            seq[rep] = self._sequence(rep)
+        if gid not in seq:
+            seq[gid] = self._sequence(gid)
+        (rn, rv), (gn, gv) = seq[rep], seq[gid]
+        nmap = dict(zip(rn, gn))
+        vmap = dict(zip(rv, gv))
+        fresh: dict[int, Comm] = {}
+
+        def cp(c: Comm) -> Comm:
+            if not c.deferred:
+                return c
+            n = fresh.get(id(c))
+            if n is None:
+                n = fresh[id(c)] = replace(c)
+            return n
+
+        comms = [cp(c) for c in loc.comms]
+        program = comms if loc.program_comms is loc.comms else [cp(c) for c in loc.program_comms]
+        return Local(
+            {vmap[v]: s for v, s in loc.specs.items()},
+            {nmap[n]: r for n, r in loc.res.items()},
+            loc.time, loc.compute, comms, loc.memory, dict(loc.memory_parts), program,
+            {nmap[n]: t for n, t in loc.node_compute.items()},
+            {nmap[n]: tuple(cp(c) for c in cs) for n, cs in loc.node_comms.items()},
+            [Move(vmap[m.value], nmap[m.node], gid, cp(m.comm)) for m in loc.moves],
+            [MemoryUse(None if u.node is None else nmap[u.node], gid, u.kind, u.bytes)
+             for u in loc.memory_uses])
+
+    def _build_local(self, gid: int, c: int) -> Local:
         g, grp = self.graph, self.groups[gid]
         specs: dict[int, Spec] = {}
         res: dict[int, Resolution] = {}
@@ -501,10 +621,7 @@ class CostModel:
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
-        aliases = self.aliases.get(gid, ())
-        events = sorted([(nid, 1, None) for nid in grp.members]
-                        + [(nid, 0, (o, src)) for nid, o, src in aliases])
-        for nid, is_member, alias in events:
+        for nid, is_member, alias in self._events(gid):
             if not is_member:  # a pass-through result: the operand's layout
                 o, src = alias
                 src_spec = specs.get(src)
@@ -542,10 +659,8 @@ class CostModel:
             if v in self.saved_activations:
                 use(g.values[v].producer, "activations", self._nbytes(v, s))
         time = compute + sum(self.comm_time(cm) for cm in comms)
-        loc = Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
-                    comms if program is None else program, node_compute, node_comms, moves, uses)
-        self._locals[key] = loc
-        return loc
+        return Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
+                     comms if program is None else program, node_compute, node_comms, moves, uses)
 
     def _waiting_partial_sums(self, comms) -> list[float]:
         """Bytes of the partial sums among ``comms`` that the additive memory model must hold
@@ -601,7 +716,8 @@ class CostModel:
 
     def _nbytes(self, vid: int, spec: Spec) -> float:
         v = self.graph.values[vid]
-        return float(np.prod(local_shape(v.shape, spec, self.sizes), dtype=np.float64)) * dtype_size(v.dtype)
+        # math.prod of ints is exact, as np.prod in float64 is below 2**53 elements
+        return float(math.prod(local_shape(v.shape, spec, self.sizes))) * dtype_size(v.dtype)
 
     def reshard(self, vid: int, src: Spec, dst: Spec) -> tuple[Comm, ...]:
         """The collectives that bring value ``vid`` from layout ``src`` to ``dst``."""
@@ -670,7 +786,7 @@ class CostModel:
             dst = self.required(gc, cc, nid, k)
             src = src_loc.specs.get(v)
             if dst is not None and src is not None:
-                out.extend(self._defer(self.reshard(v, src, dst), nid))
+                out.extend(self._defer_shared(self.reshard(v, src, dst), nid))
         return out
 
     def operand_changes(self, gid: int, c: int, nid: int, assignment) -> float:
@@ -729,12 +845,26 @@ class CostModel:
             ud, di = _unique_index(dsts)
             t = np.zeros((len(us), len(ud)))
             for a, s in enumerate(us):
+                if s is None:
+                    continue
                 for b, d in enumerate(ud):
-                    if s is not None and d is not None:
-                        t[a, b] = sum(self.comm_time(cm)
-                                      for cm in self._defer(self.reshard(v, s, d), nid))
+                    if d is not None and s != d:
+                        t[a, b] = self.move_time(v, s, d, nid)
             m += t[np.ix_(ui, di)]
         return m
+
+    def move_time(self, vid: int, src: Spec, dst: Spec, nid: int) -> float:
+        """Seconds of bringing value ``vid`` from ``src`` to ``dst`` for node ``nid`` (the sum of
+        :meth:`comm_time` over its deferred-as-due :meth:`reshard`), memoized by shape."""
+        v = self.graph.values[vid]
+        deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
+                                                                 self.graph.loop_body))
+        key = (v.shape, v.dtype, src, dst, deferred)
+        t = self._move_time.get(key)
+        if t is None:
+            t = self._move_time[key] = sum(
+                self.comm_time(cm) for cm in self._defer_shared(self.reshard(vid, src, dst), nid))
+        return t
 
     # ---- assignments ---------------------------------------------------------------------
     def replicated_assignment(self) -> list[int]:
@@ -873,7 +1003,7 @@ class CostModel:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
-                    moves.append((v, nid, dst, self._defer(self.reshard(v, src, dst), nid)))
+                    moves.append((v, nid, dst, self._defer_shared(self.reshard(v, src, dst), nid)))
         # Every value's layout is pinned (:meth:`pinned_layouts`), so a layout change is one
         # reshard of one value; XLA computes the same reshard of a value once (CSE) however many
         # operators read it.
@@ -1079,7 +1209,7 @@ class CostModel:
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
                     moves.extend(Move(v, nid, gc, m)
-                                 for m in self._defer(self.reshard(v, src, dst), nid))
+                                 for m in self._defer_shared(self.reshard(v, src, dst), nid))
         b = Breakdown(list(assignment), specs, compute, own, moves, uses)
         if memory:
             for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak

@@ -92,6 +92,8 @@ class NodeCosts:
         their input.  # dict
       memory: ``(node or None, input indices of its group, kind, bytes)`` per device.  # list
       specs: planned layout of every value.  # dict
+      own / moves: the breakdown's collectives of each node and layout changes
+        (:class:`~hulkjax.cost.model.Breakdown`).  # dict, list
     """
 
     time: np.ndarray
@@ -100,6 +102,8 @@ class NodeCosts:
     state_moves: dict[int, float] = field(default_factory=dict)
     memory: list = field(default_factory=list)
     specs: dict = field(default_factory=dict)
+    own: dict = field(default_factory=dict)
+    moves: list = field(default_factory=list)
 
 
 def node_costs(cm: CostModel, assignment) -> NodeCosts:
@@ -125,7 +129,8 @@ def node_costs(cm: CostModel, assignment) -> NodeCosts:
             state_moves[carried_input[m.value]] += t
     memory = [(u.node, cm.groups[u.group].inputs, u.kind, u.bytes) for u in b.memory]
     out = NodeCosts(time=compute + comm, compute=compute, comm=comm,
-                    state_moves=dict(state_moves), memory=memory, specs=b.specs)
+                    state_moves=dict(state_moves), memory=memory, specs=b.specs, own=b.own,
+                    moves=b.moves)
     memo[key] = (cm, out)
     return out
 
@@ -247,7 +252,7 @@ def _stage_times(s: StageWork) -> dict:
 
     def comm_by_axis(M: int) -> dict[str, float]:
         """Seconds per step on each axis of the stage's mesh (own collectives and moves)."""
-        b_ = cm.breakdown(list(s.assignment))
+        b_ = node_costs(cm, s.assignment)  # its breakdown's collectives (memoized)
         per: dict[str, float] = defaultdict(float)
         mine_mb = set(s.forward) | set(s.backward)
         mine_u = set(s.update)

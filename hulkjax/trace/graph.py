@@ -14,6 +14,7 @@ is applied to the real program.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ class Value:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape) if self.shape else 1
 
     @property
     def nbytes(self) -> int:

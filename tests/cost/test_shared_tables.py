@@ -1,0 +1,48 @@
+"""Speed-ups of the cost model's tables leave every number as it was."""
+
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.cost import CostModel
+
+
+def _record(loc) -> tuple:
+    # Dict orders too: sums over them (memory by kind, the liveness walk) follow them.
+    return (loc.specs, list(loc.specs), loc.res, list(loc.res), loc.time, loc.compute, loc.comms,
+            loc.memory, loc.memory_parts, loc.program_comms, loc.node_compute, loc.node_comms,
+            list(loc.node_comms), loc.moves, loc.memory_uses)
+
+
+@pytest.mark.parametrize("name,overrides,topology", [
+    ("gpt2", {}, hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)),
+    ("gpt2", {"scan_layers": True}, hj.Topology.grid((2, 4), ("data", "model"))),
+    ("llama", {}, hj.Topology.preset("hetero")),
+    ("moe", {}, hj.Topology.grid((2, 4), ("data", "model")))])
+def test_repeated_layers_share_tables_equal_to_their_own(name, overrides, topology):
+    """Groups of one table class (repeated layers) share one table, renamed to their ids: it
+    equals the table each group builds on its own, for every candidate."""
+    m = zoo.get(name, size="tiny", **overrides)
+    cm = CostModel(hj.trace(m.step, *m.abstract()), topology)
+    shared = [g.id for g in cm.groups if cm.table_rep[g.id] != g.id]
+    if not overrides:
+        assert shared  # the tiny models repeat their layers
+    for grp in cm.groups:
+        for c in range(len(grp.candidates)):
+            assert _record(cm.local(grp.id, c)) == _record(cm._build_local(grp.id, c)), (grp.id, c)
+
+
+def test_shared_tables_keep_reductions_distinct_per_operator():
+    """The liveness walk tells deferred gradient reductions apart by identity: groups sharing a
+    table get their own objects."""
+    m = zoo.get("gpt2", size="tiny")
+    topo = hj.Topology.grid((8,), ("d",))
+    cm = CostModel(hj.trace(m.step, *m.abstract()), topo)
+    p = hj.plan(m.step, *m.abstract(), topology=topo, strategy="dp")
+    seen = {}
+    for gid, c in enumerate(p.assignment):
+        for nid, comms in cm.local(gid, c).node_comms.items():
+            for x in comms:
+                if x.deferred:
+                    assert seen.setdefault(id(x), nid) == nid
+    assert seen
