@@ -102,8 +102,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     # layout its uses slice it to: partitioners propagate the consumers' sharding onto it.
     for nid, k, v in sk.free_uses:
         gid = cm.group_of_node[nid]
-        res = cm.local(gid, assignment[gid]).res
-        need = res[nid].in_specs[k] if nid in res else None
+        r = cm.resolution(gid, assignment[gid], nid)
+        need = r.in_specs[k] if r is not None else None
         have = specs.get(v)
         if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
             specs[v] = need
@@ -209,8 +209,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     relaid: dict[tuple, list] = {}
     for nid, k, v, order, start in sk.relaid:
         gid = cm.group_of_node[nid]
-        spec = cm.local(gid, assignment[gid]).res
-        need = spec[nid].in_specs[k] if nid in spec else None
+        r = cm.resolution(gid, assignment[gid], nid)
+        need = r.in_specs[k] if r is not None else None
         span = relaid.setdefault((v, order, need), [start, nid, nbytes(v, need)])
         span[0], span[1] = min(span[0], start), max(span[1], nid)
     for start, stop, size in relaid.values():

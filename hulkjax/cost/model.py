@@ -228,12 +228,21 @@ class CostModel:
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
         self._move_time: dict[tuple, float] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
-        self.saved_activations: frozenset[int] = frozenset(self._saved_activations())
-        self.traffic: list[float] = self._fused_traffic()
-        self.tail: frozenset[int] = frozenset(self._tail_nodes())
+        # What depends on the graph (and backend) alone is made once (the staged search builds
+        # cost models of one graph on several device groups).
+        key = ("cost graph facts", self.backend.name)
+        memo = graph.memo.get(key)
+        if memo is None:
+            memo = graph.memo[key] = (
+                frozenset(self._saved_activations()), self._fused_traffic(),
+                frozenset(self._tail_nodes()))
+        self.saved_activations: frozenset[int] = memo[0]
+        self.traffic: list[float] = memo[1]
+        self.tail: frozenset[int] = memo[2]
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._seq_cache: dict[int, tuple[list[int], list[int]]] = {}
+        self._rep_maps: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
         self.table_rep: list[int] = self._table_reps()
         self._edges = self._cross_edges()
 
@@ -479,6 +488,39 @@ class CostModel:
             loc = self._build_local(gid, c)
         self._locals[key] = loc
         return loc
+
+    def table(self, gid: int, c: int) -> Local:
+        """The table :meth:`local` renames for group ``gid``: its times and memory are the
+        group's (its value and node ids are those of the group's table class's first group;
+        :meth:`spec`, :meth:`required` read it without renaming)."""
+        return self.local(self.table_rep[gid], c)
+
+    def spec(self, gid: int, c: int, vid: int) -> Spec | None:
+        """``local(gid, c).specs.get(vid)``: the layout of value ``vid`` of group ``gid``."""
+        rep = self.table_rep[gid]
+        if rep != gid:
+            vid = self._rep_ids(gid)[1].get(vid, -1)
+        return self.local(rep, c).specs.get(vid)
+
+    def resolution(self, gid: int, c: int, nid: int) -> Resolution | None:
+        """``local(gid, c).res.get(nid)``: how node ``nid`` of group ``gid`` runs."""
+        rep = self.table_rep[gid]
+        if rep != gid:
+            nid = self._rep_ids(gid)[0].get(nid, -1)
+        return self.local(rep, c).res.get(nid)
+
+    def _rep_ids(self, gid: int) -> tuple[dict[int, int], dict[int, int]]:
+        """``({node: its table class representative's}, {value: ...})`` of a shared group."""
+        hit = self._rep_maps.get(gid)
+        if hit is None:
+            seq = self._seq_cache
+            rep = self.table_rep[gid]
+            for x in (rep, gid):
+                if x not in seq:
+                    seq[x] = self._sequence(x)
+            (rn, rv), (gn, gv) = seq[rep], seq[gid]
+            hit = self._rep_maps[gid] = (dict(zip(gn, rn)), dict(zip(gv, rv)))
+        return hit
 
     # ---- shared tables of repeated layers -----------------------------------------------------
     def _sequence(self, gid: int) -> tuple[list[int], list[int]]:
@@ -772,19 +814,20 @@ class CostModel:
 
     def required(self, gid: int, c: int, nid: int, k: int) -> Spec | None:
         """Layout consumer ``(nid, k)`` (or ``(-1, input index)``) needs under candidate ``c``."""
-        loc = self.local(gid, c)
+        rep = self.table_rep[gid]
         if nid == -1:
-            return loc.specs[self.graph.inputs[k]]
-        return loc.res[nid].in_specs[k]
+            return self.spec(gid, c, self.graph.inputs[k])
+        if rep != gid:
+            nid = self._rep_ids(gid)[0][nid]
+        return self.local(rep, c).res[nid].in_specs[k]
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
         """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
         (``cc``)."""
         out = []
-        src_loc = self.local(gp, cp)
         for v, nid, k in self._edges.get((gp, gc), ()):
             dst = self.required(gc, cc, nid, k)
-            src = src_loc.specs.get(v)
+            src = self.spec(gp, cp, v)
             if dst is not None and src is not None:
                 out.extend(self._defer_shared(self.reshard(v, src, dst), nid))
         return out
@@ -806,7 +849,7 @@ class CostModel:
         if grp.kind == LEADER and grp.leader == nid:
             need = grp.candidates[c].in_specs  # no need to build the group's tables
         else:
-            need = self.local(gid, c).res[nid].in_specs
+            need = self.resolution(gid, c, nid).in_specs
         n = 0.0
         kept: set[str] = set()  # axes an operand arrives split over and stays split over
         needed: set[str] = set()
@@ -814,7 +857,7 @@ class CostModel:
             if v is None or s is None:
                 continue
             src_gid = self.group_of_value[v]
-            have = self.local(src_gid, assignment[src_gid]).specs.get(v)
+            have = self.spec(src_gid, assignment[src_gid], v)
             wanted = {a for axes in s for a in axes}
             needed |= wanted
             if have is None:
@@ -839,7 +882,7 @@ class CostModel:
         items = self._edges.get((gp, gc), ())
         m = np.zeros((len(cps), len(ccs)))
         for v, nid, k in items:
-            srcs = [self.local(gp, c).specs.get(v) for c in cps]
+            srcs = [self.spec(gp, c, v) for c in cps]
             dsts = [self.required(gc, c, nid, k) for c in ccs]
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
@@ -1162,7 +1205,7 @@ class CostModel:
 
     def objective(self, assignment) -> float:
         """``evaluate(assignment).step_time`` computed from the tables (what the ILP minimizes)."""
-        t = sum(self.local(gid, c).time for gid, c in enumerate(assignment))
+        t = sum(self.table(gid, c).time for gid, c in enumerate(assignment))
         for (gp, gc), _ in self._edges.items():
             t += self.edge_time(gp, assignment[gp], gc, assignment[gc])
         return t
@@ -1173,7 +1216,7 @@ class CostModel:
         The reported peak (``evaluate(...).peak_memory``) is :func:`~hulkjax.cost.memory.liveness`'s
         walk, which this sum usually bounds from above (not where a combined gradient reduction
         holds its operands and results at once); planners check their result with the walk."""
-        return sum(self.local(gid, c).memory for gid, c in enumerate(assignment))
+        return sum(self.table(gid, c).memory for gid, c in enumerate(assignment))
 
     def peak_memory(self, assignment) -> float:
         """Per-device peak memory of an assignment (the liveness walk), bytes."""

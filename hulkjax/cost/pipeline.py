@@ -47,6 +47,7 @@ stage that finishes early does not start its update early); host dispatch is fre
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -140,7 +141,8 @@ def local_bytes(graph: OpGraph, vid: int, spec: Spec | None, sizes) -> float:
     v = graph.values[vid]
     if spec is None:
         return float(v.nbytes)
-    return float(np.prod(local_shape(v.shape, spec, sizes), dtype=np.float64)) * dtype_size(v.dtype)
+    # math.prod of ints is exact, as np.prod in float64 is below 2**53 elements
+    return float(math.prod(local_shape(v.shape, spec, sizes))) * dtype_size(v.dtype)
 
 
 def stage_link(topology, src: tuple[int, ...], dst: tuple[int, ...]):

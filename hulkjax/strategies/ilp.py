@@ -288,7 +288,7 @@ class _Program:
                     chosen.update(restrict.get(g2, ()))
             else:
                 pruned += n > max_candidates
-                times = np.array([cm.local(gid, k).time for k in range(n)])
+                times = np.array([cm.table(gid, k).time for k in range(n)])
                 chosen = set(np.argsort(times, kind="stable")[:max_candidates].tolist()) | {0}
             for seed in seeds:
                 for g2 in members[c]:
@@ -297,9 +297,9 @@ class _Program:
 
         n_classes = len(reps)
         # Node costs and memory per class (summed over the class's groups).
-        node_cost = [np.array([sum(cm.local(g2, k).time for g2 in members[c]) for k in keep[c]])
+        node_cost = [np.array([sum(cm.table(g2, k).time for g2 in members[c]) for k in keep[c]])
                      for c in range(n_classes)]
-        node_mem = [np.array([sum(cm.local(g2, k).memory for g2 in members[c]) for k in keep[c]])
+        node_mem = [np.array([sum(cm.table(g2, k).memory for g2 in members[c]) for k in keep[c]])
                     for c in range(n_classes)]
 
         # Edge costs between classes (an edge inside one class only sees equal choices).

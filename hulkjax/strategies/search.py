@@ -23,7 +23,7 @@ def neighbours(cm: CostModel) -> dict[int, list[tuple[int, bool]]]:
 
 def local_cost(cm: CostModel, nb, gid: int, c: int, assignment) -> float:
     """The part of the objective that depends on group ``gid``'s candidate."""
-    t = cm.local(gid, c).time
+    t = cm.table(gid, c).time
     for other, is_producer in nb.get(gid, ()):
         if is_producer:
             t += cm.edge_time(other, assignment[other], gid, c)
@@ -84,7 +84,7 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
             src = cm.group_of_value[v]
             sgrp = cm.groups[src]
             if sgrp.kind == INPUT and src in fixed and g.input_roles[sgrp.inputs[0]] == "parameter":
-                spec = cm.local(src, a[src]).specs.get(v)
+                spec = cm.spec(src, a[src], v)
                 # A loop gathers parameter slices inside its body: it takes them as they are.
                 gather = param_use == "gather" and not node.subgraphs
                 if spec is not None:
@@ -99,7 +99,7 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
         options = [c for c in options if changes[c] == fewest]
         best_c, best_key = options[0], (float("inf"), float("inf"), float("inf"))
         for c in options:
-            arriving, rest = 0.0, cm.local(grp.id, c).time
+            arriving, rest = 0.0, cm.table(grp.id, c).time
             for other, is_producer in nb.get(grp.id, ()):
                 if other not in decided:
                     continue
@@ -165,9 +165,9 @@ def polish_memory(cm: CostModel, assignment: list[int], *, rel: float = 1e-12,
             options = range(len(grp.candidates))
         here = local_cost(cm, nb, gid, a[gid], a)
         tol = rel * max(here, 1e-30) + 1e-18
-        best, best_mem = a[gid], cm.local(gid, a[gid]).memory
+        best, best_mem = a[gid], cm.table(gid, a[gid]).memory
         for c in options:
-            mem = cm.local(gid, c).memory
+            mem = cm.table(gid, c).memory
             if mem < best_mem and local_cost(cm, nb, gid, c, a) <= here + tol:
                 best, best_mem = c, mem
         a[gid] = best

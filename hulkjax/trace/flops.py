@@ -13,6 +13,7 @@ from hulkjax.trace.primitives import ELEMENTWISE, PER_INPUT_ELEMENT
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -27,7 +28,8 @@ flops_rules: dict[object, FlopsRule] = {}
 
 
 def _size(shape: Shape) -> float:
-    return float(np.prod(shape, dtype=np.float64)) if shape else 1.0
+    # math.prod of ints is exact, as np.prod in float64 is below 2**53
+    return float(math.prod(shape)) if shape else 1.0
 
 
 def register_flops(*prims) -> Callable[[FlopsRule], FlopsRule]:

@@ -9,11 +9,11 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 from jax.interpreters import partial_eval as pe
@@ -192,7 +192,7 @@ def _aval_bytes(aval) -> int:
     if shape is None or dtype is None:
         return 0
     # getattr: JAX's extended dtypes (PRNG keys) have an itemsize but are not numpy dtypes.
-    return int(np.prod(shape, dtype=np.int64)) * int(getattr(dtype, "itemsize", 0) or 0)
+    return math.prod(shape) * int(getattr(dtype, "itemsize", 0) or 0)
 
 
 _TRANSFORM = re.compile(r"\w+\(([^()]*)\)")

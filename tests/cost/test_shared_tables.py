@@ -27,9 +27,19 @@ def test_repeated_layers_share_tables_equal_to_their_own(name, overrides, topolo
     shared = [g.id for g in cm.groups if cm.table_rep[g.id] != g.id]
     if not overrides:
         assert shared  # the tiny models repeat their layers
+    g = cm.graph
     for grp in cm.groups:
         for c in range(len(grp.candidates)):
-            assert _record(cm.local(grp.id, c)) == _record(cm._build_local(grp.id, c)), (grp.id, c)
+            own = cm._build_local(grp.id, c)
+            assert _record(cm.local(grp.id, c)) == _record(own), (grp.id, c)
+            # The accessors that read the shared table without renaming it.
+            assert (cm.table(grp.id, c).time, cm.table(grp.id, c).memory) == (own.time, own.memory)
+            for v, s in own.specs.items():
+                assert cm.spec(grp.id, c, v) == s
+            for nid, r in own.res.items():
+                assert cm.resolution(grp.id, c, nid) == r
+                assert all(cm.required(grp.id, c, nid, k) == r.in_specs[k]
+                           for k in range(len(g.nodes[nid].inputs)))
 
 
 def test_shared_tables_keep_reductions_distinct_per_operator():
