@@ -227,6 +227,7 @@ class CostModel:
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
         self._move_time: dict[tuple, float] = {}
+        self._matrix_cache: dict[tuple, np.ndarray] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
         # What depends on the graph (and backend) alone is made once (the staged search builds
         # cost models of one graph on several device groups).
@@ -880,6 +881,15 @@ class CostModel:
         cps = range(len(self.groups[gp].candidates)) if cps is None else cps
         ccs = range(len(self.groups[gc].candidates)) if ccs is None else ccs
         items = self._edges.get((gp, gc), ())
+        # An edge between repeated layers is the same matrix as the first layers' edge: cached
+        # under the table classes' ids (what every entry reads: :meth:`spec`, :meth:`required`,
+        # :meth:`move_time`).
+        key = self._edge_key(gp, gc, items)
+        if key is not None:
+            key = (key, tuple(cps), tuple(ccs))
+            hit = self._matrix_cache.get(key)
+            if hit is not None:
+                return hit.copy()
         m = np.zeros((len(cps), len(ccs)))
         for v, nid, k in items:
             srcs = [self.spec(gp, c, v) for c in cps]
@@ -894,7 +904,26 @@ class CostModel:
                     if d is not None and s != d:
                         t[a, b] = self.move_time(v, s, d, nid)
             m += t[np.ix_(ui, di)]
+        if key is not None:
+            self._matrix_cache[key] = m.copy()
         return m
+
+    def _edge_key(self, gp: int, gc: int, items) -> tuple | None:
+        """The edge's items in its groups' table-class representatives' ids (``None``: a carried
+        state edge, or ids without a counterpart)."""
+        rp, rc = self.table_rep[gp], self.table_rep[gc]
+        vmap = self._rep_ids(gp)[1] if rp != gp else None
+        nmap = self._rep_ids(gc)[0] if rc != gc else None
+        out = []
+        for v, nid, k in items:
+            if nid < 0:
+                return None
+            v2 = v if vmap is None else vmap.get(v)
+            n2 = nid if nmap is None else nmap.get(nid)
+            if v2 is None or n2 is None:
+                return None
+            out.append((v2, n2, k))
+        return (rp, rc, tuple(out))
 
     def move_time(self, vid: int, src: Spec, dst: Spec, nid: int) -> float:
         """Seconds of bringing value ``vid`` from ``src`` to ``dst`` for node ``nid`` (the sum of

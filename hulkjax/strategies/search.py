@@ -90,13 +90,23 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
                 if spec is not None:
                     wanted[k] = _gathered(spec, gather_axes) if gather else spec
         scatter = _ScatterCheck(cm, nb, grp, fixed, a)
-        options = [c for c, r in enumerate(grp.candidates)
-                   if all(r.in_specs[k] == s for k, s in wanted.items()) and scatter.allowed(c)]
-        options = options or list(range(len(grp.candidates)))
         # Fewest layout changes first, decided on the candidates alone; only those get costed.
-        changes = {c: cm.operand_changes(grp.id, c, node.id, a) for c in options}
-        fewest = min(changes.values())
-        options = [c for c in options if changes[c] == fewest]
+        # (Among the candidates at the wanted layouts that the scatter check allows; it is asked
+        # level by level, fewest changes first: it costs edges.)
+        matching = [c for c, r in enumerate(grp.candidates)
+                    if all(r.in_specs[k] == s for k, s in wanted.items())]
+        changes = {c: cm.operand_changes(grp.id, c, node.id, a) for c in matching}
+        options = []
+        for fewest in sorted(set(changes.values())):
+            options = [c for c in matching if changes[c] == fewest and scatter.allowed(c)]
+            if options:
+                break
+        if not options:
+            options = list(range(len(grp.candidates)))
+            changes = {c: changes[c] if c in changes else
+                       cm.operand_changes(grp.id, c, node.id, a) for c in options}
+            fewest = min(changes.values())
+            options = [c for c in options if changes[c] == fewest]
         best_c, best_key = options[0], (float("inf"), float("inf"), float("inf"))
         for c in options:
             arriving, rest = 0.0, cm.table(grp.id, c).time

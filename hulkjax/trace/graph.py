@@ -245,11 +245,24 @@ def dtype_name(dtype) -> str:
     (PRNG keys: ``"key<fry>"``), which numpy cannot name (``np.dtype`` raises on them)."""
     import jax
 
+    try:
+        key = (dtype, bool(jax.config.jax_enable_x64))
+        hit = _DTYPE_NAMES.get(key)
+    except TypeError:  # an unhashable dtype-like
+        key, hit = None, None
+    if hit is not None:
+        return hit
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         name = str(dtype)
         _DTYPE_SIZES.setdefault(name, int(getattr(dtype, "itemsize", 0) or 0))
-        return name
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+    else:
+        name = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+    if key is not None:
+        _DTYPE_NAMES[key] = name
+    return name
+
+
+_DTYPE_NAMES: dict = {}  # (dtype, x64) -> name: the tracer names every value's dtype
 
 
 def dtype_size(dtype: str) -> int:

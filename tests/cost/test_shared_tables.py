@@ -56,3 +56,19 @@ def test_shared_tables_keep_reductions_distinct_per_operator():
                 if x.deferred:
                     assert seen.setdefault(id(x), nid) == nid
     assert seen
+
+
+def test_edge_matrices_of_repeated_layers_are_shared_and_equal_to_their_own(monkeypatch):
+    """Edges between repeated layers share one matrix (cached under the table classes' ids): it
+    equals the matrix each edge computes on its own."""
+    import numpy as np
+
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    topo = hj.Topology.grid((2, 4), ("data", "model"))
+    shared, own = CostModel(g, topo), CostModel(g, topo)
+    monkeypatch.setattr(own, "_edge_key", lambda *a: None)
+    edges = [e for e, _ in shared.edge_items()]
+    for gp, gc in edges:
+        assert np.array_equal(shared.edge_matrix(gp, gc), own.edge_matrix(gp, gc))
+    assert len(shared._matrix_cache) < len(edges)  # some were shared
