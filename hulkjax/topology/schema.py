@@ -15,7 +15,10 @@ Schema (version 1). Units: FLOP/s, bytes, bytes/s (per direction per device), se
       "devices": {                       # required
         "kinds": {                       # optional: kinds not listed here come from DEVICE_SPECS
           "H100": {"peak_flops": 9.9e14, "memory": 8e10, "hbm_bandwidth": 3.35e12,
-                   "peak_flops_f32": 4.95e14}  # optional: float32 matmul peak
+                   "peak_flops_f32": 4.95e14,  # optional: float32 matmul peak
+                   "flops_efficiency": 0.69,   # optional: fraction of the peaks reached (1)
+                   "memory_efficiency": 0.77,  # optional: fraction of hbm_bandwidth reached (1)
+                   "kernel_overhead": 5e-6}    # optional: seconds per kernel launch (0)
         },
         "hierarchy": [                   # required, >= 1 region; order = device order
           {"region": "local",            # unique, non-empty
@@ -160,7 +163,8 @@ def from_dict(data: Any, source: str | None = None) -> tuple[dict[str, Any], Cal
     for kind, spec in file_kinds.items():
         path = f"devices.kinds.{kind}"
         c.string(kind, "devices.kinds key")
-        c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"), ("peak_flops_f32",))
+        c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"),
+              ("peak_flops_f32", "flops_efficiency", "memory_efficiency", "kernel_overhead"))
         kinds[kind] = c.build(DeviceSpec, path, kind=kind, **spec)
 
     devices: list[Device] = []
@@ -291,6 +295,7 @@ def to_dict(topo: Any) -> dict[str, Any]:
                 "memory": spec.memory,
                 "hbm_bandwidth": spec.hbm_bandwidth,
                 **({} if spec.peak_flops_f32 is None else {"peak_flops_f32": spec.peak_flops_f32}),
+                **spec.calibration,
             },
         )
         if not hierarchy or hierarchy[-1]["region"] != dev.region:

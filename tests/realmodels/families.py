@@ -41,6 +41,10 @@ Dropout is off (``deterministic=True``, rates 0). Sizes:
   Gemma), vocab 256, sequence 16, batch 8: batch, width, heads, feed-forward and vocab divide 8,
   2 x 4 and 2 x 2 x 2 meshes (ViT's 17 tokens, 16 patches + CLS, do not).
 * ``"small"`` (benchmarks): 4 layers, width 256, 8 heads, vocab 8192, sequence 128, batch 16.
+* ``"base"`` (the GPU calibration, ``benchmarks/gpu.py``): BERT-base / GPT-2-small shapes, 12
+  layers, width 768, 12 heads, vocab 32768, sequence 512, batch 16, 224 x 224 images.
+* ``"wide"`` (the calibration's held-out check): 6 layers, width 1024, 16 heads, vocab 50304,
+  sequence 1024, batch 8, 384 x 384 images.
 
 Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models) and keras-hub 0.32 with
 Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow,
@@ -66,7 +70,7 @@ import optax
 
 __all__ = ["FAMILIES", "Family", "FamilyUnavailableError", "available", "build", "names"]
 
-SIZES = ("tiny", "small")
+SIZES = ("tiny", "small", "base", "wide")
 
 # Architecture per size, shared by the families (each maps it to its library's config names).
 _DIMS = {
@@ -74,6 +78,10 @@ _DIMS = {
                  patch=4),
     "small": dict(layers=4, width=256, heads=8, ff=1024, vocab=8192, seq=128, batch=16, image=64,
                   patch=8),
+    "base": dict(layers=12, width=768, heads=12, ff=3072, vocab=32768, seq=512, batch=16,
+                 image=224, patch=16),
+    "wide": dict(layers=6, width=1024, heads=16, ff=4096, vocab=50304, seq=1024, batch=8,
+                 image=384, patch=16),
 }
 
 Step = Callable[[dict, dict], tuple[dict, dict]]
@@ -473,7 +481,7 @@ def available(name: str) -> bool:
 
 
 def build(name: str, size: str = "tiny") -> tuple[Step, dict, dict]:
-    """``(step, state, batch)`` of family ``name`` at ``size`` (``"tiny"`` or ``"small"``).
+    """``(step, state, batch)`` of family ``name`` at ``size`` (one of ``SIZES``).
 
     Raises:
       KeyError: an unknown family (the message lists them).
