@@ -340,7 +340,8 @@ def cmd_calibrate(args) -> int:
     dev, link = rec["device"], rec["link"]
     print(topo.describe())
     print(f"measured per device: {dev['peak_flops'] / 1e9:.4g} GFLOP/s (float32 matmul "
-          f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])}")
+          f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])}, "
+          f"{dev.get('kernel_overhead', 0.0) * 1e6:.3g} us per kernel")
     print(f"link between processes: {format_rate(link['bandwidth'])}, latency "
           f"{link['latency'] * 1e6:.4g} us ({link['method']})")
     if "local_link" in rec:

@@ -23,6 +23,11 @@ with every device of every process running at once, as they do in a launch job):
   work, which is what a launch job on this machine gets.
 * **memory bandwidth** per device: ``y = x * a + b`` on a ``memory_bytes`` float32 array per
   device: one read and one write, ``2 x memory_bytes`` per run.
+* **kernel overhead** per device: a jitted chain of ``KERNEL_CHAIN`` dependent ``16 x 16``
+  matmuls (one kernel each) against a chain of one, on every local device at once:
+  ``(t_chain - t_one) / (KERNEL_CHAIN - 1)`` is what each further kernel adds beyond its
+  (negligible) roofline time, the dispatch of the call cancelled out. It becomes the spec's
+  ``kernel_overhead``.
 * **link between processes**: an all-reduce (``shard_map`` + ``psum``, compiled by XLA:CPU into one
   all-reduce run by gloo over TCP) over one device per process, at several sizes. A ring
   all-reduce of ``B`` bytes over ``n`` processes takes ``2 (n-1)/n B / bw + 2 (n-1) a``; a least
@@ -61,6 +66,9 @@ log = logging.getLogger("hulkjax.launch")
 CALIBRATION_FORMAT = 1
 """Version of ``calibration.json``."""
 
+KERNEL_CHAIN = 64
+"""Dependent tiny matmuls in the kernel-overhead measurement."""
+
 
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *,
                    participants: int) -> tuple[float, float]:
@@ -84,6 +92,16 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *,
             f"all-reduce times {t.tolist()} s do not grow with the sizes {b.tolist()} bytes: no "
             f"bandwidth can be read from them. Calibrate with larger link sizes.")
     return float(1.0 / slope), float(max(intercept, 0.0) / (2 * (n - 1)))
+
+
+def kernel_overhead(kernels: dict) -> float:
+    """Seconds each further kernel of a dependent chain adds (clipped at 0: noise).
+
+    >>> kernel_overhead({"chain": 64, "seconds_one": 10e-6, "seconds_chain": 10e-6 + 63 * 4e-6})
+    4e-06
+    """
+    extra = (kernels["seconds_chain"] - kernels["seconds_one"]) / (kernels["chain"] - 1)
+    return round(max(extra, 0.0), 12)
 
 
 # ---- one process ---------------------------------------------------------------------------
@@ -158,6 +176,21 @@ def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
     t = _median_time(lambda: axpb(x), repeats, barrier)
     out["memory"] = {"bytes_per_device": elems * 4, "seconds": t,
                      "traffic_per_device": 2 * elems * 4}
+
+    def chain(links):
+        def body(v):
+            for _ in range(links):
+                v = v @ v
+            return v
+        return jax.jit(jax.shard_map(body, mesh=local_mesh, in_specs=PartitionSpec("dev"),
+                                     out_specs=PartitionSpec("dev")))
+
+    tiny = jax.make_array_from_callback((k * 16, 16), per_dev,
+                                        lambda idx: np.full((16, 16), 1e-2, np.float32))
+    one, many = chain(1), chain(KERNEL_CHAIN)
+    out["kernels"] = {"chain": KERNEL_CHAIN,
+                      "seconds_one": _median_time(lambda: one(tiny), repeats, barrier),
+                      "seconds_chain": _median_time(lambda: many(tiny), repeats, barrier)}
 
     # One device per process: the link between processes.
     firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
@@ -306,13 +339,16 @@ def _topology_from(meas: dict, *, processes: int, local_devices: int,
     mm, mem = meas["matmul"], meas["memory"]
     flops = mm["flops_per_device"] / mm["seconds"]
     hbm = mem["traffic_per_device"] / mem["seconds"]
+    overhead = kernel_overhead(meas["kernels"]) if "kernels" in meas else 0.0
     spec = DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
-                      memory=_memory_capacity(processes * local_devices), hbm_bandwidth=hbm)
+                      memory=_memory_capacity(processes * local_devices), hbm_bandwidth=hbm,
+                      kernel_overhead=overhead)
     link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                                        [x["seconds"] for x in meas["link"]],
                                        participants=processes)
     record = {"format": CALIBRATION_FORMAT, "measurements": meas,
-              "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory},
+              "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory,
+                         "kernel_overhead": overhead},
               "link": {"bandwidth": link_bw, "latency": link_lat,
                        "method": "gloo all-reduce between processes (jax.distributed on "
                                  "loopback or the given namespaces), alpha-beta fit"}}
