@@ -259,25 +259,21 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     hit = g.memo.get(key)
     if hit is not None and hit[0] is cm:
         return hit[1]
-    free = {v for v, gid in cm.group_of_value.items() if gid == cm.free_group}
-    free_uses = tuple((n.id, k, v) for n in g.nodes for k, v in enumerate(n.inputs)
-                      if v is not None and v in free)
-    carried = {g.outputs[o] for o in g.carried.values()}
-    outputs = {v for v in g.outputs if v is not None}
-    fusible = [n.primitive in FUSIBLE for n in g.nodes]
+    fu = g.memo.get(("liveness free uses", id(cm)))
+    if fu is None or fu[0] is not cm:
+        free = {v for v, gid in cm.group_of_value.items() if gid == cm.free_group}
+        fu = g.memo[("liveness free uses", id(cm))] = (cm, tuple(
+            (n.id, k, v) for n in g.nodes for k, v in enumerate(n.inputs)
+            if v is not None and v in free))
+    free_uses = fu[1]
+    facts = g.memo.get("liveness graph facts")
+    if facts is None:
+        facts = g.memo["liveness graph facts"] = _graph_facts(g)
+    carried, outputs, fusible, buffer_values = facts
     end = len(g.nodes)
 
     def materialized(n, o) -> bool:
-        if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
-            return False  # the operand's own buffer
-        if o in outputs:
-            return True
-        if not fusible[n.id]:
-            return True
-        users = g.consumers(o)
-        if len(users) > 1 and n.primitive in EXPENSIVE:  # not worth recomputing in every user
-            return True
-        return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
+        return o in buffer_values
 
     # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
     # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
@@ -348,6 +344,31 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     sk = _Skeleton(free_uses, tuple(buffers), tuple(received_out), tuple(relaid))
     g.memo[key] = (cm, sk)
     return sk
+
+
+def _graph_facts(g):
+    """``(carried results, step results, fusible per node, values that are buffers)`` of a
+    graph: a result is a buffer unless it is written into a donated argument or is its operand
+    (pass-through), or a fusion keeps it in registers (a fusible operator's result that only
+    fusing operators read, and that is no expensive result read twice)."""
+    carried = {g.outputs[o] for o in g.carried.values()}
+    outputs = {v for v in g.outputs if v is not None}
+    fusible = [n.primitive in FUSIBLE for n in g.nodes]
+
+    def materialized(n, o) -> bool:
+        if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
+            return False  # the operand's own buffer
+        if o in outputs:
+            return True
+        if not fusible[n.id]:
+            return True
+        users = g.consumers(o)
+        if len(users) > 1 and n.primitive in EXPENSIVE:  # not worth recomputing in every user
+            return True
+        return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
+
+    buffers = frozenset(o for n in g.nodes for o in n.outputs if materialized(n, o))
+    return carried, outputs, fusible, buffers
 
 
 def _shards(spec, sizes) -> int:

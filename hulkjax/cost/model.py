@@ -870,27 +870,44 @@ class CostModel:
         constants (masks, position ids: the free group) are no change at all: they are cut to any
         layout, as the operators that use them would be in an unrolled program.
         """
+        return self.operand_changes_of(gid, (c,), nid, assignment)[0]
+
+    def operand_changes_of(self, gid: int, cands, nid: int, assignment) -> list[float]:
+        """:meth:`operand_changes` of each candidate of ``cands`` (the operands' layouts as they
+        arrive are looked up once)."""
         grp = self.groups[gid]
-        if grp.kind == LEADER and grp.leader == nid:
-            need = grp.candidates[c].in_specs  # no need to build the group's tables
-        else:
-            need = self.resolution(gid, c, nid).in_specs
-        n = 0.0
-        kept: set[str] = set()  # axes an operand arrives split over and stays split over
-        needed: set[str] = set()
-        for v, s in zip(self.graph.nodes[nid].inputs, need):
-            if v is None or s is None:
+        g = self.graph
+        arriving = []
+        for v in g.nodes[nid].inputs:
+            if v is None:
+                arriving.append(None)
                 continue
             src_gid = self.group_of_value[v]
             have = self.spec(src_gid, assignment[src_gid], v)
-            wanted = {a for axes in s for a in axes}
-            needed |= wanted
-            if have is None:
-                continue
-            kept |= wanted & {a for axes in have for a in axes}
-            if have != s and not (src_gid == self._free and not any(have)):
-                n += 1.0 if self.reshard(v, have, s) else 0.5
-        return n + bool(needed - kept)
+            arriving.append((v, have, None if have is None else {a for axes in have for a in axes},
+                             src_gid == self._free and have is not None and not any(have)))
+        out = []
+        for c in cands:
+            if grp.kind == LEADER and grp.leader == nid:
+                need = grp.candidates[c].in_specs  # no need to build the group's tables
+            else:
+                need = self.resolution(gid, c, nid).in_specs
+            n = 0.0
+            kept: set[str] = set()  # axes an operand arrives split over and stays split over
+            needed: set[str] = set()
+            for arr, s in zip(arriving, need):
+                if arr is None or s is None:
+                    continue
+                v, have, have_axes, free_replicated = arr
+                wanted = {a for axes in s for a in axes}
+                needed |= wanted
+                if have is None:
+                    continue
+                kept |= wanted & have_axes
+                if have != s and not free_replicated:
+                    n += 1.0 if self.reshard(v, have, s) else 0.5
+            out.append(n + bool(needed - kept))
+        return out
 
     def edge_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
         key = (gp, cp, gc, cc)

@@ -84,6 +84,7 @@ def build(cm: CostModel, *, max_candidates: int | None = MAX_CANDIDATES) -> Join
     mask = np.zeros((n_g, k_max), bool)
     flops = np.zeros(n_g)
     nbytes = np.zeros(n_g)
+    seen: dict = {}
     for nid, gid in cm.group_of_node.items():
         flops[gid] += g.nodes[nid].flops
         nbytes[gid] += cm.traffic[nid]
@@ -116,6 +117,19 @@ def build(cm: CostModel, *, max_candidates: int | None = MAX_CANDIDATES) -> Join
         else:
             f[22] = 1
         f[23] = 1.0  # bias
+        # Candidate features depend on the candidates alone: repeated layers share their rows.
+        if grp.kind == LEADER:
+            key = ("lead", id(grp.candidates))
+        elif grp.kind == INPUT:
+            key = ("in", g.values[g.inputs[grp.inputs[0]]].shape, tuple(grp.candidates[:k_max]))
+        else:
+            key = None
+        same = seen.get(key) if key is not None else None
+        if same is not None:
+            roles[grp.id], extra[grp.id], mask[grp.id] = roles[same], extra[same], mask[same]
+            continue
+        if key is not None:
+            seen[key] = grp.id
         for c, cand in enumerate(grp.candidates[:k_max]):
             mask[grp.id, c] = True
             if grp.kind == INPUT:

@@ -95,7 +95,7 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
         # level by level, fewest changes first: it costs edges.)
         matching = [c for c, r in enumerate(grp.candidates)
                     if all(r.in_specs[k] == s for k, s in wanted.items())]
-        changes = {c: cm.operand_changes(grp.id, c, node.id, a) for c in matching}
+        changes = dict(zip(matching, cm.operand_changes_of(grp.id, matching, node.id, a)))
         options = []
         for fewest in sorted(set(changes.values())):
             options = [c for c in matching if changes[c] == fewest and scatter.allowed(c)]
@@ -103,8 +103,8 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
                 break
         if not options:
             options = list(range(len(grp.candidates)))
-            changes = {c: changes[c] if c in changes else
-                       cm.operand_changes(grp.id, c, node.id, a) for c in options}
+            rest = [c for c in options if c not in changes]
+            changes.update(zip(rest, cm.operand_changes_of(grp.id, rest, node.id, a)))
             fewest = min(changes.values())
             options = [c for c in options if changes[c] == fewest]
         best_c, best_key = options[0], (float("inf"), float("inf"), float("inf"))

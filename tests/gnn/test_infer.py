@@ -45,3 +45,25 @@ def test_weights_of_another_network_fail_clearly():
     params = net.init(jax.random.key(0), *to_graphs_tuple(jg))
     with pytest.raises(hj.HulkjaxError, match="train-gnn"):
         log_probs(params, jg, layers=2)  # a layer the weights do not have
+
+
+def test_features_of_repeated_layers_are_shared_and_equal_to_their_own():
+    """Groups with the same candidates share their candidate feature rows (a speed-up): the
+    features equal those built when no two groups share a candidate list."""
+    import numpy as np
+
+    import hulkjax as hj
+    from hulkjax import zoo
+    from hulkjax.cost import CostModel
+    from hulkjax.gnn import features as F
+
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    topo = hj.Topology.grid((2, 4), ("data", "model"))
+    shared = F.build(CostModel(g, topo))
+    cm = CostModel(g, topo)
+    for grp in cm.groups:
+        grp.candidates = list(grp.candidates)  # no two leaders share a list any more
+    own = F.build(cm)
+    for field in ("group_x", "cand_roles", "cand_extra", "cand_mask", "edge_x"):
+        assert np.array_equal(getattr(shared, field), getattr(own, field)), field
