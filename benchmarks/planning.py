@@ -18,6 +18,7 @@ after a speed-up) show whether the plans are the same. Results go to
     python benchmarks/planning.py                        # every case -> JSON + PLANNING.md
     python benchmarks/planning.py --cases gpt2-small@dgx-h100x2 --no-ilp
     python benchmarks/planning.py --report-only          # PLANNING.md from the JSON
+    python benchmarks/planning.py --compare before.json  # with a before/after table
 
 Timings are wall-clock seconds on the machine that runs it (``cpus`` in the JSON); nothing here is
 a timed assertion.
@@ -276,6 +277,15 @@ def report(doc: dict) -> str:
                   "and walk liveness), so rows do not add up.", "",
                   "| phase | seconds (profiled) | share of auto | calls |", "|---|---:|---:|---:|"]
         total = next(x["seconds"] for x in p["phases"] if x["phase"] == "auto, total") or 1.0
+        ph = {x["phase"]: x["seconds"] for x in p["phases"]}
+        staged = ph.get("staged search, total (best_staged)", 0.0)
+        retrace = ph.get("tracing (all hj.trace calls)", 0.0)
+        traces = next(x["calls"] for x in p["phases"] if x["phase"].startswith("tracing"))
+        lines += [f"In short: the staged search takes {staged / total:.0%} of `auto` (of which "
+                  f"tracing the step at smaller batches, {traces} trace(s), "
+                  f"{retrace / total:.0%}); the SPMD search {ph.get(PHASES[1][0], 0.0) / total:.0%}; all integer programs "
+                  f"{ph.get('ILP (build + solve)', 0.0) / total:.0%} (HiGHS itself "
+                  f"{ph.get('ILP: HiGHS', 0.0) / total:.0%}).", ""]
         for x in p["phases"]:
             if x["calls"]:
                 lines.append(f"| {x['phase']} | {x['seconds']:.2f} | {x['seconds'] / total:.0%} | "
@@ -286,6 +296,26 @@ def report(doc: dict) -> str:
                   "| function | calls | self s | cumulative s |", "|---|---:|---:|---:|"]
         lines += [f"| `{x['function']}` | {x['calls']} | {x['self_seconds']:.2f} | "
                   f"{x['cumulative_seconds']:.2f} |" for x in p["functions"]]
+    before = doc.get("before")
+    if before:
+        lines += ["", "## Before and after", "",
+                  f"`before`: {before['machine'].get('git_commit')} ({before['machine']['date']}), "
+                  f"same machine and command (`--compare`). Equal digests mean equal plans; where "
+                  "the cost model changed between the two commits, plans (and predicted steps) "
+                  "differ for that reason.", "",
+                  "| case | strategy | before (s) | after (s) | speed-up | before peak RSS (MB) | "
+                  "after peak RSS (MB) | step before -> after (ms) | same plan |",
+                  "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        for case in doc["cases"]:
+            for strategy in ("auto", "ilp"):
+                a, b = _row(before["rows"], case, strategy), _row(rows, case, strategy)
+                if a is None or b is None:
+                    continue
+                lines.append(f"| {case} | {strategy} | {a['plan_s']:.2f} | {b['plan_s']:.2f} | "
+                             f"{a['plan_s'] / b['plan_s']:.1f}x | {a['rss_peak_mb']:.0f} | "
+                             f"{b['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} -> "
+                             f"{b['step_time'] * 1e3:.4g} | "
+                             f"{'yes' if a['digest'] == b['digest'] else 'no'} |")
     skipped = doc.get("skipped") or []
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
@@ -304,6 +334,9 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--compare", metavar="JSON",
+                    help="a planning.json of an earlier commit: PLANNING.md gets a before/after "
+                         "table (times, peak RSS, whether the plans are equal)")
     ap.add_argument("--out", default=OUT_JSON)
     ap.add_argument("--md", default=OUT_MD)
     args = ap.parse_args()
@@ -333,6 +366,11 @@ def main() -> None:
         doc = {"machine": machine_info(), "cases": list(args.cases), "rows": rows,
                "skipped": skipped}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.compare:
+        with open(args.compare) as f:
+            doc["before"] = {k: v for k, v in json.load(f).items() if k != "before"}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     md = report(doc)
