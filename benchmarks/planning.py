@@ -19,6 +19,7 @@ after a speed-up) show whether the plans are the same. Results go to
     python benchmarks/planning.py --cases gpt2-small@dgx-h100x2 --no-ilp
     python benchmarks/planning.py --report-only          # PLANNING.md from the JSON
     python benchmarks/planning.py --compare before.json  # with a before/after table
+    python benchmarks/planning.py --report-only --same-model other.json  # and a like-for-like one
 
 Timings are wall-clock seconds on the machine that runs it (``cpus`` in the JSON); nothing here is
 a timed assertion.
@@ -274,8 +275,7 @@ def report(doc: dict) -> str:
                   f"({_row(rows, case, 'auto')['plan_s'] if _row(rows, case, 'auto') else float('nan'):.2f} s "
                   "without it). Inclusive time of the function that starts each phase; phases "
                   "nest (the SPMD part and the staged search both build tables, run baselines "
-                  "and walk liveness), so rows do not add up.", "",
-                  "| phase | seconds (profiled) | share of auto | calls |", "|---|---:|---:|---:|"]
+                  "and walk liveness), so rows do not add up.", ""]
         total = next(x["seconds"] for x in p["phases"] if x["phase"] == "auto, total") or 1.0
         ph = {x["phase"]: x["seconds"] for x in p["phases"]}
         staged = ph.get("staged search, total (best_staged)", 0.0)
@@ -285,7 +285,8 @@ def report(doc: dict) -> str:
                   f"tracing the step at smaller batches, {traces} trace(s), "
                   f"{retrace / total:.0%}); the SPMD search {ph.get(PHASES[1][0], 0.0) / total:.0%}; all integer programs "
                   f"{ph.get('ILP (build + solve)', 0.0) / total:.0%} (HiGHS itself "
-                  f"{ph.get('ILP: HiGHS', 0.0) / total:.0%}).", ""]
+                  f"{ph.get('ILP: HiGHS', 0.0) / total:.0%}).", "",
+                  "| phase | seconds (profiled) | share of auto | calls |", "|---|---:|---:|---:|"]
         for x in p["phases"]:
             if x["calls"]:
                 lines.append(f"| {x['phase']} | {x['seconds']:.2f} | {x['seconds'] / total:.0%} | "
@@ -302,24 +303,36 @@ def report(doc: dict) -> str:
                   f"`before`: {before['machine'].get('git_commit')} ({before['machine']['date']}), "
                   f"same machine and command (`--compare`). Equal digests mean equal plans; where "
                   "the cost model changed between the two commits, plans (and predicted steps) "
-                  "differ for that reason.", "",
-                  "| case | strategy | before (s) | after (s) | speed-up | before peak RSS (MB) | "
-                  "after peak RSS (MB) | step before -> after (ms) | same plan |",
-                  "|---|---|---:|---:|---:|---:|---:|---|---|"]
-        for case in doc["cases"]:
-            for strategy in ("auto", "ilp"):
-                a, b = _row(before["rows"], case, strategy), _row(rows, case, strategy)
-                if a is None or b is None:
-                    continue
-                lines.append(f"| {case} | {strategy} | {a['plan_s']:.2f} | {b['plan_s']:.2f} | "
-                             f"{a['plan_s'] / b['plan_s']:.1f}x | {a['rss_peak_mb']:.0f} | "
-                             f"{b['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} -> "
-                             f"{b['step_time'] * 1e3:.4g} | "
-                             f"{'yes' if a['digest'] == b['digest'] else 'no'} |")
+                  "differ for that reason.", ""]
+        lines += _compare_table(before["rows"], rows, doc["cases"])
+    same = doc.get("same_model")
+    if same and same.get("before"):
+        lines += ["", "### On one cost model", "",
+                  f"The speed-ups alone, on the cost model of `before`: its commit "
+                  f"{same['before']['machine'].get('git_commit')} against the same commit with "
+                  f"this change's planner (run {same['machine']['date']}, `--same-model`):", ""]
+        lines += _compare_table(same["before"]["rows"], same["rows"], same["cases"])
     skipped = doc.get("skipped") or []
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _compare_table(before_rows, rows, cases) -> list[str]:
+    lines = ["| case | strategy | before (s) | after (s) | speed-up | before peak RSS (MB) | "
+             "after peak RSS (MB) | step before -> after (ms) | same plan |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for case in cases:
+        for strategy in ("auto", "ilp"):
+            a, b = _row(before_rows, case, strategy), _row(rows, case, strategy)
+            if a is None or b is None:
+                continue
+            lines.append(f"| {case} | {strategy} | {a['plan_s']:.2f} | {b['plan_s']:.2f} | "
+                         f"{a['plan_s'] / b['plan_s']:.1f}x | {a['rss_peak_mb']:.0f} | "
+                         f"{b['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} -> "
+                         f"{b['step_time'] * 1e3:.4g} | "
+                         f"{'yes' if a['digest'] == b['digest'] else 'no'} |")
+    return lines
 
 
 def main() -> None:
@@ -337,6 +350,10 @@ def main() -> None:
     ap.add_argument("--compare", metavar="JSON",
                     help="a planning.json of an earlier commit: PLANNING.md gets a before/after "
                          "table (times, peak RSS, whether the plans are equal)")
+    ap.add_argument("--same-model", metavar="JSON",
+                    help="a planning.json made with --compare on another tree (the planner of "
+                         "this commit on the cost model of the compared one): PLANNING.md shows "
+                         "its before/after table too")
     ap.add_argument("--out", default=OUT_JSON)
     ap.add_argument("--md", default=OUT_MD)
     args = ap.parse_args()
@@ -368,9 +385,14 @@ def main() -> None:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
-    if args.compare:
-        with open(args.compare) as f:
-            doc["before"] = {k: v for k, v in json.load(f).items() if k != "before"}
+    if args.compare or args.same_model:
+        if args.compare:
+            with open(args.compare) as f:
+                doc["before"] = {k: v for k, v in json.load(f).items()
+                                 if k not in ("before", "same_model")}
+        if args.same_model:
+            with open(args.same_model) as f:
+                doc["same_model"] = {k: v for k, v in json.load(f).items() if k != "same_model"}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     md = report(doc)
