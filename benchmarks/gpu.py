@@ -6,7 +6,8 @@ Two halves, because hulkjax pins JAX 0.10 and the GPU machine has its own JAX:
    and per-kernel microbenchmarks, and the training steps of six third-party model families
    (``tests/realmodels/families.py``), timed and profiled. Its JSON files are committed in
    ``benchmarks/results/gpu/`` (``run1``: microbenchmarks and ``small``/``base`` steps; ``run2``:
-   bfloat16 matmuls, model-shaped matmuls, profiled steps; ``run3``: the held-out ``wide`` steps).
+   bfloat16 matmuls, model-shaped matmuls, profiled steps; ``run3`` and ``run4``: the held-out
+   ``wide`` and ``large`` steps).
 2. This script (anywhere): traces the same steps with hulkjax, predicts them on one H100 with the
    datasheet roofline and with the calibrated spec, fits the calibration, and writes
    ``benchmarks/results/gpu.json`` and ``benchmarks/GPU.md``.
@@ -20,7 +21,8 @@ The calibration (``DeviceSpec.flops_efficiency``, ``memory_efficiency``, ``kerne
   ``T0 + k * K`` (``T0``: the roofline with the two efficiencies, ``K``: the kernels the cost model
   counts); ``k`` minimizes the mean absolute log error over the ``small`` and ``base`` steps,
   and is also fitted leaving each family out (the held-out error of each family is reported).
-  The ``wide`` steps (another width, sequence and batch) are never used to fit.
+  The ``wide`` and ``large`` steps (other widths, sequences and batches; ``large`` is a 1B-class
+  matmul-bound step) are never used to fit.
 
     python benchmarks/gpu_measure.py --out run.json     # on a GPU machine (plain JAX)
     python benchmarks/gpu.py                            # here: predict, fit, write GPU.md
@@ -52,7 +54,7 @@ from tests.realmodels import families  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "results", "gpu")
 FIT_SIZES = ("small", "base")
-HELD_OUT_SIZES = ("wide",)
+HELD_OUT_SIZES = ("wide", "large")
 _GEMM = re.compile(r"gemm|xmma|cutlass|cublas|sm\d\d_", re.I)
 
 
@@ -233,10 +235,10 @@ def markdown(res: dict, command: str) -> str:
         "",
         f"- Datasheet roofline: measured / predicted is **{s['datasheet_error_fit']:.2f}x** off "
         f"(geometric mean) on the fitting steps and {s['datasheet_error_held_out']:.2f}x on the "
-        "held-out `wide` steps.",
+        "held-out `wide` and `large` steps.",
         f"- Calibrated: **{s['calibrated_error_fit']:.2f}x** on the fitting steps, "
         f"{s['leave_family_out_error']:.2f}x with `kernel_overhead` fitted leaving the family out, "
-        f"and **{s['calibrated_error_held_out']:.2f}x on the held-out `wide` steps**.",
+        f"and **{s['calibrated_error_held_out']:.2f}x on the held-out `wide` and `large` steps**.",
         f"- Worst case of the shipped spec: {s['worst_shipped']['family']} "
         f"{s['worst_shipped']['size']}, measured {_ms(s['worst_shipped']['measured'])} ms against "
         f"{_ms(s['worst_shipped']['shipped'])} ms predicted.",

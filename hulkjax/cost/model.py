@@ -30,7 +30,7 @@ its fused producers inside its own kernel. The roofline runs at the fractions of
 HBM bandwidth the device reaches (``DeviceSpec.flops_efficiency`` / ``memory_efficiency``), and
 every kernel it counts (a matmul, a fusion root, any other operator that moves data) adds the
 device's ``kernel_overhead``; the NVIDIA numbers are measured on an H100 (``benchmarks/GPU.md``:
-unsharded training steps of third-party models within 1.12x, held-out shapes 1.08x).
+unsharded training steps of third-party models within 1.12x, held-out shapes 1.06x).
 
 **Loops.** ``scan``/``while``/``cond`` nodes are leaders whose candidates shard their bodies: the
 layer that plans (:mod:`hulkjax.strategies.loops`) passes a loop planner in (``loop_planner=``);

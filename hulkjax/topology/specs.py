@@ -351,7 +351,7 @@ def _spec(kind: str, peak_flops: float, memory: float, hbm_bandwidth: float,
 # plus minimum duration per kernel, fitted on the training steps of 6 third-party model families
 # at 2 sizes (benchmarks/gpu.py), is 5 us per kernel the cost model counts. With these, predicted
 # step times are within 1.12x of the measured ones (geometric mean; 3.2x with the datasheet
-# roofline), and 1.08x on held-out steps of another shape. Other NVIDIA kinds take the same
+# roofline), and 1.06x on 9 held-out steps of other shapes. Other NVIDIA kinds take the same
 # numbers (assumed, not measured: the same compiler; their datasheet ratios are kept).
 NVIDIA_MEASURED = dict(flops_efficiency=0.69, memory_efficiency=0.77, kernel_overhead=5e-6)
 

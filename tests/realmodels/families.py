@@ -45,6 +45,8 @@ Dropout is off (``deterministic=True``, rates 0). Sizes:
   layers, width 768, 12 heads, vocab 32768, sequence 512, batch 16, 224 x 224 images.
 * ``"wide"`` (the calibration's held-out check): 6 layers, width 1024, 16 heads, vocab 50304,
   sequence 1024, batch 8, 384 x 384 images.
+* ``"large"`` (held out too, matmul-bound): 8 layers, width 2048, 16 heads, feed-forward 8192,
+  sequence 2048, batch 4 (a 1B-class LLaMA at 8 layers).
 
 Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models) and keras-hub 0.32 with
 Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow,
@@ -70,7 +72,7 @@ import optax
 
 __all__ = ["FAMILIES", "Family", "FamilyUnavailableError", "available", "build", "names"]
 
-SIZES = ("tiny", "small", "base", "wide")
+SIZES = ("tiny", "small", "base", "wide", "large")
 
 # Architecture per size, shared by the families (each maps it to its library's config names).
 _DIMS = {
@@ -82,6 +84,8 @@ _DIMS = {
                  image=224, patch=16),
     "wide": dict(layers=6, width=1024, heads=16, ff=4096, vocab=50304, seq=1024, batch=8,
                  image=384, patch=16),
+    "large": dict(layers=8, width=2048, heads=16, ff=8192, vocab=32768, seq=2048, batch=4,
+                  image=512, patch=16),
 }
 
 Step = Callable[[dict, dict], tuple[dict, dict]]
