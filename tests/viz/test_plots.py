@@ -54,6 +54,12 @@ def test_comparison_marks_plans_that_do_not_fit_and_takes_costs_and_axes(geo_pla
     costs = {n: p.cost for n, p in geo_plans.items()}
     big = dataclasses.replace(costs["dp"], peak_memory=2 * costs["dp"].memory_capacity)
     costs["dp-too-big"] = big
+    # The same plan over a WAN 1000x slower: its step spans far more than 30x the others'.
+    dp = costs["dp"]
+    slow_axes = {a: t * 1000 for a, t in dp.comm_time_by_axis.items()}
+    costs["dp-slow-wan"] = dataclasses.replace(
+        dp, comm_time_by_axis=slow_axes, comm_time=sum(slow_axes.values()),
+        step_time=dp.compute_time + sum(slow_axes.values()))
     from matplotlib.figure import Figure as F
 
     fig = F()
@@ -64,7 +70,7 @@ def test_comparison_marks_plans_that_do_not_fit_and_takes_costs_and_axes(geo_pla
     assert any("does not fit" in t for t in texts)
     assert "comm between regions (WAN)" in texts
     assert any(t == "capacity" for t in texts)  # the capacity line is on scale now
-    # WAN plans take seconds, replicate microseconds: the time axis turns logarithmic.
+    # The slow-WAN plan takes over 30x the others: the time axis turns logarithmic.
     tax = fig.axes[0]
     assert tax.get_xscale() == "log" and "log scale" in tax.get_xlabel()
     ends = sorted(max(p.get_x() + p.get_width() for p in tax.patches if abs(p.get_y() + 0.3 - yy)
