@@ -6,7 +6,7 @@ Two halves, because hulkjax pins JAX 0.10 and the GPU machine has its own JAX:
    and per-kernel microbenchmarks, and the training steps of six third-party model families
    (``tests/realmodels/families.py``), timed and profiled. Its JSON files are committed in
    ``benchmarks/results/gpu/`` (``run1``: microbenchmarks and ``small``/``base`` steps; ``run2``:
-   bfloat16 matmuls, model-shaped matmuls, profiled steps; ``run3`` and ``run4``: the held-out
+   bfloat16 matmuls, profiled steps; ``run3`` and ``run4``: the held-out
    ``wide`` and ``large`` steps).
 2. This script (anywhere): traces the same steps with hulkjax, predicts them on one H100 with the
    datasheet roofline and with the calibrated spec, fits the calibration, and writes
@@ -62,8 +62,7 @@ def load_runs(folder: str = RUNS) -> dict:
     """The measurements, later runs over earlier ones: microbenchmark rows per case, steps per
     ``(family, size)``. Run 1's bfloat16 matmul chain was promoted to float32 by a NumPy scalar
     (fixed in ``gpu_measure.py``); run 2 measured it again, and its rows replace run 1's."""
-    out: dict = {"matmuls": {}, "streaming": {}, "kernel_floor": {}, "shaped_matmuls": {},
-                 "steps": {}, "runs": []}
+    out: dict = {"matmuls": {}, "streaming": {}, "kernel_floor": {}, "steps": {}, "runs": []}
     for path in sorted(glob.glob(os.path.join(folder, "run*.json"))):
         with open(path) as f:
             run = json.load(f)
@@ -75,8 +74,6 @@ def load_runs(folder: str = RUNS) -> dict:
             out["streaming"][r["megabytes"]] = r
         for r in run.get("kernel_floor", []):
             out["kernel_floor"][r["case"]] = r
-        for r in run.get("shaped_matmuls", []):
-            out["shaped_matmuls"][(r["dtype"], r["m"], r["k"], r["n"])] = r
         for r in run.get("steps", []):
             if "seconds" in r:
                 out["steps"][(r["family"], r["size"])] = r
@@ -105,7 +102,11 @@ def _topology(spec) -> hj.Topology:
 
 def predict(graph, spec) -> dict:
     """Compute time of the unsharded step on one device of ``spec`` (the sum the cost model
-    charges every operator), its kernel count, and the matmul share."""
+    charges every operator: ``strategy="replicate"``'s ``cost.compute_time``), its kernel count,
+    and the matmul share. Loop bodies are costed by their own cost models, not summed here, so a
+    graph with loops is refused (the families have none)."""
+    if any(n.subgraphs for n in graph.nodes):
+        raise ValueError("predict() sums top-level operators; this graph has loops")
     cm = CostModel(graph, _topology(spec))
     total = mm = 0.0
     for n in graph.nodes:
@@ -198,8 +199,7 @@ def run(runs: dict) -> dict:
             "summary": summary,
             "micro": {"matmuls": list(runs["matmuls"].values()),
                       "streaming": list(runs["streaming"].values()),
-                      "kernel_floor": list(runs["kernel_floor"].values()),
-                      "shaped_matmuls": list(runs["shaped_matmuls"].values())}}
+                      "kernel_floor": list(runs["kernel_floor"].values())}}
 
 
 def _ms(s: float) -> str:
@@ -286,9 +286,10 @@ def markdown(res: dict, command: str) -> str:
         out.append(f"| {r['case']} | {r['chain']} | {r['seconds_per_link'] * 1e6:.2f} |")
     out += [
         "",
-        "Model-shaped matmuls (`benchmarks/results/gpu/run2.json`, one product per call) include "
-        "the ~70 us of dispatch and synchronisation a single call pays (the one-kernel row "
-        "above), so they are listed in the JSON but not used.",
+        "Run 2 also holds model-shaped matmuls timed one product per call (an earlier version "
+        "of `gpu_measure.py`); each includes the ~70 us of dispatch and synchronisation a single "
+        "call pays (the one-kernel row above), so they are not used, and the script no longer "
+        "takes them.",
         "",
         "## What this does not cover",
         "",

@@ -80,23 +80,6 @@ def matmuls(sizes, chain: int, repeats: int, dtypes=None) -> list[dict]:
     return rows
 
 
-def shaped_matmuls(shapes, dtypes, repeats: int) -> list[dict]:
-    """``(m, k) @ (k, n)`` products of the shapes training steps run (activations times
-    kernels), one per call: large enough that dispatch does not matter."""
-    rows = []
-    for dtype in dtypes:
-        for m, k, n in shapes:
-            key = jax.random.key(m + k + n)
-            x = (jax.random.normal(key, (m, k)) / np.sqrt(k)).astype(dtype)
-            w = (jax.random.normal(jax.random.fold_in(key, 1), (k, n)) / np.sqrt(k)).astype(dtype)
-            t, _ = _median_time(jax.jit(jnp.matmul), (x, w), repeats)
-            rows.append({"dtype": dtype, "m": m, "k": k, "n": n, "seconds": t,
-                         "tflops": 2 * m * k * n / t / 1e12})
-            print(f"shaped {dtype:8s} {m}x{k}x{n}: {t * 1e6:9.1f} us "
-                  f"{2 * m * k * n / t / 1e12:7.1f} TFLOP/s", flush=True)
-    return rows
-
-
 def profile_step(compiled, args, steps: int) -> dict:
     """GPU time per (profiler line, event name) over ``steps`` runs, from JAX's profiler."""
     import glob
@@ -259,7 +242,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", nargs="*", default=["small", "base"])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--skip-micro", action="store_true")
-    ap.add_argument("--micro", nargs="*", default=["matmuls", "shaped", "streaming", "floor"])
+    ap.add_argument("--micro", nargs="*", default=["matmuls", "streaming", "floor"])
     ap.add_argument("--matmul-dtypes", nargs="*", default=None)
     ap.add_argument("--profile", type=int, default=0, help="profile this many steps per family")
     args = ap.parse_args(argv)
@@ -272,12 +255,6 @@ def main(argv=None) -> None:
     if "matmuls" in micro:
         result["matmuls"] = matmuls([256, 512, 1024, 2048, 4096, 8192], 8, args.repeats,
                                     args.matmul_dtypes)
-    if "shaped" in micro:  # the base families' projections, LM head and attention products
-        t = 16 * 512
-        result["shaped_matmuls"] = shaped_matmuls(
-            [(t, 768, 768), (t, 768, 2304), (t, 768, 3072), (t, 3072, 768), (t, 768, 32768),
-             (t, 32768, 768), (768, t, 3072), (192 * 512, 64, 512)],
-            ["float32", "bfloat16"], args.repeats)
     if "streaming" in micro:
         result["streaming"] = streaming([1, 4, 16, 64, 256, 1024, 2048], args.repeats)
     if "floor" in micro:

@@ -222,7 +222,6 @@ class CostModel:
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
         self.sizes = self.mesh.sizes
         dev = topology.slowest_device()
-        self.peak_flops = dev.peak_flops
         self.hbm = dev.hbm_bandwidth * dev.memory_efficiency  # what a streaming kernel reaches
         self.kernel_overhead = max(s.kernel_overhead for s in topology.device_specs())
         self.capacity = min(d.memory for d in topology.device_specs())

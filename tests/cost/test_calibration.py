@@ -137,3 +137,17 @@ def test_calibration_round_trips_through_json():
     assert "memory_efficiency" not in d["devices"]["kinds"]["Lab"]  # ideal: not written
     back = hj.Topology.from_dict(json.loads(json.dumps(d)))
     assert back.devices[0].spec == spec
+
+
+def test_the_benchmark_predicts_what_a_replicated_plan_costs():
+    """``benchmarks/gpu.py`` sums the cost model's per-operator compute: the number a user's
+    ``strategy="replicate"`` plan reports on one device."""
+    from hulkjax import zoo
+
+    gpu = _gpu_benchmark()
+    m = zoo.get("gpt2", size="tiny")
+    graph = hj.trace(m.step, *m.abstract())
+    spec = DEVICE_SPECS["H100"]
+    plan = hj.plan(m.step, *m.abstract(), topology=gpu._topology(spec), strategy="replicate",
+                   graph=graph)
+    assert gpu.predict(graph, spec)["seconds"] == pytest.approx(plan.cost.compute_time, rel=1e-9)
