@@ -849,7 +849,7 @@ class Topology:
         """Names accepted by :meth:`preset`, sorted.
 
         >>> Topology.presets()[:2]
-        ['dgx-h100', 'dtfm']
+        ['aws-p3', 'dgx-h100']
         """
         return sorted(presets)
 

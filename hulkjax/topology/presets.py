@@ -8,12 +8,14 @@ Latencies that no source gives are marked as estimates.
 
 Presets do not create size-1 mesh axes (``dgx-h100`` with one node has the single axis ``gpu``).
 
->>> sorted(names())
-['dgx-h100', 'dtfm', 'geo', 'hetero', 'mixed', 'regional', 'tpu-v5e', 'tpu-v5p', 'tpu-v6e']
+>>> sorted(names())  # doctest: +NORMALIZE_WHITESPACE
+['aws-p3', 'dgx-h100', 'dtfm', 'geo', 'hetero', 'mixed', 'regional', 'tpu-v5e', 'tpu-v5p',
+ 'tpu-v6e']
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -134,6 +136,54 @@ def dgx_h100(nodes: int = 1, gpus_per_node: int = 8) -> Topology:
         shape=shape,
         node_link=NVLINK4,
         region_link=INFINIBAND_NDR_PER_GPU,
+    )
+
+
+# ---------------------------------------------------------------------------------------- aws-p3
+
+# p3.16xlarge: 8 x V100 SXM2 16 GB (the 32 GB part is p3dn.24xlarge); the V100's other numbers.
+V100_16GB = DeviceSpec(**{**dataclasses.asdict(DEVICE_SPECS["V100"]), "kind": "V100-16GB",
+                          "memory": 16e9})
+# 25 Gb/s per p3.16xlarge instance, shared by its 8 GPUs: 25/8 Gb/s per GPU (LinkSpec is per
+# device). 10 us latency is an estimate (as for the other cloud Ethernet links here).
+AWS_P3_NETWORK_PER_GPU = LinkSpec(bandwidth=_gbps(25) / 8, latency=1e-5)
+
+
+@register_preset("aws-p3")
+def aws_p3(nodes: int = 8, gpus_per_node: int = 8) -> Topology:
+    """AWS p3.16xlarge instances: 8 x V100 16 GB on NVLink2, instances joined by 25 Gb/s Ethernet.
+
+    Alpa's evaluation cluster (Zheng et al., OSDI'22: 8 x p3.16xlarge, 64 GPUs; anchors.md).
+    Sources (via topologies.md): V100 SXM2 1.25e14 dense fp16 FLOP/s, 0.9 TB/s HBM2 (16 GB on the
+    p3.16xlarge), NVLink2 150 GB/s per GPU per direction inside an instance; 25 Gb/s of network
+    per instance (AWS instance table), i.e. 25/8 Gb/s per GPU when all 8 GPUs send at once. The
+    1 us NVLink and 10 us Ethernet latencies are estimates.
+
+    Mesh axes ``("node", "gpu")`` of shape ``(nodes, gpus_per_node)``; just ``("gpu",)`` for one node.
+
+    Args:
+      nodes: number of p3.16xlarge instances (Alpa used 1, 2, 4 and 8).
+      gpus_per_node: GPUs used per instance (Alpa's 1-, 2- and 4-GPU cases use part of one).
+
+    >>> topo = aws_p3(nodes=2)
+    >>> topo.name, topo.shape, topo.slowest_device().memory, topo.axis_link("node").bandwidth
+    ('aws-p3x2', (2, 8), 16000000000.0, 390625000.0)
+    """
+    nodes = _positive_int(nodes, "aws-p3", "nodes")
+    gpus = _positive_int(gpus_per_node, "aws-p3", "gpus_per_node")
+    devices = tuple(
+        Device(id=n * gpus + g, spec=V100_16GB, region="local", node=f"node{n}")
+        for n in range(nodes)
+        for g in range(gpus)
+    )
+    axis_names, shape = _mesh_axes([("node", nodes), ("gpu", gpus)])
+    return Topology(
+        name=f"aws-p3x{nodes}" + ("" if gpus == 8 else f"-{gpus}gpu"),
+        devices=devices,
+        axis_names=axis_names,
+        shape=shape,
+        node_link=INTRA_NODE_LINKS["V100"] if gpus > 1 else None,
+        region_link=AWS_P3_NETWORK_PER_GPU if nodes > 1 else None,
     )
 
 

@@ -90,8 +90,8 @@ def test_device_rejects_bad_values():
 
 
 def test_presets_list_and_unknown_name():
-    assert Topology.presets() == ["dgx-h100", "dtfm", "geo", "hetero", "mixed", "regional",
-                                  "tpu-v5e", "tpu-v5p", "tpu-v6e"]
+    assert Topology.presets() == ["aws-p3", "dgx-h100", "dtfm", "geo", "hetero", "mixed",
+                                  "regional", "tpu-v5e", "tpu-v5p", "tpu-v6e"]
     with pytest.raises(InvalidTopologyError) as e:
         Topology.preset("dgx-a100")
     msg = str(e.value)
