@@ -126,6 +126,8 @@ def run(keys, quick: bool) -> dict:
             except Exception as e:  # noqa: BLE001 - a failure is recorded, the run goes on
                 rec["plans"][label] = {"status": "error", "error": f"{type(e).__name__}: {e}",
                                        "traceback": traceback.format_exc()[-2000:]}
+        if family == "regional":
+            rec["ilp_1f1b"] = _best_1f1b(g, topo)
         out["experiments"][key] = rec
     if "regional-2.7b" in keys and not quick:
         out["planning_time"] = _cold_planning_time()
@@ -148,6 +150,44 @@ def _cold_planning_time() -> dict:
             "step_time": p.cost.step_time, "staged": p.stages is not None}
 
 
+def _best_1f1b(g, topo) -> dict:
+    """The staged search without the interleaved schedule (``virtual_stages=(1,)``, as before it
+    existed): its best plain-1F1B layout's predicted step, to show what interleaving buys."""
+    from hulkjax.strategies.ilp import solve
+    from hulkjax.strategies.stages import search
+
+    t0 = time.perf_counter()
+    res = search(g, topo, solver=solve, virtual_stages=(1,))
+    if not res.layouts:
+        return {"status": "none"}
+    t, layout = res.layouts[0]
+    return {"status": "ok", "step_time": t, "microbatches": layout.microbatches,
+            "stages": len(layout.ranges), "wall_time": time.perf_counter() - t0}
+
+
+def _pipeline_parts(p) -> dict:
+    """The staged step split by cause (1F1B / interleaved; seconds): the busiest group's compute
+    and in-stage collectives, and the bubble as the fill and drain of the chunks' work
+    (``(sum_d W_d - max_d W_d) / v``), the transfers of the fill and drain (every stage
+    boundary once each way), the per-step transfers, and the rest (updates, steady-state links)."""
+    c, M, v = p.cost, p.microbatches, p.virtual_stages
+    G = len(p.stages) // v
+    w = [0.0] * G
+    for k, st in enumerate(c.stages):
+        w[k % G] += st.forward + st.backward
+    step_tr = mb_tr = 0.0
+    for t in c.transfers:
+        once = (t.latency + t.step_bytes / t.bandwidth) if t.step_bytes else 0.0
+        step_tr += once
+        mb_tr += (t.time - once) / M
+    fill = (sum(w) - max(w)) / v if p.schedule != "gpipe" else None
+    parts = {"compute": c.compute_time, "comm": c.comm_time, "bubble": c.bubble,
+             "fill_compute": fill, "fill_transfers": mb_tr, "step_transfers": step_tr}
+    if fill is not None:
+        parts["rest"] = c.bubble - fill - mb_tr - step_tr
+    return parts
+
+
 def _record(p, wall: float) -> dict:
     c = p.cost
     rec = {"status": "ok", "strategy": p.strategy, "step_time": c.step_time,
@@ -159,6 +199,8 @@ def _record(p, wall: float) -> dict:
     if p.stages is not None:
         rec["microbatches"] = p.microbatches
         rec["schedule"] = p.schedule
+        rec["virtual_stages"] = p.virtual_stages
+        rec["parts"] = _pipeline_parts(p)
         rec["stages"] = [{"devices": [st.devices[0], st.devices[-1]], "n": len(st.devices),
                           "kind": "", "layers": [st.layers[0], st.layers[-1]] if st.layers else [],
                           "units": len(st.layers), "strategy": st.strategy,
@@ -184,6 +226,12 @@ def _meta(quick: bool) -> dict:
 
 # ---- the report ------------------------------------------------------------------------------
 
+def _shape(p) -> str:
+    v = p.get("virtual_stages", 1)
+    n = len(p["stages"])
+    return f"{n} stages" if v == 1 else f"{n // v} groups x {v} chunks"
+
+
 def _ms(t):
     return "-" if t is None else f"{t * 1e3:,.4g}"
 
@@ -204,8 +252,9 @@ def report(data: dict) -> str:
         "",
         "Every number is the cost model's prediction of one training step (ms): SPMD plans from "
         "`hulkjax.cost`, staged plans from `hulkjax.cost.pipeline` (per-stage SPMD costs on each "
-        "group's devices, alpha-beta transfers between groups, the 1F1B / GPipe schedule with its "
-        "bubble). Models in bfloat16 with AdamW; GPT blocks rematerialized. `ilp-spmd` is the SPMD "
+        "group's devices, alpha-beta transfers between groups, the 1F1B / interleaved 1F1B / GPipe "
+        "schedule with its bubble; `G groups x v chunks`: the interleaved schedule, each device "
+        "group running v non-contiguous chunks of layers). Models in bfloat16 with AdamW; GPT blocks rematerialized. `ilp-spmd` is the SPMD "
         "optimum; `pipeline` the uniform staged baseline (one stage per region or node, equal "
         "layers, dp_tp inside, 2 x stages microbatches); `ilp` the two-level optimum (SPMD or "
         "staged, whichever is faster); `auto` the default planner. **Bold**: the fastest plan "
@@ -230,7 +279,7 @@ def report(data: dict) -> str:
                          and p["step_time"] <= best * (1 + 1e-9) else s)
         chosen = plans.get("ilp", {})
         if chosen.get("staged"):
-            desc = (f"{len(chosen['stages'])} stages x {chosen['microbatches']} mb: " + ", ".join(
+            desc = (f"{_shape(chosen)} x {chosen['microbatches']} mb: " + ", ".join(
                 f"{s['n']} dev {s['units']} units" for s in chosen["stages"]))
         else:
             desc = "SPMD" if chosen.get("status") == "ok" else chosen.get("status", "-")
@@ -282,21 +331,50 @@ def report(data: dict) -> str:
                       f"({pt['topology']}) took **{pt['planning_time']:.1f} s** after a "
                       f"{pt['trace_time']:.1f} s trace; its plan is "
                       f"{'staged' if pt['staged'] else 'SPMD'} at {_ms(pt['step_time'])} ms."]
+    regional = {k: r for k, r in data["experiments"].items() if r["family"] == "regional"
+                and r["plans"].get("ilp", {}).get("parts")}
+    if regional:
+        lines += ["", "### Where the regional step goes", "",
+                  "hulkjax's plan (`ilp`) split by cause (ms): the busiest device group's compute "
+                  "and in-stage collectives, then its bubble: the fill and drain of the stages' "
+                  "work (`(sum - max of the groups' per-microbatch work) / v`), the transfers of "
+                  "the fill and drain (every stage boundary once each way), the per-step "
+                  "transfers (tied-embedding gradients), and the rest (updates, steady-state "
+                  "links). `1F1B only`: the staged search's best layout without the interleaved "
+                  "schedule.", "",
+                  "| experiment | plan | step | compute | in-stage comm | fill/drain compute | "
+                  "fill/drain transfers | per-step transfers | rest | 1F1B only | best SPMD / "
+                  "step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for key, rec in regional.items():
+            p = rec["plans"]["ilp"]
+            q = p["parts"]
+            spmd = [rec["plans"][k]["step_time"] for k in ("dp", "fsdp", "dp_tp", "ilp-spmd")
+                    if _ok(rec["plans"].get(k, {}))]
+            flat = rec.get("ilp_1f1b", {})
+            ratio = f"{min(spmd) / p['step_time']:.3f}x" if spmd else "-"
+            lines.append(
+                f"| {key} | {_shape(p)} x {p['microbatches']} mb | {_ms(p['step_time'])} | "
+                f"{_ms(q['compute'])} | {_ms(q['comm'])} | {_ms(q['fill_compute'])} | "
+                f"{_ms(q['fill_transfers'])} | {_ms(q['step_transfers'])} | {_ms(q.get('rest'))} | "
+                f"{_ms(flat.get('step_time')) if flat.get('status') == 'ok' else '-'} | "
+                f"{ratio} |")
     lines += ["", "### The staged plans hulkjax chose", ""]
     for key, rec in data["experiments"].items():
         p = rec["plans"].get("ilp", {})
         if not p.get("staged"):
             continue
-        lines.append(f"**{key}** ({rec['what']}): {len(p['stages'])} stages x "
+        lines.append(f"**{key}** ({rec['what']}): {_shape(p)} x "
                      f"{p['microbatches']} microbatches ({p['schedule']}), bubble "
                      f"{_ms(p['bubble'])} ms, planned in {p['planning_time']:.1f} s")
         lines.append("")
         lines.append("| stage | devices | layers | SPMD inside | fwd / bwd per mb (ms) | "
                      "update (ms) | memory / capacity (GB) |")
         lines.append("|---:|---|---|---|---:|---:|---:|")
+        v = p.get("virtual_stages", 1)
         for k, s in enumerate(p["stages"]):
             layers = " .. ".join(dict.fromkeys(s["layers"])) if s["layers"] else "-"
-            lines.append(f"| {k} | {s['devices'][0]}..{s['devices'][1]} ({s['n']}) | {layers} "
+            chunk = f" (chunk {k // (len(p['stages']) // v)})" if v > 1 else ""
+            lines.append(f"| {k}{chunk} | {s['devices'][0]}..{s['devices'][1]} ({s['n']}) | {layers} "
                          f"({s['units']} units) | {s['strategy']} | {_ms(s['forward'])} / "
                          f"{_ms(s['backward'])} | {_ms(s['update'])} | "
                          f"{s['memory'] / 1e9:.1f} / {s['capacity'] / 1e9:.0f} |")

@@ -19,7 +19,10 @@ V100's pace and its collectives pay its own links):
 * ``update``: once per step, its optimizer nodes and the layout changes of its state;
 * memory per device: its parameters, gradients and optimizer state, float32 gradient accumulators
   (more than one microbatch), and the saved activations and data of the microbatches in flight
-  (1F1B: ``min(M, S - k)`` on stage ``k``; GPipe: ``M``).
+  (1F1B: ``min(M, S - k)`` on stage ``k``; GPipe: ``M``; interleaved: the most a chunk holds in its
+  group's order, :func:`~hulkjax.plan.stages.schedule_in_flight`). In an interleaved plan a
+  device holds every chunk of its group: the chunks' memory adds up (each chunk's peak inside its
+  own programs counted, an overestimate by the transient of the others).
 
 **Transfers**: every value one stage produces and another reads is sent over the link between
 their devices (``Topology.link``, the slowest pair): per microbatch for activations and their
@@ -34,9 +37,18 @@ microbatch and direction pays the latency.
   max(c_fwd, c_bwd))``: transfers overlap with compute in the steady state (links are full duplex),
   the fill and drain pay every stage and link once;
 * GPipe: the same for the forward phase (``f``, ``c_fwd``), then for the backward phase;
+* interleaved 1F1B (Narayanan et al., SC'21; ``G`` device groups with ``v`` chunks each, ``W_d``
+  the per-microbatch work of group ``d``'s chunks): ``(sum_d W_d - max_d W_d) / v + max_d W_d +
+  sum_boundaries (c_fwd + c_bwd) + (M - 1) * max(max_d W_d, max over pairs of groups of the
+  transfers of every chunk boundary between them)``: the bubble is ``(G - 1) / v`` of a group's
+  work, each microbatch crosses every one of the ``G v - 1`` chunk boundaries (``v`` times 1F1B's
+  transfers, in fill and drain and in the steady state). With equal chunks this is the makespan of
+  the emitted order exactly, transfers included (checked in the tests); with ``v = 1`` it is the
+  1F1B formula;
 
-then the per-step transfers, then the slowest stage's update. The *bubble* is what the busiest
-stage does not spend computing or communicating: ``step - its compute - its collectives``.
+then the per-step transfers, then the slowest group's update (its chunks' updates in turn). The
+*bubble* is what the busiest group does not spend computing or communicating: ``step - its
+compute - its collectives``.
 
 Approximations (stated so a reader knows what the number means): transfers ride separate links
 and engines (they never slow a stage's compute); a stage's forward and backward take the same time
@@ -58,6 +70,7 @@ from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
 from hulkjax.plan.cost import Cost, StageTime, Transfer
 from hulkjax.plan.specs import Spec, local_shape
+from hulkjax.plan.stages import schedule_in_flight
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
 
 
@@ -165,19 +178,25 @@ def link_class(topology, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
 
 
 def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbatches: int,
-                  schedule: str = "1f1b", boundary=()) -> Cost:
+                  schedule: str = "1f1b", boundary=(), virtual_stages: int = 1) -> Cost:
     """The :class:`~hulkjax.plan.Cost` of a staged plan (see the module docstring).
 
     Args:
       topology: the whole cluster.
       graph: the step at full batch (its FLOPs give the ideal time).
-      stages: the stages in pipeline order.
+      stages: the stages in pipeline order (for ``"interleaved"``: every chunk, stage ``j`` on
+        the devices of stage ``j % (len(stages) // virtual_stages)``).
       microbatches: ``M``.
-      schedule: ``"1f1b"`` or ``"gpipe"``.
+      schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.
       boundary: value ids accumulated over microbatches (gradients and summed losses; their
         float32 accumulators count in memory when ``M > 1``).
+      virtual_stages: ``v``, chunks per device group (``"interleaved"`` only).
     """
-    M, S = microbatches, len(stages)
+    M, S, v = microbatches, len(stages), virtual_stages
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"virtual_stages={v} needs schedule='interleaved', got {schedule!r}")
+    G = S // v  # device groups
+    group = [k % G for k in range(S)]
     work = [_stage_times(s) for s in stages]
     stage_of: dict[int, int] = {}
     phase_of: dict[int, str] = {}
@@ -200,20 +219,47 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         t_b = sum(b) + sum(cb) + (M - 1) * max(max(b), max(cb, default=0.0))
         t_pipe = t_f + t_b
     else:
-        w = [x + y for x, y in zip(f, b)]
-        duplex = [max(t["fwd"], t["bwd"]) for t in transfers.values()]
-        t_pipe = sum(w) + sum(cf) + sum(cb) + (M - 1) * max(max(w), max(duplex, default=0.0))
+        # Per device group: the work of its chunks, and per ordered pair of groups the transfers
+        # of every chunk boundary between them (one chunk per group for 1F1B).
+        w = [0.0] * G
+        for k in range(S):
+            w[group[k]] += f[k] + b[k]
+        load: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for (a, c), t in transfers.items():
+            load[(group[a], group[c])][0] += t["fwd"]
+            load[(group[a], group[c])][1] += t["bwd"]
+        duplex = [max(x) for x in load.values()]
+        # Fill and drain: the chunks' work once, 1 / v of it exposed (Narayanan et al.: the bubble
+        # is (G - 1) / v of a group's per-microbatch work); every chunk boundary's transfer once
+        # each way (v times 1F1B's).
+        t_pipe = ((sum(w) - max(w)) / v + max(w) + sum(cf) + sum(cb)
+                  + (M - 1) * max(max(w), max(duplex, default=0.0)))
     t_step_transfers = sum(t["step"] for t in transfers.values())
-    step = t_pipe + t_step_transfers + max(u)
-    # The busiest stage: its compute and collectives; the rest of the step is bubble.
+    u_group = [0.0] * G
+    for k in range(S):
+        u_group[group[k]] += u[k]
+    step = t_pipe + t_step_transfers + max(u_group)
+    # The busiest group: its compute and collectives; the rest of the step is bubble.
     busy = [M * (work[k]["f"] + work[k]["b"]) + work[k]["u"] for k in range(S)]
-    kb = int(np.argmax(busy))
-    compute = work[kb]["compute_step"](M)
-    comm = busy[kb] - compute
-    in_flight = [M if schedule == "gpipe" else min(M, S - k) for k in range(S)]
+    busy_group = [0.0] * G
+    compute_group = [0.0] * G
+    for k in range(S):
+        busy_group[group[k]] += busy[k]
+        compute_group[group[k]] += work[k]["compute_step"](M)
+    kb = int(np.argmax(busy_group))
+    compute = compute_group[kb]
+    comm = busy_group[kb] - compute
+    in_flight = schedule_in_flight(schedule, G, v, M)
+    mems = [_stage_memory(s, stage_of, k, in_flight[k], M, boundary) for k, s in enumerate(stages)]
+    if v > 1:  # a device holds every chunk of its group: their memory adds up
+        per_group: list[dict] = [defaultdict(float) for _ in range(G)]
+        for k, mem in enumerate(mems):
+            for kind, nbytes in mem.items():
+                per_group[group[k]][kind] += nbytes
+        mems = [dict(per_group[group[k]]) for k in range(S)]
     stage_times, worst = [], None
     for k, s in enumerate(stages):
-        mem = _stage_memory(s, stage_of, k, in_flight[k], M, boundary)
+        mem = mems[k]
         cap = min(topology.devices[d].spec.memory for d in s.devices)
         st = StageTime(devices=tuple(s.devices), forward=f[k], backward=b[k], update=u[k],
                        compute=work[k]["compute_step"](M), comm=busy[k] - work[k]["compute_step"](M),
@@ -239,7 +285,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                 memory_capacity=worst.memory_capacity,
                 ideal_time=graph.total_flops / total_peak if total_peak else 0.0,
                 stages=tuple(stage_times), bubble=max(step - compute - comm, 0.0),
-                transfers=recs, microbatches=M, schedule=schedule)
+                transfers=recs, microbatches=M, schedule=schedule, virtual_stages=v)
 
 
 def _stage_times(s: StageWork) -> dict:
@@ -318,8 +364,8 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
                 a = stage_of.get(p)
                 pp, pc = phase_of.get(p), phase_of.get(n.id)
                 kind = "step" if "U" in (pp, pc) else ("bwd" if pp == "B" and pc == "B" else "fwd")
-            if a is None or a == c or (v, c) in sent:
-                continue
+            if a is None or a == c or (v, c) in sent or stages[a].devices == stages[c].devices:
+                continue  # (chunks of one group: the value stays on its devices)
             sent.add((v, c))
             nbytes = _transfer_bytes(g, v, stages[a], stages[c])
             e = entry(a, c)

@@ -9,9 +9,15 @@ Where this sits::
                   on its sub-mesh, from the microbatch trace; U (the optimizer) from the full trace
         |   jax.device_put of activations / gradients to the next stage's NamedSharding
         v
-    StagedStep(state, batch): the batch cut into M microbatches; F and B in GPipe or 1F1B order
-    for every microbatch; the accumulated gradients (and summed losses) combined exactly (M ** e
-    times their sum, see hulkjax.trace.microbatch); the update once per step on each stage.
+    StagedStep(state, batch): the batch cut into M microbatches; F and B in GPipe, 1F1B or
+    interleaved 1F1B order for every microbatch; the accumulated gradients (and summed losses)
+    combined exactly (M ** e times their sum, see hulkjax.trace.microbatch); the update once per
+    step on each stage.
+
+An interleaved plan (``plan.virtual_stages = v > 1``) lists every chunk of layers as a stage:
+chunk ``j`` has its own programs on its own mesh over the devices of group ``j % groups``. Each
+group's order is Megatron-LM's (:func:`hulkjax.plan.stages.schedule_queues`); the host merges the
+groups' orders, dispatching a program as soon as its inputs are computed.
 
 Every program re-runs the plan's nodes of one traced step (:func:`hulkjax.trace.interpret.evaluate`)
 with the stage's planned constraints, so the staged step computes what the unsharded step computes.
@@ -70,6 +76,7 @@ from hulkjax.errors import (
     UnsupportedStepError,
 )
 from hulkjax.plan.records import Plan
+from hulkjax.plan.stages import schedule_queues
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import constant_values, equations, evaluate
 from hulkjax.trace.microbatch import analyze, microbatch_graph
@@ -148,7 +155,8 @@ class StagedStep:
                     f" of processes {procs}; a staged step runs each stage in one process (its "
                     f"programs there, values between stages sent across processes). Start one "
                     f"process per stage's device group (hulkjax launch --processes "
-                    f"{len(plan.stages)} for this plan's groups, or one per region holding whole "
+                    f"{len(plan.stages) // plan.virtual_stages} for this plan's groups, or one per "
+                    f"region holding whole "
                     f"stages), or plan stages that fit the processes.")
         self.local_stages = frozenset(k for k, procs in enumerate(owners) if me in procs)
         self.multiprocess = len({p for procs in owners for p in procs}) > 1
@@ -326,32 +334,22 @@ class StagedStep:
                 order += [(k, F, m) for k in range(S) if has(k, F)]
             for m in range(M):
                 order += [(k, B, m) for k in reversed(range(S)) if has(k, B)]
-        else:  # 1F1B: stage k warms up with S - k - 1 forwards, then alternates
-            queues = []
-            for k in range(S):
-                warm = min(S - k - 1, M)
-                q = [(F, m) for m in range(warm)]
-                f, b = warm, 0
-                while f < M or b < M:
-                    if f < M:
-                        q.append((F, f))
-                        f += 1
-                    if b < M:
-                        q.append((B, b))
-                        b += 1
-                queues.append([(ph, m) for ph, m in q if has(k, ph)])
+        else:  # 1F1B or interleaved 1F1B: each device group's order, merged as they get ready
+            v = self.plan.virtual_stages
+            queues = [[(k, ph, m) for k, ph, m in q if has(k, ph)]
+                      for q in schedule_queues(self.plan.schedule, S // v, v, M)]
             done = set()
-            heads = [0] * S
+            heads = [0] * len(queues)
             while any(h < len(q) for h, q in zip(heads, queues)):
                 progressed = False
-                for k in range(S):
-                    while heads[k] < len(queues[k]):
-                        ph, m = queues[k][heads[k]]
+                for d, q in enumerate(queues):
+                    while heads[d] < len(q):
+                        k, ph, m = q[heads[d]]
                         if not self._ready(k, ph, m, done, S):
                             break
                         order.append((k, ph, m))
                         done.add((k, ph, m))
-                        heads[k] += 1
+                        heads[d] += 1
                         progressed = True
                 if not progressed:
                     raise InvalidPlanError("the stages' forward and backward programs depend on "

@@ -686,16 +686,24 @@ def pipeline_lines(plan) -> list[str]:
     if c is None or not c.stages:
         return []
     topo = plan.topology
-    lines = [f"pipeline: {len(plan.stages)} stages x {plan.microbatches} microbatches "
-             f"({plan.schedule}); step {format_time(c.step_time)} = busiest stage's compute "
-             f"{format_time(c.compute_time)} + its communication {format_time(c.comm_time)} + "
-             f"bubble {format_time(c.bubble)}"]
+    v = plan.virtual_stages
+    G = len(plan.stages) // v
+    if v > 1:
+        head = (f"pipeline: {len(plan.stages)} stages ({G} device groups x {v} chunks each) x "
+                f"{plan.microbatches} microbatches ({plan.schedule}); step "
+                f"{format_time(c.step_time)} = busiest group's compute")
+    else:
+        head = (f"pipeline: {len(plan.stages)} stages x {plan.microbatches} microbatches "
+                f"({plan.schedule}); step {format_time(c.step_time)} = busiest stage's compute")
+    lines = [f"{head} {format_time(c.compute_time)} + its communication "
+             f"{format_time(c.comm_time)} + bubble {format_time(c.bubble)}"]
     for k, (st, t) in enumerate(zip(plan.stages, c.stages)):
         first = st.layers[0] if st.layers else "-"
         last = st.layers[-1] if st.layers else "-"
         span = first if first == last else f"{first} .. {last}"
+        chunk = f" (chunk {k // G} of group {k % G})" if v > 1 else ""
         lines.append(
-            f"  stage {k} on {_stage_devices(st, topo)}, mesh "
+            f"  stage {k}{chunk} on {_stage_devices(st, topo)}, mesh "
             f"{' x '.join(f'{a}={n}' for a, n in zip(st.axis_names, st.mesh_shape))} "
             f"({st.strategy}): {span} ({len(st.layers)} units); per microbatch forward "
             f"{format_time(t.forward)}, backward {format_time(t.backward)}; update "

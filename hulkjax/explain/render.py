@@ -60,8 +60,9 @@ def _header_lines(e: Explanation) -> list[str]:
                      f"{format_rate(x.bandwidth)}, latency {format_time(x.latency)} ({where})")
     c = e.cost
     if c is not None and c.stages:
+        chunks = f", {c.virtual_stages} chunks per device group" if c.virtual_stages > 1 else ""
         lines.append(f"predicted step {format_time(c.step_time)}: {len(c.stages)} stages x "
-                     f"{c.microbatches} microbatches ({c.schedule}), bubble "
+                     f"{c.microbatches} microbatches ({c.schedule}{chunks}), bubble "
                      f"{format_time(c.bubble)}; efficiency {c.efficiency:.1%}")
         lines.append(f"memory per device: worst stage {format_bytes(c.peak_memory)} of "
                      f"{format_bytes(c.memory_capacity)} "

@@ -42,7 +42,8 @@ class StageTime:
       update: seconds of the optimizer update, once per step.  # float
       compute / comm: seconds per step of compute and of collectives inside the stage.  # float
       peak_memory: bytes per device at the peak: parameters, gradients, optimizer state, gradient
-        accumulators, and the activations of ``in_flight`` microbatches.  # float
+        accumulators, and the activations of ``in_flight`` microbatches; in an interleaved plan,
+        of every chunk its device group hosts (the same number for each of them).  # float
       memory_capacity: the smallest device memory in the stage, bytes.  # float
       in_flight: microbatches whose activations the stage holds at once.  # int
       memory_breakdown: ``peak_memory`` by kind, bytes.  # dict
@@ -111,6 +112,8 @@ class Cost:
         compute and communication those of the busiest stage.  # float
       transfers: what stages send each other, per pair of stages.
       microbatches / schedule: of a staged plan (1 / ``None`` for SPMD plans).
+      virtual_stages: chunks per device group of an interleaved plan (1 otherwise); ``stages``
+        then has one entry per chunk.  # int
     """
 
     step_time: float
@@ -129,6 +132,7 @@ class Cost:
     transfers: tuple[Transfer, ...] = ()
     microbatches: int = 1
     schedule: str | None = None
+    virtual_stages: int = 1
 
     @property
     def efficiency(self) -> float:
@@ -143,8 +147,10 @@ class Cost:
     def __str__(self) -> str:
         axes = ", ".join(f"{a} {t * 1e3:.3g} ms" for a, t in self.comm_time_by_axis.items() if t)
         if self.stages:
+            chunks = (f", {self.virtual_stages} chunks per group" if self.virtual_stages > 1
+                      else "")
             return (f"step {self.step_time * 1e3:.4g} ms over {len(self.stages)} stages x "
-                    f"{self.microbatches} microbatches ({self.schedule}): busiest stage compute "
+                    f"{self.microbatches} microbatches ({self.schedule}{chunks}): busiest stage compute "
                     f"{self.compute_time * 1e3:.4g} ms, comm {self.comm_time * 1e3:.4g} ms, "
                     f"bubble {self.bubble * 1e3:.4g} ms; efficiency {self.efficiency:.1%}; peak "
                     f"memory {format_bytes(self.peak_memory)} of "

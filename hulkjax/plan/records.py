@@ -23,7 +23,7 @@ from hulkjax.errors import InvalidPlanError
 from hulkjax.formatting import format_bytes, format_spec, format_time
 from hulkjax.plan.cost import Cost
 from hulkjax.plan.specs import spec_from_json, spec_to_json
-from hulkjax.plan.stages import SCHEDULES, Stage
+from hulkjax.plan.stages import SCHEDULES, Stage, check_virtual_stages
 from hulkjax.topology import Topology
 from hulkjax.trace.graph import dtype_size
 
@@ -121,7 +121,12 @@ class Plan:
         ``axis_names`` / ``mesh_shape`` are the whole topology's mesh, and ``operand_specs`` /
         ``result_specs`` are empty (each stage has its own).
       microbatches: microbatches per step (1 for SPMD plans).  # int
-      schedule: ``"1f1b"`` or ``"gpipe"`` for staged plans, ``None`` for SPMD plans.  # str | None
+      schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"`` for staged plans, ``None`` for SPMD
+        plans.  # str | None
+      virtual_stages: chunks of layers per device group (``v``; 1 unless ``schedule`` is
+        ``"interleaved"``). Then ``stages`` holds ``groups x v`` stages in pipeline order and
+        stage ``j`` runs on the devices of stage ``j % groups``
+        (:func:`~hulkjax.plan.stages.check_virtual_stages`).  # int
       planning_time: seconds spent planning (tracing excluded).  # float
       notes: what the planner wants a person to know (fallbacks, unsharded dims).  # list of str
       bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
@@ -153,6 +158,7 @@ class Plan:
     stages: tuple[Stage, ...] | None = None
     microbatches: int = 1
     schedule: str | None = None
+    virtual_stages: int = 1
     planning_time: float = 0.0
     notes: list[str] = field(default_factory=list)
     bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
@@ -175,6 +181,12 @@ class Plan:
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise InvalidPlanError(f"Plan.microbatches must be an int >= 1, got "
                                    f"{self.microbatches!r}")
+        if self.stages is not None:
+            check_virtual_stages(self.stages, self.schedule, self.virtual_stages,
+                                 self.microbatches)
+        elif self.virtual_stages != 1:
+            raise InvalidPlanError(f"an SPMD plan has no virtual stages, got "
+                                   f"virtual_stages={self.virtual_stages!r}.")
 
     @property
     def staged(self) -> bool:
@@ -235,6 +247,7 @@ class Plan:
             "stages": None if self.stages is None else [st.to_dict() for st in self.stages],
             "microbatches": self.microbatches,
             "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
             "planning_time": self.planning_time,
             "notes": list(self.notes),
             "bodies": bodies_to_json(self.bodies),
@@ -265,6 +278,7 @@ class Plan:
                     Stage.from_dict(st, bodies=bodies_from_json) for st in d["stages"]),
                 microbatches=int(d.get("microbatches", 1)),
                 schedule=d.get("schedule"),
+                virtual_stages=int(d.get("virtual_stages", 1)),
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
                 bodies=bodies_from_json(d.get("bodies", [])),

@@ -132,9 +132,113 @@ class Stage:
         )
 
 
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
 """Pipeline schedules: ``"1f1b"`` (one forward, one backward: at most ``stages - k`` microbatches
-in flight on stage ``k``) and ``"gpipe"`` (all forwards, then all backwards)."""
+in flight on stage ``k``), ``"gpipe"`` (all forwards, then all backwards) and ``"interleaved"``
+(Megatron-LM's interleaved 1F1B, Narayanan et al., SC'21: each device group hosts ``v``
+non-contiguous chunks of layers, "virtual stages"; the bubble shrinks by ``v``, the transfers
+between groups grow by ``v``). See :func:`schedule_queues`."""
+
+
+def schedule_queues(schedule: str, groups: int, chunks: int, microbatches: int
+                    ) -> list[list[tuple[int, str, int]]]:
+    """The order in which each device group runs its programs: per group ``d``, a list of
+    ``(stage, phase, microbatch)`` with phase ``"F"`` or ``"B"``.
+
+    Stages are numbered in pipeline order; stage ``j`` runs on group ``j % groups`` (with
+    ``chunks == 1`` stage ``j`` is group ``j``). ``"gpipe"``: every forward, then every backward.
+    ``"1f1b"``: group ``d`` warms up with ``groups - d - 1`` forwards, then alternates.
+    ``"interleaved"`` (``chunks = v >= 2``, ``microbatches`` a multiple of ``groups``, as in
+    Megatron-LM): forwards go through the group's chunks in blocks of ``groups`` microbatches,
+    chunk by chunk, backwards through its chunks in reverse; group ``d`` warms up with
+    ``2 (groups - d - 1) + (v - 1) groups`` forwards, then alternates one forward and one backward.
+
+    >>> schedule_queues("interleaved", 2, 2, 2)[1]
+    [(1, 'F', 0), (1, 'F', 1), (3, 'F', 0), (3, 'B', 0), (3, 'F', 1), (3, 'B', 1), (1, 'B', 0), (1, 'B', 1)]
+    """
+    S, v, M = groups, chunks, microbatches
+    if schedule == "interleaved":
+        if v < 2 or M % S:
+            raise InvalidPlanError(
+                f"the interleaved schedule needs at least 2 chunks per group and a number of "
+                f"microbatches that is a multiple of the {S} groups, got chunks={v}, "
+                f"microbatches={M}.")
+    elif v != 1:
+        raise InvalidPlanError(f"schedule {schedule!r} runs one chunk per group, got {v}; use "
+                               f"schedule='interleaved' for virtual stages.")
+    out = []
+    for d in range(S):
+        if schedule == "gpipe":
+            q = [(d, "F", m) for m in range(M)] + [(d, "B", m) for m in range(M)]
+        elif schedule == "1f1b":
+            warm = min(S - d - 1, M)
+            q = [(d, "F", m) for m in range(warm)]
+            f, b = warm, 0
+            while f < M or b < M:
+                if f < M:
+                    q.append((d, "F", f))
+                    f += 1
+                if b < M:
+                    q.append((d, "B", b))
+                    b += 1
+        else:
+            total = M * v
+
+            def op(i, phase, d=d):
+                c = (i % (S * v)) // S
+                if phase == "B":
+                    c = v - 1 - c
+                return (c * S + d, phase, (i // (S * v)) * S + i % S)
+
+            warm = min(2 * (S - d - 1) + (v - 1) * S, total)
+            q = [op(i, "F") for i in range(warm)]
+            for i in range(total - warm):
+                q += [op(warm + i, "F"), op(i, "B")]
+            q += [op(i, "B") for i in range(total - warm, total)]
+        out.append(q)
+    return out
+
+
+def check_virtual_stages(stages, schedule: str, chunks: int, microbatches: int) -> None:
+    """Raise :class:`InvalidPlanError` unless ``stages`` (pipeline order) fit ``chunks`` virtual
+    stages per device group: ``len(stages) = groups x chunks``, stage ``j`` on the devices of stage
+    ``j % groups``, the first ``groups`` stages on disjoint devices, and the schedule's
+    conditions (:func:`schedule_queues`)."""
+    if not isinstance(chunks, int) or chunks < 1 or len(stages) % chunks:
+        raise InvalidPlanError(f"virtual_stages={chunks!r} must be an int >= 1 dividing the "
+                               f"{len(stages)} stages of the plan.")
+    S = len(stages) // chunks
+    if chunks > 1:
+        for j, st in enumerate(stages):
+            if st.devices != stages[j % S].devices:
+                raise InvalidPlanError(
+                    f"stage {j} of an interleaved plan with {S} device groups x {chunks} chunks "
+                    f"runs on devices {list(st.devices)[:8]}, not on those of stage {j % S} "
+                    f"({list(stages[j % S].devices)[:8]}): chunk j runs on group j % groups.")
+        seen: set[int] = set()
+        for st in stages[:S]:
+            if seen & set(st.devices):
+                raise InvalidPlanError(f"the {S} device groups of an interleaved plan share "
+                                       f"devices {sorted(seen & set(st.devices))[:8]}.")
+            seen |= set(st.devices)
+    schedule_queues(schedule, S, chunks, microbatches)  # raises on a schedule / chunks mismatch
+
+
+def schedule_in_flight(schedule: str, groups: int, chunks: int, microbatches: int) -> list[int]:
+    """Per stage (pipeline order), the most microbatches whose forward it has run and whose
+    backward it has not, over its group's order (:func:`schedule_queues`): the activations it
+    holds at its peak. 1F1B: ``min(M, groups - k)``; GPipe: ``M``.
+
+    >>> schedule_in_flight("1f1b", 4, 1, 8), schedule_in_flight("interleaved", 2, 2, 4)
+    ([4, 3, 2, 1], [4, 3, 2, 1])
+    """
+    peak = [0] * (groups * chunks)
+    for q in schedule_queues(schedule, groups, chunks, microbatches):
+        live = [0] * (groups * chunks)
+        for j, ph, _ in q:
+            live[j] += 1 if ph == "F" else -1
+            peak[j] = max(peak[j], live[j])
+    return peak
 
 
 def _ranges(ids: tuple[int, ...]) -> list[list[int]]:

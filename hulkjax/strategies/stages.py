@@ -36,7 +36,13 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
 * microbatch counts are powers of two dividing the batch: 1 and 2, then a local search from about
   four per group that moves to a neighbouring power while the step gets faster (it assumes one
   best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
-  that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch.
+  that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
+* the interleaved schedule (``v`` in :data:`VIRTUAL_STAGES`, 2 and 4 chunks of layers per group,
+  where the units allow ``groups x v`` non-empty chunks and ``M`` is a multiple of the groups) is
+  searched on prefixes of each chain of at least two groups, every group of the prefix used
+  (:func:`_dp_interleaved`): the bottleneck bound applies to each chunk and chunk boundary as
+  ``tau / v``, and a chunk must fit ``1 / v`` of its group's memory (stricter than the model for
+  unbalanced chunks; the layouts it returns are costed exactly, chunks' memory added per group).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from hulkjax.errors import (
 from hulkjax.formatting import format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
-from hulkjax.plan.stages import SCHEDULES, Stage
+from hulkjax.plan.stages import SCHEDULES, Stage, schedule_in_flight
 from hulkjax.strategies.baselines import BASELINES, baseline_assignments
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.partition import (
@@ -76,6 +82,8 @@ from hulkjax.trace.microbatch import batch_size, microbatch_graph, planning_grap
 
 log = logging.getLogger("hulkjax.stages")
 
+VIRTUAL_STAGES = (1, 2, 4)
+"""Chunks of layers per device group the search tries (``v > 1``: the interleaved schedule)."""
 INTRA_PLANS = ("ilp", "fsdp", "dp_tp")
 """The SPMD plans a stage may use inside its group (see the module docstring)."""
 MAX_NODE_GROUPS = 16  # the node level is searched on clusters of at most this many nodes
@@ -279,11 +287,13 @@ class StagedLayout:
     """A staged plan before it is built: groups, unit ranges, SPMD plan names, microbatches.
 
     Attributes:
-      groups: device ids of each stage, in pipeline order.  # tuple of tuples
+      groups: device ids of each stage, in pipeline order (interleaved: of each chunk, so group
+        ``j % (len(groups) // virtual_stages)`` repeats).  # tuple of tuples
       ranges: ``[start, end)`` unit range of each stage.  # tuple of (int, int)
       plans: the SPMD plan inside each stage (a name of :data:`INTRA_PLANS`).  # tuple of str
       microbatches: ``M``.  # int
-      schedule: ``"1f1b"`` or ``"gpipe"``.  # str
+      schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.  # str
+      virtual_stages: chunks per device group (``v``; 1 unless interleaved).  # int
     """
 
     groups: tuple[tuple[int, ...], ...]
@@ -291,6 +301,7 @@ class StagedLayout:
     plans: tuple[str, ...]
     microbatches: int
     schedule: str = "1f1b"
+    virtual_stages: int = 1
 
 
 def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], list[int]]:
@@ -322,7 +333,8 @@ def layout_cost(ctx: _Context, layout: StagedLayout):
     boundary = () if ctx.part.split is None else tuple(
         v for v, c in ctx.part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
-                         schedule=layout.schedule, boundary=boundary)
+                         schedule=layout.schedule, boundary=boundary,
+                         virtual_stages=layout.virtual_stages)
 
 
 def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
@@ -408,7 +420,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
     return Plan(strategy=strategy, axis_names=tuple(ctx.topology.axis_names),
                 mesh_shape=tuple(ctx.topology.shape), inputs=tuple(inputs), outputs=tuple(outs),
                 cost=cost, stages=tuple(stages), microbatches=layout.microbatches,
-                schedule=layout.schedule, notes=list(dict.fromkeys(notes)), source=source,
+                schedule=layout.schedule, virtual_stages=layout.virtual_stages,
+                notes=list(dict.fromkeys(notes)), source=source,
                 assignment=tuple(list(w.assignment) for w in works))
 
 
@@ -435,7 +448,8 @@ def plan_cost(graph: OpGraph, topology, plan: Plan):
     boundary = () if part.split is None else tuple(
         v for v, c in part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
-                         schedule=plan.schedule, boundary=boundary)
+                         schedule=plan.schedule, boundary=boundary,
+                         virtual_stages=plan.virtual_stages)
 
 
 def _pspec(spec) -> PartitionSpec:
@@ -466,15 +480,24 @@ class PipelineOptions:
     Attributes:
       microbatches: microbatches per step (``None``: twice the number of stages, if that
         divides the batch and the step can be microbatched exactly; else 1).  # int | None
-      schedule: ``"1f1b"`` or ``"gpipe"``.  # str
+      schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.  # str
+      virtual_stages: chunks of layers per group for ``schedule="interleaved"`` (``v >= 2``:
+        the equal layers are cut into ``stages x v`` chunks, chunk ``j`` on group
+        ``j % stages``); 1 otherwise.  # int
     """
 
     microbatches: int | None = None
     schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1 or (
+                (self.schedule == "interleaved") != (self.virtual_stages > 1)):
+            raise ValueError(f"virtual_stages={self.virtual_stages!r} with schedule="
+                             f"{self.schedule!r}: use virtual_stages >= 2 with "
+                             f"schedule='interleaved', and 1 (the default) otherwise")
         if self.microbatches is not None and (not isinstance(self.microbatches, int)
                                               or self.microbatches < 1):
             raise ValueError(f"microbatches={self.microbatches!r}: use an int >= 1 or None")
@@ -522,8 +545,11 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
     ctx = _context(graph, topology)
     part = ctx.part
     S = len(groups[level])
-    ranges = uniform_ranges(part, S)
+    v = options.virtual_stages
+    ranges = uniform_ranges(part, S * v)
     notes = [f"pipeline: one stage per {level} ({S}), equal layers, dp_tp inside each stage"]
+    if v > 1:
+        notes.append(f"pipeline: interleaved, {v} chunks of layers per {level}")
     M = options.microbatches
     if M is None:
         b = batch_size(graph) or 1
@@ -534,8 +560,13 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
         raise InvalidOptionError(
             f"microbatches={M}: this step cannot be microbatched exactly: {part.problems()[0]}. "
             f"Use microbatches=1.")
-    layout = StagedLayout(groups=tuple(groups[level]), ranges=tuple(ranges),
-                          plans=("dp_tp",) * S, microbatches=M, schedule=options.schedule)
+    if v > 1 and M % S:
+        raise InvalidOptionError(
+            f"microbatches={M}: the interleaved schedule needs a multiple of the {S} stages "
+            f"(Megatron-LM's condition); use microbatches={2 * S} or schedule='1f1b'.")
+    layout = StagedLayout(groups=tuple(groups[level]) * v, ranges=tuple(ranges),
+                          plans=("dp_tp",) * (S * v), microbatches=M, schedule=options.schedule,
+                          virtual_stages=v)
     return build_plan(ctx, layout, "pipeline", notes, source=f"one stage per {level}")
 
 
@@ -602,7 +633,7 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
 
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
-           progress=None) -> SearchResult:
+           progress=None, virtual_stages=VIRTUAL_STAGES) -> SearchResult:
     """The dynamic program over unit ranges x device groups (see the module docstring).
 
     Args:
@@ -614,6 +645,8 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       microbatches: counts to try (default: see :func:`microbatch_counts`).
       keep: how many layouts to return.
       progress: a callable told what is being searched (a string).
+      virtual_stages: chunks per group to try with ``schedule="1f1b"`` (``v > 1``: the
+        interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -646,12 +679,21 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             for sub in dict.fromkeys(subs):
                 tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
             for chain in chains(topology, groups):
-                sol = _dp(ctx, topology, groups, subs, chain, tables, M)
-                searched += 1
-                if sol is not None:
+                sols = [(1, _dp(ctx, topology, groups, subs, chain, tables, M))]
+                for v in (virtual_stages if schedule == "1f1b" else ()):
+                    for S in range(2, len(chain) + 1):
+                        if v > 1 and M % S == 0 and S * v <= len(part.units):
+                            sols.append((v, _dp_interleaved(ctx, topology, groups, subs,
+                                                            chain[:S], tables, M, v)))
+                for v, sol in sols:
+                    searched += 1
+                    if sol is None:
+                        continue
                     layout = StagedLayout(groups=tuple(groups[c] for c in sol[0]),
                                           ranges=tuple(sol[1]), plans=tuple(sol[2]),
-                                          microbatches=M, schedule=schedule)
+                                          microbatches=M,
+                                          schedule=schedule if v == 1 else "interleaved",
+                                          virtual_stages=v)
                     found.append((sol[3], layout))
                     tried[M] = min(tried[M], sol[3])
             return tried[M]
@@ -679,7 +721,8 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 break
     # Exact costs of the dynamic program's best per (level, M, chain).
     exact = []
-    for _, layout in sorted(found, key=lambda t: t[0])[:max(keep * 3, 6)]:
+    unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
+    for layout in unique[:max(keep * 3, 6)]:
         c = layout_cost(ctx, layout)
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout))
@@ -737,8 +780,94 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
     return best_sol
 
 
-def _range_costs(tables: list[UnitTable], U: int, inflight: int):
-    """``(W, Z, argplan)``: ``[U+1, U+1]`` matrices over ranges ``[a, b)``."""
+def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int, v: int):
+    """Best ``(group per chunk, ranges, plan names, predicted step)`` of the interleaved
+    schedule with every group of ``chain`` hosting ``v`` chunks (chunk ``p`` on
+    ``chain[p % len(chain)]``), or ``None``.
+
+    The same dynamic program as :func:`_dp` over ``len(chain) x v`` chunk positions, none
+    skipped, with the interleaved model's terms: a group's per-microbatch work is the sum of its
+    chunks, and the bottleneck bound ``tau`` is applied per chunk and per chunk boundary as
+    ``tau / v`` (so every group and every link between groups stays within ``tau``; exact for
+    balanced chunks, which repeated layers allow, stricter otherwise); a chunk's memory with its
+    in-flight microbatches (:func:`~hulkjax.plan.stages.schedule_in_flight`) must fit ``1 / v``
+    of its group's capacity (the group's chunks together then fit). The sum minimized is the fill
+    and drain of :func:`~hulkjax.cost.pipeline.pipeline_cost`: chunk work ``/ v``, every chunk
+    boundary's transfers, every update.
+    """
+    U = len(ctx.part.units)
+    S = len(chain)
+    P = S * v
+    inflight = schedule_in_flight("interleaved", S, v, M)
+    W, Z, A, cuts = [], [], [], []
+    for p in range(P):
+        gi = chain[p % S]
+        w, z, a = _range_costs(tables[subs[gi]], U, inflight[p], 1.0 / v)
+        W.append(w)
+        with np.errstate(invalid="ignore"):  # inf - inf where nothing fits: masked below
+            Z.append(np.where(np.isfinite(w), w / v + (z - w), np.inf))  # fill / drain + update
+        A.append(a)
+        best_t = min(tables[subs[gi]], key=lambda t: t.f.sum() + t.b.sum())
+        cuts.append((best_t.cut_f, best_t.cut_b, best_t.devices))
+    finite = np.concatenate([w[np.isfinite(w)] for w in W])
+    if finite.size == 0:
+        return None
+    links = []  # boundary into chunk p (p >= 1), per unit index: (forward, backward) seconds
+    for p in range(1, P):
+        a, b = chain[(p - 1) % S], chain[p % S]
+        link = stage_link(topology, groups[a], groups[b])
+        cf, cb, nd = cuts[p]
+        spread = max(1.0, nd / len(groups[a]))
+        links.append((np.where(cf > 0, link.latency + cf * spread / link.bandwidth, 0.0),
+                      np.where(cb > 0, link.latency + cb * spread / link.bandwidth, 0.0)))
+    lo, hi = float(finite.min()) * v, float(finite.max()) * v
+    taus = [lo]
+    while taus[-1] < hi:
+        taus.append(taus[-1] * 1.1)
+    best_val, best_sol = math.inf, None
+    for tau in taus:
+        cap = tau / v
+        best = np.where(W[0][0, :] <= cap, Z[0][0, :], np.inf)
+        args = []
+        for p in range(1, P):
+            lf, lb = links[p - 1]
+            inc = np.where((lf <= cap) & (lb <= cap), best + lf + lb, np.inf)
+            cand = inc[:, None] + np.where(W[p] <= cap, Z[p], np.inf)  # [start, end]
+            j = np.argmin(cand, axis=0)
+            best = cand[j, np.arange(U + 1)]
+            args.append(j)
+        if not np.isfinite(best[U]):
+            continue
+        ends = [U]
+        for j in reversed(args):
+            ends.append(int(j[ends[-1]]))
+        bounds = [0] + list(reversed(ends))  # P + 1 unit indices, from 0 to U
+        picks = [(p, bounds[p], bounds[p + 1]) for p in range(P)]
+        w_group = [0.0] * S
+        for p, a, b in picks:
+            w_group[p % S] += W[p][a, b]
+        load: dict[tuple[int, int], list[float]] = {}
+        fill = 0.0
+        for p, a, _ in picks[1:]:
+            lf, lb = links[p - 1][0][a], links[p - 1][1][a]
+            fill += lf + lb
+            # per direction between two groups: activations one way, gradients the other
+            load.setdefault(((p - 1) % S, p % S), [0.0, 0.0])[0] += lf
+            load.setdefault((p % S, (p - 1) % S), [0.0, 0.0])[1] += lb
+        rest = float(best[U]) - sum(W[p][a, b] / v for p, a, b in picks) - fill  # updates
+        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + rest
+             + (M - 1) * max([max(w_group)] + [max(x) for x in load.values()]))
+        if t < best_val:
+            best_val = t
+            plans = [tables[subs[chain[p % S]]][A[p][a, b]].name for p, a, b in picks]
+            best_sol = ([chain[p % S] for p, _, _ in picks], [(a, b) for _, a, b in picks],
+                        plans, t)
+    return best_sol
+
+
+def _range_costs(tables: list[UnitTable], U: int, inflight: int, share: float = 1.0):
+    """``(W, Z, argplan)``: ``[U+1, U+1]`` matrices over ranges ``[a, b)`` whose memory fits
+    ``share`` of the group's capacity."""
     W = np.full((U + 1, U + 1), np.inf)
     Z = np.full((U + 1, U + 1), np.inf)
     P = np.zeros((U + 1, U + 1), dtype=np.int64)
@@ -749,7 +878,7 @@ def _range_costs(tables: list[UnitTable], U: int, inflight: int):
         w = pf[None, :] - pf[:, None]
         z = w + (pu[None, :] - pu[:, None])
         mem = pm[None, :] - pm[:, None]
-        ok = (mem <= t.capacity) & np.triu(np.ones((U + 1, U + 1), dtype=bool), 1)
+        ok = (mem <= t.capacity * share) & np.triu(np.ones((U + 1, U + 1), dtype=bool), 1)
         w = np.where(ok, w, np.inf)
         z = np.where(ok, z, np.inf)
         better = w < W
@@ -876,8 +1005,10 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
                       for s in plan.stages)
     versus = "no SPMD plan fits" if spmd_time is None else \
         f"best SPMD {format_time(spmd_time)}"
+    chunks = (f", {len(plan.stages) // plan.virtual_stages} device groups x "
+              f"{plan.virtual_stages} chunks" if plan.virtual_stages > 1 else "")
     return (f"staged: {len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es) "
-            f"({plan.schedule}) at {format_time(st.step_time)} vs {versus}: {parts}")
+            f"({plan.schedule}{chunks}) at {format_time(st.step_time)} vs {versus}: {parts}")
 
 
 __all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",

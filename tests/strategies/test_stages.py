@@ -8,11 +8,13 @@ import pytest
 
 import hulkjax as hj
 from hulkjax import zoo
+from hulkjax.plan.stages import schedule_in_flight, schedule_queues
 from hulkjax.strategies.partition import BACKWARD, FORWARD, UPDATE, check, partition
 from hulkjax.strategies.stages import (
     STAGED_MIN_GAIN,
     StagedLayout,
     _context,
+    build_plan,
     device_groups,
     layout_cost,
     search,
@@ -143,6 +145,71 @@ def test_pipeline_cost_is_the_schedule_formula(schedule):
     assert [s.in_flight for s in c.stages] == want
 
 
+def test_interleaved_pipeline_cost_is_the_schedule_formula():
+    """Interleaved 1F1B (4 groups x 2 chunks): the bubble is (groups - 1) / v of a group's
+    per-microbatch work, every chunk boundary's transfer is paid, and memory adds up per group."""
+    m, g = _graph("mlp", size="tiny", depth=7)
+    G, v, M = 4, 2, 8
+    topo = hj.Topology.preset("hetero", nodes=(("H100", 2), ("A100", 3), ("V100", 2), ("T4", 1)))
+    plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g,
+                   microbatches=M, schedule="interleaved", virtual_stages=v)
+    c = plan.cost
+    assert len(c.stages) == G * v and c.virtual_stages == v and c.schedule == "interleaved"
+    w, u = [0.0] * G, [0.0] * G
+    for j, s in enumerate(c.stages):
+        w[j % G] += s.forward + s.backward
+        u[j % G] += s.update
+    per_mb, load = {}, {}
+    for t in c.transfers:
+        per_mb[(t.src, t.dst)] = (t.latency + t.microbatch_bytes / t.bandwidth
+                                  if t.microbatch_bytes else 0.0)
+        pair = load.setdefault((t.src % G, t.dst % G), [0.0, 0.0])
+        pair[0 if t.src < t.dst else 1] += per_mb[(t.src, t.dst)]
+    assert {(a % G, d % G) for a, d in per_mb if per_mb[(a, d)]} >= {(0, 1), (1, 2), (3, 0)}
+    step_transfers = sum(t.time - M * per_mb[(t.src, t.dst)] for t in c.transfers)
+    bubble = (sum(w) - max(w)) / v
+    pipe = (bubble + max(w) + sum(per_mb.values())
+            + (M - 1) * max(max(w), max(max(x) for x in load.values())))
+    assert c.step_time == pytest.approx(pipe + step_transfers + max(u), rel=1e-9)
+    assert c.bubble == pytest.approx(c.step_time - c.compute_time - c.comm_time, rel=1e-9)
+    assert [s.in_flight for s in c.stages] == schedule_in_flight("interleaved", G, v, M)
+    for j, s in enumerate(c.stages):  # a device holds its group's every chunk
+        assert s.peak_memory == c.stages[j % G].peak_memory
+
+
+@pytest.mark.parametrize("G,v,M", [(2, 2, 2), (2, 2, 4), (4, 2, 8), (4, 4, 8), (3, 2, 6),
+                                   (4, 1, 8), (3, 1, 2)])
+def test_the_bubble_formula_is_the_makespan_of_the_emitted_order(G, v, M):
+    """Run each group's order (the one the emitter dispatches) as a discrete-event schedule with
+    equal chunks and no transfers: the makespan is M (f + b) + (G - 1) (f + b) / v."""
+    f, b, S = 1.0, 2.0, G * v
+    queues = schedule_queues("1f1b" if v == 1 else "interleaved", G, v, M)
+    done, free, heads = {}, [0.0] * G, [0] * G
+    while any(h < len(q) for h, q in zip(heads, queues)):
+        progressed = False
+        for d, q in enumerate(queues):
+            while heads[d] < len(q):
+                j, ph, mb = q[heads[d]]
+                if ph == "F":
+                    deps = [("F", j - 1, mb)] if j else []
+                else:
+                    deps = [("F", j, mb)] + ([("B", j + 1, mb)] if j + 1 < S else [])
+                if any(x not in done for x in deps):
+                    break
+                start = max([free[d]] + [done[x] for x in deps])
+                free[d] = done[(ph, j, mb)] = start + (f if ph == "F" else b) / v
+                heads[d] += 1
+                progressed = True
+        assert progressed, "the order deadlocks"
+    assert max(done.values()) == pytest.approx(M * (f + b) + (G - 1) * (f + b) / v)
+    peak = schedule_in_flight("1f1b" if v == 1 else "interleaved", G, v, M)
+    if v == 1:
+        assert peak == [min(M, G - k) for k in range(G)]
+    for d in range(G):  # the group's chunks hold at least its warm-up and one more forward
+        warm = min(G - d - 1 if v == 1 else 2 * (G - d - 1) + (v - 1) * G, M * v)
+        assert M * v >= sum(peak[d::G]) >= min(warm + 1, M * v)
+
+
 def test_stage_times_come_from_the_stage_group_cost_model():
     """A stage computes at its own devices' pace: the same float32 layers on a T4 node take
     between the A100 / T4 ratio of HBM bandwidth (6.25) and of float32 matmul FLOP/s (TF32 on the
@@ -224,6 +291,36 @@ def test_ilp_staged_search_beats_every_uniform_layout(blocks8):
                                       ranges=tuple(uniform_ranges(ctx.part, S)),
                                       plans=("dp_tp",) * S, microbatches=M)
                 assert best <= layout_cost(ctx, layout).step_time * (1 + 1e-9)
+
+
+def test_search_interleaves_where_the_bubble_dominates():
+    """Four regions over fast links, 16 examples: 1F1B's bubble is large, and the interleaved
+    schedule (2 chunks per region) is the search's best; it is at least as fast as the best
+    1F1B layout and as every uniform interleaved layout in its search space."""
+    m = zoo.get("transformer-block", size="small", n_layers=8, batch=16)
+    g = hj.trace(m.step, *m.abstract())
+    topo = hj.Topology.preset("regional", regions=4, gpus_per_node=2, device="V100",
+                              metro=LinkSpec(bandwidth=100e9 / 8, latency=1e-4))
+    res = search(g, topo)
+    best, layout = res.layouts[0]
+    assert layout.schedule == "interleaved" and layout.virtual_stages == 2
+    assert len(layout.ranges) == 8 and layout.groups[:4] == layout.groups[4:]
+    flat = search(g, topo, virtual_stages=(1,))
+    assert {lay.schedule for _, lay in flat.layouts} == {"1f1b"}
+    assert best < flat.layouts[0][0]
+    ctx = _context(g, topo)
+    groups = topo.groups("region")
+    for v in (2, 4):
+        for M in (4, 8, 16):
+            uniform = StagedLayout(groups=tuple(groups) * v, ranges=tuple(
+                uniform_ranges(ctx.part, 4 * v)), plans=("dp_tp",) * (4 * v), microbatches=M,
+                schedule="interleaved", virtual_stages=v)
+            assert best <= layout_cost(ctx, uniform).step_time * (1 + 1e-9)
+    plan = build_plan(ctx, layout, "ilp")
+    assert plan.virtual_stages == 2 and len(plan.stages) == 8
+    assert hj.Plan.from_dict(plan.to_dict()).to_dict() == plan.to_dict()
+    text = hj.explain(plan)
+    assert "interleaved" in text and "chunk 1 of" in text
 
 
 def test_ilp_places_less_work_on_slower_gpus():
