@@ -242,6 +242,9 @@ def report(doc: dict) -> str:
              "(`resource.getrusage`), JAX and the traced graph included.", "",
              "Target (GPT-2 small on two DGX-H100 nodes): trace + `auto` under 2 s, and `auto` at "
              "least 10x faster than `ilp`.", "",
+             "Alpa's GPT suite (350M on 1 V100 to 39B on 64, planning time and predicted step "
+             "next to Alpa's published numbers): [ALPA.md](ALPA.md), from "
+             "`python benchmarks/alpa.py`.", "",
              "| case | graph nodes | devices | trace (s) | auto (s) | trace + auto (s) | ilp (s) | "
              "ilp / auto | auto peak RSS (MB) | ilp peak RSS (MB) | auto step (ms) | "
              "ilp step (ms) |",

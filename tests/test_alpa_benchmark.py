@@ -1,0 +1,64 @@
+"""``benchmarks/alpa.py`` (Alpa's GPT suite on its p3.16xlarge cluster) runs end to end on its
+smallest case, so the script cannot rot unnoticed; no timing is asserted."""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "alpa.py"
+
+
+@pytest.fixture(scope="module")
+def alpa():
+    spec = importlib.util.spec_from_file_location("_benchmark_alpa_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_flop_count_reproduces_alpas_sanity_figure(alpa):
+    # Alpa's README (commit 5e8e355d): GPT-2.6B, batch 32, 8 GPUs, 2.425 s -> 37.60 TFLOP/s
+    # per GPU counted with remat ("TFLOPs (ckpt)").
+    flops = alpa.alpa_gpt_flops(batch=32, layers=32, hidden=2560)
+    assert flops / 2.425 / 8 / 1e12 == pytest.approx(37.60, abs=0.01)
+    pub = alpa.published("gpt-2.6b-b32", quick=False)
+    assert pub["step"] == 2.425 and not pub["step_derived"]
+    # Derived steps invert the published TFLOP/s exactly.
+    pub = alpa.published("gpt-39b", quick=False)
+    assert pub["flops"] / pub["step"] / 64 / 1e12 == pytest.approx(57.0)
+
+
+def test_quick_smallest_case_end_to_end(tmp_path):
+    out, md = tmp_path / "alpa.json", tmp_path / "ALPA.md"
+    subprocess.run([sys.executable, str(SCRIPT), "--quick", "--cases", "gpt-350m", "--out",
+                    str(out), "--md", str(md)], check=True, capture_output=True, text=True,
+                   timeout=600)
+    doc = json.loads(out.read_text())
+    assert [r["strategy"] for r in doc["rows"]] == ["auto", "ilp"]  # ilp on one instance
+    for row in doc["rows"]:
+        assert row["status"] == "ok" and row["fits"] and row["devices"] == 1
+        assert row["step_time"] > 0 and row["plan_s"] > 0 and row["rss_peak_mb"] > 0
+        assert row["topology"] == "aws-p3x1-1gpu" and row["kind"].startswith("SPMD")
+    text = md.read_text()
+    assert "| gpt-350m | 350M | 2 / 1024 / 16 | 16 | 1 | - | - | - | auto |" in text
+    assert "| gpt-350m | 350M | 2 / 1024 / 16 | 16 | 1 | - | - | - | ilp |" in text
+
+
+def test_batch_that_does_not_fit_is_accumulated(alpa, monkeypatch):
+    # 2 layers of GPT-350M at batch 1024 cannot fit one 16 GB V100 (the logits alone are 107 GB):
+    # the worker halves the batch until a plan fits and predicts k x its step.
+    monkeypatch.setattr(alpa, "QUICK", dict(layers=2, batch=1024))
+    res = alpa.worker("gpt-350m", "auto", quick=True)
+    assert res["fits"] and res["accumulation"] > 1
+    first, *_, last = res["attempts"]
+    assert not first["fits"] and last["fits"] and last["batch"] * res["accumulation"] == 1024
+    assert res["step_time"] == pytest.approx(res["accumulation"] * res["micro_step_time"])
+    assert res["peak_memory"] <= res["capacity"]
