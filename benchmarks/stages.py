@@ -184,7 +184,8 @@ def _pipeline_parts(p) -> dict:
     parts = {"compute": c.compute_time, "comm": c.comm_time, "bubble": c.bubble,
              "fill_compute": fill, "fill_transfers": mb_tr, "step_transfers": step_tr}
     if fill is not None:
-        parts["rest"] = c.bubble - fill - mb_tr - step_tr
+        rest = c.bubble - fill - mb_tr - step_tr
+        parts["rest"] = rest if abs(rest) > 1e-9 * c.step_time else 0.0
     return parts
 
 

@@ -373,3 +373,28 @@ def test_invalid_stage_records_are_refused():
     with pytest.raises(hj.errors.InvalidPlanError, match="schedule"):
         hj.Plan(strategy="x", axis_names=("gpu",), mesh_shape=(2,), inputs=(), outputs=(),
                 stages=(st,), schedule="zigzag")
+
+
+def test_invalid_interleaved_records_are_refused():
+    a = hj.Stage(devices=(0, 1), layers=(), axis_names=("gpu",), mesh_shape=(2,))
+    b = hj.Stage(devices=(2, 3), layers=(), axis_names=("gpu",), mesh_shape=(2,))
+
+    def plan(stages, **kw):
+        return hj.Plan(strategy="x", axis_names=("gpu",), mesh_shape=(4,), inputs=(),
+                       outputs=(), stages=stages, **kw)
+
+    ok = plan((a, b, a, b), schedule="interleaved", virtual_stages=2, microbatches=4)
+    assert ok.virtual_stages == 2
+    with pytest.raises(hj.errors.InvalidPlanError, match="not on those of stage 0"):
+        plan((a, b, b, a), schedule="interleaved", virtual_stages=2, microbatches=4)
+    with pytest.raises(hj.errors.InvalidPlanError, match="multiple of the 2 groups"):
+        plan((a, b, a, b), schedule="interleaved", virtual_stages=2, microbatches=3)
+    with pytest.raises(hj.errors.InvalidPlanError, match="one chunk per group"):
+        plan((a, b, a, b), schedule="1f1b", virtual_stages=2, microbatches=4)
+    with pytest.raises(hj.errors.InvalidPlanError, match="share devices"):
+        plan((a, a, a, a), schedule="interleaved", virtual_stages=2, microbatches=4)
+    with pytest.raises(hj.errors.InvalidPlanError, match="no virtual stages"):
+        hj.Plan(strategy="x", axis_names=("gpu",), mesh_shape=(4,), inputs=(), outputs=(),
+                virtual_stages=2)
+    with pytest.raises(ValueError, match="virtual_stages"):
+        hj.strategies.PipelineOptions(schedule="interleaved")
