@@ -43,6 +43,19 @@ What JAX 0.10.2 does across processes (probed on CPU, two and three processes on
   deadlock (observed within a few iterations of send-then-allgather on 2 devices per process).
   :func:`settle` waits until every process holds what it was sent (a barrier of the job's
   coordination service, which holds no XLA thread); a staged step settles before it returns.
+- A process dispatches ahead: its programs and sends are queued without waiting for values that
+  are still to come from another process. XLA:CPU holds at most 32 computations in flight per
+  device (the CPU client's ``max_inflight_computations_per_device``), and computations waiting
+  for such values fill that queue; the dispatch of the send the other process waits for then
+  blocks too, and the job deadlocks (observed: GPT-2 over two processes of two devices each,
+  1F1B with 4 microbatches, both on loopback and between network namespaces; GPipe and 2
+  microbatches were fine; ``py-spy`` / ``gdb`` show the receiver's threads in
+  ``xla::Semaphore::ScopedAcquire`` under ``ExecuteLaunch``). So the receiving process waits
+  for each value it is sent before it goes on (:func:`move`). Its next programs need the value
+  anyway in every schedule hulkjax emits (a stage's phases run in order on its devices), so
+  this costs little overlap; the sender never waits.
+- Across hosts (or network namespaces) the bulk transports that carry the bytes must listen on a
+  reachable address too (:func:`enable`).
 - A ``jax.jit`` whose input lives on one process's devices and whose output sharding is on
   another's is refused (``Received incompatible devices for jitted computation``); a
   ``shard_map`` with ``ppermute`` over a mesh spanning both processes works (a collective-permute
@@ -70,6 +83,12 @@ from hulkjax.errors import ProcessLayoutError
 
 SOCKET_FLAG = "jax_cross_host_transfer_socket_address"
 """JAX's flag for this process's transfer server address (``HOST:PORT``)."""
+
+TRANSPORT_FLAG = "jax_cross_host_transport_addresses"
+"""JAX's flag for the addresses its bulk transports listen on (comma-separated ``HOST:PORT``)."""
+
+TRANSPORTS = 4
+"""Bulk transports per process: JAX's default count (``0.0.0.0:0`` four times)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,13 +123,20 @@ def placeholder(shape, dtype, sharding) -> jax.Array:
 
 def enable(host: str) -> str:
     """Turn on cross-host ``device_put`` for this process: a transfer server at ``host`` and a
-    free port. Call before ``jax.distributed.initialize`` (JAX reads the flag when it creates the
-    CPU client). Returns the address.
+    free port, and the bulk transports that carry the bytes listening on ``host`` too. Call
+    before ``jax.distributed.initialize`` (JAX reads the flags when it creates the CPU client).
+    Returns the server's address.
 
     ``host`` must be an address of this machine that the other processes reach
-    (:func:`reachable_address`). A user's own setting of the flag (e.g. the environment variable
-    ``JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS``) is kept.
+    (:func:`reachable_address`). The transports matter once the processes are on different
+    hosts (or network namespaces): JAX's default, ``0.0.0.0:0``, is published as such, and a
+    peer then connects to *its own* host (observed: ``socket_bulk_transport.cc: Check failed:
+    connect ... Connection refused``, which kills the process). On loopback both are the same
+    machine and the default happens to work. A user's own setting of either flag (e.g. the
+    environment variable ``JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS``) is kept.
     """
+    if not jax.config.read(TRANSPORT_FLAG):
+        jax.config.update(TRANSPORT_FLAG, ",".join([f"{host}:0"] * TRANSPORTS))
     current = jax.config.read(SOCKET_FLAG)
     if current:
         return current
@@ -191,6 +217,8 @@ def move(x, want: NamedSharding, crossings: list | None = None):
     sent = jax.device_put(jax.numpy.copy(x), wire_src) if me in src else \
         placeholder(x.shape, x.dtype, wire_src)
     y = jax.device_put(sent, wire_dst)
+    if me in dst:  # the receiver waits for the bytes before it dispatches more (docstring)
+        y.block_until_ready()
     if crossings is not None:
         shard = int(np.prod(wire_dst.shard_shape(x.shape), dtype=np.int64))
         crossings.append(Crossing(tuple(sorted(src)), tuple(sorted(dst)),

@@ -81,6 +81,19 @@ def test_three_stages_in_three_processes_with_a_tied_embedding(tmp_path):
     assert ((0,), (2,)) in moved and ((2,), (0,)) in moved  # the tied embedding and its gradient
 
 
+def test_one_f_one_b_with_more_microbatches_than_stages_does_not_deadlock(tmp_path):
+    """GPT-2 on two sites of two devices (the WAN testbed's layout), 1F1B over 4 microbatches:
+    each process would dispatch programs waiting on the other's values until XLA:CPU's
+    in-flight limit blocks the send the other waits for (a hang before the receiver waited
+    for each value it is sent)."""
+    sites = hj.Topology.preset("regional", regions=2, gpus_per_node=2, device="A100")
+    report = launch("gpt2", sites, size="tiny", overrides={"batch": 8}, strategies="pipeline",
+                    processes=2, steps=STEPS, out=str(tmp_path), timeout=TIMEOUT,
+                    plan_options={"microbatches": 4, "schedule": "1f1b"})
+    run = _check_staged_run(report, processes=2, stages=2, microbatches=4, name="gpt2", batch=8)
+    assert run["schedule"] == "1f1b"
+
+
 def test_two_stages_per_process(tmp_path):
     """Four one-device stages in two processes: values move inside a process between its own
     stages, and across processes between the second and third stage only."""
