@@ -72,3 +72,28 @@ def test_a_failed_setup_removes_what_it_made(testbed):
     with pytest.raises(subprocess.CalledProcessError):
         net.__enter__()
     assert testbed.leftovers(tag) == []
+
+
+def test_a_staged_plan_runs_between_namespaces(testbed):
+    """Two sites, each a network namespace with one JAX process of two devices: the stages of a
+    1F1B pipeline exchange activations and gradients over the bridge (cross-host
+    ``jax.device_put``), and the job's result equals the unsharded step. Before the bulk
+    transports listened on each process's reachable address, the first transfer was refused
+    (JAX's default ``0.0.0.0`` sent the peer to its own namespace)."""
+    import hulkjax as hj
+    from hulkjax.launch import launch
+
+    sites = hj.Topology.preset("regional", regions=2, gpus_per_node=2, device="A100")
+    tag = f"p{os.getpid() % 1000}"
+    with testbed.Regions([200.0, 200.0], tag, subnet="10.214.11") as net:
+        net.shape(True)
+        report = launch("gpt2", sites, size="tiny", overrides={"batch": 8},
+                        strategies="pipeline", processes=2, steps=2, host=net.ip[0],
+                        prefix=net.prefix, timeout=240,
+                        plan_options={"microbatches": 4, "schedule": "1f1b"})
+    assert testbed.leftovers(tag) == []
+    (run,) = report["runs"]
+    assert [s["process"] for s in run["stages"]] == [0, 1]
+    moved = {(tuple(t["from_processes"]), tuple(t["to_processes"])): t for t in run["transfers"]}
+    assert moved[((0,), (1,))]["count"] >= 4 and moved[((1,), (0,))]["count"] >= 4
+    assert run["check"]["match"], run["check"]

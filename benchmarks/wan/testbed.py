@@ -18,9 +18,12 @@ Then, per run:
 1. ``hulkjax.launch.calibrate`` in the namespaces (one process per region, ``--devices`` fake CPU
    devices each): per-device matmul FLOP/s and memory bandwidth with every device working, and the
    gloo all-reduce between regions over the shaped links (alpha-beta fit).
-2. The topology: ``Topology.grid((regions, devices), ("region", "dev"))`` with the calibrated device
-   and the ``region`` link at the calibrated bandwidth (and the nominal tbf rate alongside in the
-   results); written to ``benchmarks/wan/topology.json``.
+2. The topology: the ``regional`` preset's hierarchy (one site per region, ``devices`` devices
+   each; mesh axes ``("region", "gpu")``) with the calibrated device, the link between sites at
+   the calibrated bandwidth (the nominal tbf rate alongside in the results) and inside a site the
+   calibrated local link; written to ``benchmarks/wan/topology.json``. Its sites are device
+   groups, so ``pipeline`` and ``auto`` can place layers on regions (staged plans, values sent
+   between the processes with cross-host ``jax.device_put``).
 3. ``hulkjax.launch.launch`` of a small GPT-2 step (zoo ``gpt2`` tiny unless ``--model``) under each
    strategy, one process per region, shaped; then the same plans unshaped, so the measured
    communication is the difference of the two medians.
@@ -179,7 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=None,
                     help="batch size (default: the smallest multiple of regions x devices that is "
                          ">= 8, so that every strategy can split it)")
-    ap.add_argument("--strategies", nargs="+", default=["dp", "fsdp", "dp_tp", "auto"])
+    ap.add_argument("--strategies", nargs="+", default=["dp", "fsdp", "dp_tp", "pipeline", "auto"])
     ap.add_argument("--steps", type=int, default=6, help="steps per plan; the first is warm-up")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--run-dir", default="/tmp/hulkjax-wan")
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
     from hulkjax import zoo
     from hulkjax.launch import launch
     from hulkjax.launch.calibrate import calibrate
+    from hulkjax.topology import LinkSpec
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tag = str(os.getpid() % 10000)
@@ -236,17 +240,16 @@ def main(argv=None) -> int:
             link_bw = cal["link"]["bandwidth"]
             nominal_bw = min(rates) * 1e6 / 8
             local = cal.get("local_link", {"bandwidth": 10e9, "latency": 1e-6})
-            shape = (args.regions, args.devices) if args.devices > 1 else (args.regions,)
-            names = ("region", "dev") if args.devices > 1 else ("region",)
+            def sites(bw, name):
+                topo = hj.Topology.preset(
+                    "regional", regions=args.regions, gpus_per_node=args.devices, device=spec,
+                    metro=LinkSpec(bandwidth=bw, latency=rtt / 2),
+                    intra_node={spec.kind: LinkSpec(bandwidth=local["bandwidth"],
+                                                    latency=local["latency"])})
+                return hj.Topology.from_dict({**topo.to_dict(), "name": name})
 
-            def grid(bw, name):
-                return hj.Topology.grid(shape, names,
-                                        bandwidth=(bw, local["bandwidth"])[:len(shape)],
-                                        latency=(rtt / 2, local["latency"])[:len(shape)],
-                                        device=spec, name=name)
-
-            topo = grid(link_bw, f"wan-{args.regions}x{args.devices}-calibrated")
-            topo_nominal = grid(nominal_bw, f"wan-{args.regions}x{args.devices}-nominal")
+            topo = sites(link_bw, f"wan-{args.regions}x{args.devices}-calibrated")
+            topo_nominal = sites(nominal_bw, f"wan-{args.regions}x{args.devices}-nominal")
             topo.save(TOPOLOGY)
             result |= {"rtt": rtt, "tcp_goodput": goodput, "calibration": {k: cal[k] for k in ("device", "link")},
                        "link_nominal": nominal_bw, "topology": topo.to_dict()}
@@ -273,9 +276,12 @@ def main(argv=None) -> int:
             for p, rs, rf in zip(plans, shaped["runs"], fast["runs"]):
                 nominal = hj.plan(m.step, *margs, topology=topo_nominal, strategy=p.strategy,
                                   graph=graph).cost if p.strategy != "auto" else None
-                crossing = [c for c in rs["collectives"] if c["crosses_processes"]]
+                crossing = [c for c in rs["collectives"] if c["crosses_processes"]] + \
+                    [t for t in rs.get("transfers", []) if t["from_processes"] != t["to_processes"]]
                 rows.append({
                     "strategy": p.strategy,
+                    "plan": "SPMD" if not p.stages else
+                            f"{len(p.stages)} stages x {p.microbatches} mb ({p.schedule})",
                     "predicted_step": p.cost.step_time,
                     "predicted_comm": p.cost.comm_time,
                     "predicted_comm_region": p.cost.comm_time_by_axis.get("region", 0.0),
@@ -326,6 +332,30 @@ def write_markdown() -> None:
         f.write("\n".join(parts))
 
 
+def _targets(rows) -> list[str]:
+    """Issue 13's targets on this run: hulkjax's plan (``auto``) against ``dp`` and the best
+    measured baseline, and predicted against measured step time where communication dominates
+    the prediction."""
+    by = {r["strategy"]: r for r in rows}
+    out = []
+    baselines = [r for r in rows if r["strategy"] not in ("auto", "ilp")]
+    if "auto" in by and baselines:
+        best = min(baselines, key=lambda r: r["measured_step"])
+        a = by["auto"]["measured_step"]
+        vs_dp = f"{by['dp']['measured_step'] / a:.2f}x `dp`, " if "dp" in by else ""
+        out.append(f"`auto` measured: {vs_dp}{best['measured_step'] / a:.2f}x the best measured "
+                   f"baseline (`{best['strategy']}`); target 1.2x.")
+    bound = [r for r in rows if r["predicted_comm"] > 0.5 * r["predicted_step"]]
+    if bound:
+        ok = [r for r in bound if abs(r["measured_step"] / r["predicted_step"] - 1) <= 0.3]
+        ratios = ", ".join(f"{r['strategy']} {r['measured_step'] / r['predicted_step']:.2f}"
+                           for r in bound)
+        out.append(f"Communication-bound plans (predicted comm > half the predicted step): "
+                   f"{len(ok)}/{len(bound)} measured within 30% of the prediction "
+                   f"(measured / predicted: {ratios}).")
+    return [""] + out if out else []
+
+
 def _rank(rows, key):
     return [r["strategy"] for r in sorted(rows, key=lambda r: r[key])]
 
@@ -356,12 +386,12 @@ def markdown(res: dict) -> str:
         "Step quartiles: 25th-75th percentile of the shaped steps after the first (slowest "
         "process), to show the noise of fake devices sharing the machine's cores. "
         "Measured comm = step shaped - step unshaped (same programs); a plan whose compiled "
-        "program has no collective between regions shows '-' (its processes do not wait for each "
-        "other, and the difference is noise).", "",
-        "| strategy | predicted step | measured step | step quartiles | measured / predicted | "
+        "program has no collective between regions and sends no value between them shows '-' (its "
+        "processes do not wait for each other, and the difference is noise).", "",
+        "| strategy | plan | predicted step | measured step | step quartiles | measured / predicted | "
         "predicted comm | measured comm | measured / predicted comm | predicted step (nominal "
         "link) | unshaped step | matches unsharded |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|"]
     for r in res["rows"]:
         pc = r["predicted_comm"]
         nom = r["predicted_step_nominal_link"]
@@ -371,7 +401,7 @@ def markdown(res: dict) -> str:
         per_step = [max(ts) for ts in zip(*r["step_times"])][1:]  # slowest process, no warm-up
         q1, q3 = (float(np.percentile(per_step, q)) * 1e3 for q in (25, 75))
         lines.append(
-            f"| {r['strategy']} | {r['predicted_step'] * 1e3:.1f} ms | "
+            f"| {r['strategy']} | {r.get('plan', 'SPMD')} | {r['predicted_step'] * 1e3:.1f} ms | "
             f"{r['measured_step'] * 1e3:.1f} ms | {q1:.0f}-{q3:.0f} ms | "
             f"{r['measured_step'] / r['predicted_step']:.2f} | "
             f"{pc * 1e3:.1f} ms | {mc} | {ratio} | "
@@ -380,8 +410,11 @@ def markdown(res: dict) -> str:
             f"{'yes' if r['check'] else 'NO' if r['check'] is False else '-'} |")
     rows = res["rows"]
     if rows:
+        same = _rank(rows, "predicted_step") == _rank(rows, "measured_step")
         lines += ["", f"Ranking by predicted step: {' < '.join(_rank(rows, 'predicted_step'))}; "
-                      f"by measured step: {' < '.join(_rank(rows, 'measured_step'))}."]
+                      f"by measured step: {' < '.join(_rank(rows, 'measured_step'))} "
+                      f"({'the same' if same else 'not the same'})."]
+        lines += _targets(rows)
     lines += ["", f"Left behind after teardown: {res['left_behind'] or 'nothing'} "
                   f"(namespaces, and with them links, the bridge and qdiscs).", ""]
     return "\n".join(lines)
