@@ -128,6 +128,7 @@ def run(keys, quick: bool) -> dict:
                                        "traceback": traceback.format_exc()[-2000:]}
         if family == "regional":
             rec["ilp_1f1b"] = _best_1f1b(g, topo)
+            rec["per_count"] = _per_count(g, topo)
         out["experiments"][key] = rec
     if "regional-2.7b" in keys and not quick:
         out["planning_time"] = _cold_planning_time()
@@ -163,6 +164,27 @@ def _best_1f1b(g, topo) -> dict:
     t, layout = res.layouts[0]
     return {"status": "ok", "step_time": t, "microbatches": layout.microbatches,
             "stages": len(layout.ranges), "wall_time": time.perf_counter() - t0}
+
+
+def _per_count(g, topo, counts=(4, 8, 16, 32), chunks=(1, 2, 4)) -> list[dict]:
+    """The staged search's best layout per microbatch count and chunks per group (exactly
+    costed): why the chosen count is the best one."""
+    from hulkjax.strategies.ilp import solve
+    from hulkjax.strategies.stages import search
+
+    out = []
+    for M in counts:
+        for v in chunks:
+            res = search(g, topo, solver=solve, microbatches=[M], virtual_stages=(v,))
+            best = res.layouts
+            if not best:
+                out.append({"microbatches": M, "virtual_stages": v, "status": "none"})
+                continue
+            c = res.costs[best[0][1]]
+            out.append({"microbatches": M, "virtual_stages": v, "status": "ok",
+                        "step_time": c.step_time, "compute": c.compute_time,
+                        "comm": c.comm_time, "bubble": c.bubble})
+    return out
 
 
 def _pipeline_parts(p) -> dict:
@@ -340,8 +362,8 @@ def report(data: dict) -> str:
                   "and in-stage collectives, then its bubble: the fill and drain of the stages' "
                   "work (`(sum - max of the groups' per-microbatch work) / v`), the transfers of "
                   "the fill and drain (every stage boundary once each way), the per-step "
-                  "transfers (tied-embedding gradients), and the rest (updates, steady-state "
-                  "links). `1F1B only`: the staged search's best layout without the interleaved "
+                  "transfers (the tied embedding's weights to the last stage and its gradient "
+                  "back), and the rest (updates, steady-state links). `1F1B only`: the staged search's best layout without the interleaved "
                   "schedule.", "",
                   "| experiment | plan | step | compute | in-stage comm | fill/drain compute | "
                   "fill/drain transfers | per-step transfers | rest | 1F1B only | best SPMD / "
@@ -359,6 +381,25 @@ def report(data: dict) -> str:
                 f"{_ms(q['fill_transfers'])} | {_ms(q['step_transfers'])} | {_ms(q.get('rest'))} | "
                 f"{_ms(flat.get('step_time')) if flat.get('status') == 'ok' else '-'} | "
                 f"{ratio} |")
+        counted = {k: r["per_count"] for k, r in regional.items() if r.get("per_count")}
+        if counted:
+            lines += ["", "Per microbatch count and chunks per device group: the staged search's "
+                      "best layout, step = busiest group's compute + in-stage collectives + "
+                      "bubble (ms). More microbatches shrink the bubble but each microbatch's "
+                      "backward all-reduces the weight gradients inside its stage and every "
+                      "kernel pays its launch; more chunks shrink it too but cross more links.",
+                      "", "| experiment | microbatches | 1F1B | 2 chunks | 4 chunks |",
+                      "|---|---:|---|---|---|"]
+            for key, rows in counted.items():
+                for M in sorted({r["microbatches"] for r in rows}):
+                    cells = []
+                    for v in (1, 2, 4):
+                        r = next((r for r in rows if r["microbatches"] == M
+                                  and r["virtual_stages"] == v), {})
+                        cells.append("-" if r.get("status") != "ok" else
+                                     f"{_ms(r['step_time'])} = {_ms(r['compute'])} + "
+                                     f"{_ms(r['comm'])} + {_ms(r['bubble'])}")
+                    lines.append(f"| {key} | {M} | " + " | ".join(cells) + " |")
     lines += ["", "### The staged plans hulkjax chose", ""]
     for key, rec in data["experiments"].items():
         p = rec["plans"].get("ilp", {})

@@ -574,10 +574,17 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
 
 @dataclass
 class SearchResult:
-    """The best staged layouts the dynamic program found (exactly costed), best first."""
+    """The best staged layouts the dynamic program found (exactly costed), best first.
+
+    Attributes:
+      layouts: ``(predicted step, layout)``, best first.  # list
+      searched: dynamic programs run.  # int
+      costs: the exact :class:`~hulkjax.plan.Cost` of each returned layout.  # dict
+    """
 
     layouts: list[tuple[float, StagedLayout]]
     searched: int = 0
+    costs: dict = field(default_factory=dict)
 
 
 def chains(topology, groups, *, limit: int = 3) -> list[tuple[int, ...]]:
@@ -645,8 +652,8 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       microbatches: counts to try (default: see :func:`microbatch_counts`).
       keep: how many layouts to return.
       progress: a callable told what is being searched (a string).
-      virtual_stages: chunks per group to try with ``schedule="1f1b"`` (``v > 1``: the
-        interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
+      virtual_stages: chunks per group to try with ``schedule="1f1b"`` (1: plain 1F1B;
+        ``v > 1``: the interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -679,8 +686,10 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             for sub in dict.fromkeys(subs):
                 tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
             for chain in chains(topology, groups):
-                sols = [(1, _dp(ctx, topology, groups, subs, chain, tables, M))]
-                for v in (virtual_stages if schedule == "1f1b" else ()):
+                vs = virtual_stages if schedule == "1f1b" else (1,)
+                sols = [(1, _dp(ctx, topology, groups, subs, chain, tables, M))] if 1 in vs \
+                    else []
+                for v in vs:
                     for S in range(2, len(chain) + 1):
                         if v > 1 and M % S == 0 and S * v <= len(part.units):
                             sols.append((v, _dp_interleaved(ctx, topology, groups, subs,
@@ -725,9 +734,10 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     for layout in unique[:max(keep * 3, 6)]:
         c = layout_cost(ctx, layout)
         if all(st.fits for st in c.stages):
-            exact.append((c.step_time, layout))
+            exact.append((c.step_time, layout, c))
     exact.sort(key=lambda t: t[0])
-    return SearchResult(exact[:keep], searched)
+    return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
+                        {lay: c for _, lay, c in exact[:keep]})
 
 
 def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):

@@ -308,6 +308,9 @@ def test_search_interleaves_where_the_bubble_dominates():
     flat = search(g, topo, virtual_stages=(1,))
     assert {lay.schedule for _, lay in flat.layouts} == {"1f1b"}
     assert best < flat.layouts[0][0]
+    only = search(g, topo, virtual_stages=(4,))
+    assert {lay.virtual_stages for _, lay in only.layouts} == {4}
+    assert only.costs[only.layouts[0][1]].step_time == only.layouts[0][0] >= best
     ctx = _context(g, topo)
     groups = topo.groups("region")
     for v in (2, 4):
