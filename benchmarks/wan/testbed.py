@@ -27,7 +27,7 @@ Then, per run:
 3. ``hulkjax.launch.launch`` of a small GPT-2 step (zoo ``gpt2`` tiny unless ``--model``) under each
    strategy, one process per region, shaped; then the same plans unshaped, so the measured
    communication is the difference of the two medians.
-4. Results: ``benchmarks/results/wan-<regions>x<devices>.json``; ``benchmarks/WAN.md`` is rendered from
+4. Results: ``benchmarks/results/wan-<regions>x<devices>[-<tag>].json``; ``benchmarks/WAN.md`` is rendered from
    every ``wan-*.json`` there.
 
 Afterwards it checks that no namespace it made is left (``ip netns list``) and says so in the
@@ -52,7 +52,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
-RESULTS_DIR = os.path.join(BENCH, "results")  # wan-<regions>x<devices>.json, one per configuration
+RESULTS_DIR = os.path.join(BENCH, "results")  # wan-<regions>x<devices>[-<tag>].json, one per configuration
 MARKDOWN = os.path.join(BENCH, "WAN.md")
 TOPOLOGY = os.path.join(HERE, "topology.json")
 BURST = "4kb"  # small bucket: no line-rate bursts after compute pauses (see multiprocess.py)
@@ -182,8 +182,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=None,
                     help="batch size (default: the smallest multiple of regions x devices that is "
                          ">= 8, so that every strategy can split it)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="FIELD=VALUE",
+                    help="model config overrides (integers), e.g. --set n_layers=6 d_model=256")
     ap.add_argument("--strategies", nargs="+", default=["dp", "fsdp", "dp_tp", "pipeline", "auto"])
     ap.add_argument("--steps", type=int, default=6, help="steps per plan; the first is warm-up")
+    ap.add_argument("--tag", default="",
+                    help="results name suffix: results/wan-<regions>x<devices>[-TAG].json")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--run-dir", default="/tmp/hulkjax-wan")
     ap.add_argument("--markdown-only", action="store_true",
@@ -215,11 +219,17 @@ def main(argv=None) -> int:
     devices = args.regions * args.devices
     batch = args.batch or -(-8 // devices) * devices
     overrides = {"batch": batch}
+    for item in args.set:
+        field, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            sys.exit(f"--set {item!r}: expected FIELD=INTEGER, e.g. n_layers=6.")
+        overrides[field] = int(value)
     command = "python benchmarks/wan/testbed.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     result = {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
               "jax": jax.__version__, "command": command.strip(), "regions": args.regions,
               "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model, "batch": batch,
+              "overrides": overrides,
               "steps": args.steps, "tbf_burst": BURST,
               "latency": "modelled, not emulated (netem unavailable): the topology's latency is "
                          "the measured RTT / 2 of the veth links"}
@@ -309,7 +319,8 @@ def main(argv=None) -> int:
         if left:
             print(f"WARNING: namespaces left behind: {left}", flush=True)
     os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"wan-{args.regions}x{args.devices}.json")
+    suffix = f"-{args.tag}" if args.tag else ""
+    path = os.path.join(RESULTS_DIR, f"wan-{args.regions}x{args.devices}{suffix}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     write_markdown()
@@ -369,7 +380,8 @@ def markdown(res: dict) -> str:
         f"{res['jax']}, {res['wall_time']:.0f} s). {res['regions']} regions (one network namespace"
         f" and one JAX process each, {res['devices_per_region']} fake CPU device(s) per process), "
         f"uplinks shaped with `tc tbf` at {', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s "
-        f"(burst {res['tbf_burst']}), model `{res['model']}` (batch {res.get('batch', '?')}), "
+        f"(burst {res['tbf_burst']}), model `{res['model']}` ("
+        f"{', '.join(f'{k} {v}' for k, v in res.get('overrides', {'batch': res.get('batch', '?')}).items())}), "
         f"{res['steps']} steps per plan "
         f"(median of the steps after the first, slowest process).", "",
         f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "

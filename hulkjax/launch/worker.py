@@ -31,7 +31,7 @@ from hulkjax.emit import transfer
 from hulkjax.emit.hlo import summarize
 from hulkjax.emit.mpmd import StagedStep
 from hulkjax.errors import HulkjaxError, InvalidPlanError, UnsupportedStepError
-from hulkjax.launch.arrays import to_global, tree_error, tree_spread
+from hulkjax.launch.arrays import running_max_over_steps, to_global, tree_error, tree_spread
 from hulkjax.launch.job import REPORT_FORMAT, Job
 from hulkjax.launch.layout import check_stages, ordered_devices, process_layout
 from hulkjax.loading import LoadedStep, load_step
@@ -389,7 +389,9 @@ def _reference_spread(model, host_state, host_batch, steps: int, dev, ref_metric
     The float64 run is the same step compiled again with ``jax_enable_x64`` and every floating
     input in float64: another compilation and another rounding, close to the exact result. Its
     distance from the float32 run is this model's rounding scale over these steps (AdamW turns
-    rounding in near-zero gradients into whole-learning-rate moves, so it is not one ulp).
+    rounding in near-zero gradients into whole-learning-rate moves, so it is not one ulp). A
+    metric's spread is the running maximum over the steps
+    (:func:`hulkjax.launch.arrays.running_max_over_steps`).
 
     Returns:
       ``(metrics spread, final-state spread, None)``, or ``(None, None, reason)`` when the step
@@ -400,7 +402,8 @@ def _reference_spread(model, host_state, host_batch, steps: int, dev, ref_metric
             metrics, final = _unsharded_run(model, jax.tree_util.tree_map(_to_float64, host_state),
                                             jax.tree_util.tree_map(_to_float64, host_batch),
                                             steps, dev)
-        return (tree_spread(ref_metrics, metrics), tree_spread(ref_final, final), None)
+        m_spread = running_max_over_steps(ref_metrics, tree_spread(ref_metrics, metrics))
+        return (m_spread, tree_spread(ref_final, final), None)
     except Exception as e:  # noqa: BLE001 -- any failure of the float64 run: fixed tolerances
         reason = f"the float64 run failed ({type(e).__name__}: {str(e)[:200]})"
         log.warning("process 0: %s; the check falls back to rtol=1e-4, atol=1e-5", reason)

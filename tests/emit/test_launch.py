@@ -302,3 +302,21 @@ def test_tree_error_with_a_spread_scales_each_leaf():
     assert not bad["match"] and bad["mismatched_leaves"] == ["['a']"]
     # A leaf both references compute exactly (an integer counter) must be exact.
     assert not tree_error(got | {"n": np.array(4)}, exp, spread=[1e-4, 1e-7, 0.0])["match"]
+
+
+def test_a_metric_whose_spread_sample_is_zero_keeps_the_earlier_steps_tolerance():
+    """A false alarm seen on the WAN testbed: a 6-layer GPT's loss at step 7 happened to round
+    alike in the float32 and float64 references (spread ~0), and a correct dp run that summed in
+    another order was 6e-6 off and called a MISMATCH. The spread of a per-step metric is the
+    running maximum over the steps; a loss off by a real amount still fails."""
+    from hulkjax.launch.arrays import running_max_over_steps
+
+    ref = [{"loss": 5.6}, {"loss": 5.2}, {"loss": 4.26}]
+    raw = [3e-7, 5e-6, 0.0]
+    spread = running_max_over_steps(ref, raw)
+    assert spread == [3e-7, 5e-6, 5e-6]
+    close = [{"loss": 5.6}, {"loss": 5.2}, {"loss": 4.26 + 6e-6}]
+    assert not tree_error(close, ref, spread=raw, safety=16)["match"]  # the false alarm
+    assert tree_error(close, ref, spread=spread, safety=16)["match"]
+    wrong = [{"loss": 5.6}, {"loss": 5.2}, {"loss": 4.26 + 1e-3}]
+    assert not tree_error(wrong, ref, spread=spread, safety=16)["match"]
