@@ -352,8 +352,11 @@ def report(doc: dict) -> str:
         "batch did not fit the V100's 16 GB as one step, so the step was planned at batch "
         "`b = batch / k` (k = 2, 4, ... until a plan fits) and the prediction is `k x` that "
         "step: an upper bound under the cost model, since the gradient reduction and optimizer "
-        "update are counted every microbatch. Staged plans microbatch the full batch themselves "
-        "(`stages x microbatches`).",
+        "update are counted every microbatch. Staged plans microbatch the batch they are given "
+        "(`stages x microbatches`), but with at most 64 microbatches (8 per device group, "
+        "`microbatch_counts` in `hulkjax/strategies/stages.py`), so at batch 1024 a microbatch "
+        "holds at least 16 sequences, and none of the multi-instance cases fit that way; "
+        "Alpa's plans used 64-1,024 microbatches (1 to 16 sequences each).",
         "- `plan`: for SPMD plans, the mesh axes the batch is split over (the targets' layout; "
         "`gpu` inside an instance, `node` across instances) and the share of parameter elements "
         "held split (tensor parallelism or FSDP); hulkjax uses the "
