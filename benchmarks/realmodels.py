@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,7 @@ from tests.realmodels.measure import (  # noqa: E402
     non_gradient_collectives,
     predicted_collectives,
     projection_kernels,
+    replicated_kernels,
     sharded_inputs,
     within,
 )
@@ -122,6 +124,7 @@ def fidelity_case(name, built, mesh, strategy) -> dict:
     if strategy == "dp":
         row["dp_non_gradient"] = non_gradient_collectives(hlo, graph)
     row["kernels_sharded"] = sorted(sharded_inputs(plan) & set(kernels))
+    row["kernels_replicated"] = replicated_kernels(plan, set(kernels) - set(row["kernels_sharded"]))
     s = state
     try:
         for ref_state, ref_metrics in refs:
@@ -324,6 +327,13 @@ def markdown(result: dict) -> tuple[str, str]:
     return "\n".join(summary) + "\n", "\n".join(lines) + "\n"
 
 
+def _short_reason(reason: str) -> str:
+    """The first rejection of a planner note, without source lines: ``"dim 1: top_k does not keep
+    the split"``."""
+    first = reason.split("; ")[0]
+    return re.sub(r" \([^()]*:\d+\)", "", first)
+
+
 def highlights(result: dict) -> list[str]:
     """Summary bullets on plan quality and coverage, computed from the cases."""
     fid = [r for r in result["fidelity"] if r["status"] == "ok"]
@@ -342,6 +352,17 @@ def highlights(result: dict) -> list[str]:
         f"- **megatron** shards {sum(sharded.values())}/{sum(kernels.values())} projection "
         f"kernels (tiny): " + ", ".join(f"{n} {sharded[n]}/{kernels[n]}" for n in names) + ".",
     ]
+    # The kernels the best megatron plan of each family keeps replicated, with the planner's reason
+    # (its plan notes): the LM heads wait for vocab-parallel heads; a router (top_k over its
+    # output), a dense between LayerNorm and a matmul, a single shared key/value head are
+    # replicated in Megatron-LM too.
+    for n in names:
+        best = max(mt[n], key=lambda r: len(r["kernels_sharded"]), default=None)
+        kept = (best or {}).get("kernels_replicated", {})
+        if kept:
+            out.append(f"  - {n} ({best['mesh']}) keeps replicated: " + "; ".join(
+                f"`{p.removeprefix('state/params/')}` ({_short_reason(why)})"
+                for p, why in sorted(kept.items())) + ".")
     for planner in ("ilp", "auto"):
         ratios = []
         for n in names:

@@ -27,16 +27,20 @@ from jax.extend.core import primitives as P
 from hulkjax.trace.graph import Node, OpGraph
 from hulkjax.trace.primitives import (
     CASTS,
+    COMBINING_SCATTERS,
     CUMULATIVE,
     ELEMENTWISE,
     PASSTHROUGH,
     PER_INPUT_ELEMENT,
+    POOLING,
     RANDOM_KEYS,
+    SCATTERS,
     SIZE_PRESERVING,
     SPLIT,
     STACK,
     TOP_K,
     UNSTACK,
+    WINDOW_GRADIENTS,
 )
 
 CONTRACTED = "contracted"
@@ -295,5 +299,78 @@ def _same_size_dims(node, graph, operand, dim):
     if node.primitive is P.sort_p and dim == node.params["dimension"]:
         return None
     if node.primitive in CUMULATIVE and dim == node.params.get("axis"):
+        return None
+    return dim
+
+
+@register_dim_rule(P.gather_p)
+def _gather_dims(node, graph, operand, dim):
+    """Embedding lookups and ``take_along_axis``. A table dimension sliced whole is the matching
+    offset dimension of the result; one shared with the indices (``operand_batching_dims``) is
+    that batch dimension; an indexed dimension looked up one entry at a time
+    (``collapsed_slice_dims``) is :data:`CONTRACTED`: a table split there gives each device the
+    entries it holds and zeros elsewhere, completed by an all-reduce (a vocab-parallel embedding,
+    the label logit of a vocab-parallel cross-entropy). The indices' batch dimensions are the
+    result's batch dimensions (the index vector is their last dimension)."""
+    if len(node.inputs) != 2:
+        return None
+    dn = node.params["dimension_numbers"]
+    out = _out_shape(graph, node)
+    batch_out = [d for d in range(len(out)) if d not in dn.offset_dims]
+    if operand == 1:
+        idx = _shape(graph, node, 1)
+        if dim >= len(idx) - 1 or dim >= len(batch_out):
+            return None
+        return batch_out[dim]
+    table = _shape(graph, node, 0)
+    if dim in dn.operand_batching_dims:
+        ib = dn.start_indices_batching_dims[tuple(dn.operand_batching_dims).index(dim)]
+        return batch_out[ib] if ib < len(batch_out) else None
+    if dim in dn.collapsed_slice_dims:
+        return CONTRACTED if dim in dn.start_index_map else None
+    offset_src = [d for d in range(len(table)) if d not in dn.collapsed_slice_dims
+                  and d not in dn.operand_batching_dims]
+    if node.params["slice_sizes"][dim] != table[dim]:
+        return None  # a window of the dimension: its split does not survive
+    return sorted(dn.offset_dims)[offset_src.index(dim)]
+
+
+@register_dim_rule(*SCATTERS)
+def _scatter_dims(node, graph, operand, dim):
+    """The result is the operand, dimension for dimension. An update's window dimension (one that
+    covers the operand's whole dimension) lands on that operand dimension, and one shared with the
+    operand (``take_along_axis`` gradients) on the shared one; for a combining scatter the other
+    update dimensions (the scattered ones: which tokens hit which row of an embedding's gradient)
+    are :data:`CONTRACTED`, partial tables completed by an all-reduce. Indices are not followed."""
+    if len(node.inputs) != 3:
+        return None
+    dn = node.params["dimension_numbers"]
+    if operand == 0:
+        return dim
+    if operand != 2:
+        return None
+    os_, us = _shape(graph, node, 0), _shape(graph, node, 2)
+    window_dst = [d for d in range(len(os_)) if d not in dn.inserted_window_dims
+                  and d not in dn.operand_batching_dims]
+    if dim in dn.update_window_dims:
+        od = window_dst[sorted(dn.update_window_dims).index(dim)]
+        return od if us[dim] == os_[od] else None
+    upd_batch = [d for d in range(len(us)) if d not in dn.update_window_dims]
+    j = upd_batch.index(dim)
+    if j in dn.scatter_indices_batching_dims:
+        return dn.operand_batching_dims[tuple(dn.scatter_indices_batching_dims).index(j)]
+    return CONTRACTED if node.primitive in COMBINING_SCATTERS else None
+
+
+@register_dim_rule(*POOLING, *WINDOW_GRADIENTS)
+def _window_dims(node, graph, operand, dim):
+    """Pooling and its gradients keep a dimension their window does not span (size 1, stride 1,
+    no padding or dilation): a CNN's channels through max pooling."""
+    p = node.params
+    if p["window_dimensions"][dim] != 1 or p["window_strides"][dim] != 1:
+        return None
+    if tuple(p["padding"][dim]) != (0, 0):
+        return None
+    if any(p.get(k, (1,) * (dim + 1))[dim] != 1 for k in ("base_dilation", "window_dilation")):
         return None
     return dim

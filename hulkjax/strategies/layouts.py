@@ -124,18 +124,33 @@ def shard_parameters(sb: InputLayouts, axes: tuple[str, ...], *, keep: bool = Fa
         sb.set_input(i, spec)
 
 
-def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
+# Operators through which a parameter is still the parameter for the walk: the views, and the
+# spatial reversal of a convolution kernel in its gradient with respect to the input.
+_KERNEL_VIEWS = VIEWS | {P.rev_p}
+
+
+def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
+                    vocab_parallel: bool = False) -> None:
     """Megatron's column/row alternation, found by following the model-sharded dimension.
 
     Walking the graph in order, the first matmul (or convolution) that uses a parameter decides it:
     if the other operand arrives sharded on a dimension this matmul contracts, the parameter is
-    split on the partner dimension (row parallel: partial sums, one all-reduce); if it arrives
-    unsharded, the parameter is split on its outermost free dimension if that divides and the
-    split is closed by a row-parallel matmul before anything reduces over it (column parallel: the
-    result stays split until the row matmul's all-reduce). A parameter met elementwise by a split result (a bias after a column
-    matmul) is split the same way. The split dimension is followed through elementwise ops,
-    reshapes, transposes and attention's batched matmuls by the dimension table in
-    :mod:`hulkjax.rules.dims`. Everything else is left to the compiler's propagation.
+    split on the partner dimension (row parallel: partial sums, one all-reduce), and on a batch
+    dimension likewise (an expert bank's kernels where the experts arrive split); if it arrives
+    unsharded, the parameter is split on a free dimension that divides (the one the model axes
+    divide best, the outermost on ties) whose split is closed by a row-parallel matmul before
+    anything reduces over it (column parallel: the result stays split until the row matmul's
+    all-reduce; see :func:`_column_split_rejection`, which also says why a kernel stays
+    replicated: ``sb.notes`` gets one line per such kernel). A parameter met elementwise by a
+    split result (a bias after a column matmul) is split the same way. The split dimension is
+    followed through elementwise ops, reshapes, transposes, attention's batched matmuls, gathers
+    and scatters by the dimension table in :mod:`hulkjax.rules.dims`. Everything else is left to
+    the compiler's propagation.
+
+    ``vocab_parallel`` also splits a last projection whose result only reductions complete (the
+    LM head's vocabulary, the cross-entropy's sums reduced with small all-reduces, a tied
+    embedding then looked up with a masked gather); off by default, see
+    :func:`_column_split_rejection`.
     """
     g = sb.graph
     # value -> (param input index, {value dim: param dim}) for views of parameters
@@ -148,6 +163,14 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
 
     def divisible(size: int) -> bool:  # by the model axes, or by a subset of them
         return bool(sb.axes_for(size, model_axes))
+
+    def axes_size(size: int) -> int:  # devices a dimension of this size is split over
+        n = 1
+        for a in sb.axes_for(size, model_axes):
+            n *= sb.sizes[a]
+        return n
+
+    why: dict[int, str] = {}  # parameter input index -> why a column split was not made
 
     def decide(i: int, pdim: int | None) -> None:
         if i in decided:
@@ -170,7 +193,7 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
     # transposed right before its matmul, after the earlier layer's decision looks for it.
     for node in g.nodes:
         ins = node.inputs
-        if node.primitive in VIEWS and ins and ins[0] in origin:
+        if node.primitive in _KERNEL_VIEWS and ins and ins[0] in origin:
             i, dims = origin[ins[0]]
             mapped = {}
             for vd, pd in dims.items():
@@ -180,10 +203,11 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
             origin[node.outputs[0]] = (i, mapped)
     for node in g.nodes:
         ins = node.inputs
-        if node.primitive in VIEWS and ins and ins[0] in origin:
+        if node.primitive in _KERNEL_VIEWS and ins and ins[0] in origin:
             continue
         if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
-            _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible)
+            _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axes_size,
+                           why, vocab_parallel)
         carried = None
         for k, v in enumerate(ins):
             if v is None:
@@ -214,9 +238,12 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...]) -> None:
         if pdim is not None:
             shape = g.values[g.inputs[i]].shape
             sb.set_input(i, sb.dim_spec(shape, pdim, model_axes, g.input_paths[i]))
+        elif i in why:
+            sb.notes.append(f"{g.input_paths[i]}: kept replicated, {why[i]}")
 
 
-def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible) -> None:
+def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axes_size,
+                   why, vocab_parallel) -> None:
     ins = node.inputs
     param_ops = [k for k in (0, 1) if ins[k] is not None and ins[k] in origin]
     if len(param_ops) != 1:
@@ -234,8 +261,20 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible) -> 
         rhs_spec = node.params["dimension_numbers"].rhs_spec
         lhs_spec = node.params["dimension_numbers"].lhs_spec
         if adim is None:
-            target = rhs_spec[0]  # output features: column
-        elif adim == lhs_spec[1]:
+            # Output features: column parallel, closed like a matmul's (a ViT's patch embedding
+            # is followed by LayerNorm, which would reduce over the split features).
+            target = rhs_spec[0]
+            if target in dims and divisible(pshape[target]):
+                reason = _column_split_rejection(g, node.outputs[0],
+                                                 node.params["dimension_numbers"].out_spec[1],
+                                                 origin, divisible, vocab_parallel=vocab_parallel)
+                if reason is None:
+                    decide(i, dims[target])
+                else:
+                    why[i] = reason
+                    decide(i, None)
+            return
+        if adim == lhs_spec[1]:
             target = rhs_spec[1]  # input features: row
         else:
             return
@@ -243,39 +282,72 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible) -> 
             decide(i, dims[target])
         return
     if adim is not None:
-        if map_dim(node, g, a, adim) == CONTRACTED:
-            partner = dot_partner(node, a, adim)
-            if partner in dims:
-                decide(i, dims[partner])  # row parallel
+        r = map_dim(node, g, a, adim)
+        partner = dot_partner(node, a, adim)
+        if partner in dims and (r == CONTRACTED or isinstance(r, int)):
+            # Contracted: row parallel (partial sums, one all-reduce). Batched: the parameter is
+            # split with it (each expert's kernel where the experts arrive split).
+            decide(i, dims[partner])
         return
-    # Column parallel on the outermost free dimension (the heads of a (D, heads, head_dim)
-    # kernel), or not at all: splitting head_dim instead would put the split under attention's
-    # contraction and all-reduce the scores.
+    # Column parallel on a free dimension whose split is closed (see _column_split_rejection):
+    # the one the model axes divide best, the outermost on ties (the heads of a (D, heads,
+    # head_dim) kernel; the head_dim split would put the split under attention's contraction and
+    # is rejected). An expert bank's (experts, D, F) kernel splits F where F divides more axes.
     (lc, rc), (lb, rb) = node.params["dimension_numbers"]
     contract, batch = (lc, lb) if k == 0 else (rc, rb)
-    free = [d for d in range(len(pshape)) if d not in contract and d not in batch]
-    if free and free[0] in dims and divisible(pshape[free[0]]):
-        out_dim = map_dim(node, g, k, free[0])
-        if isinstance(out_dim, int) and _closed_by_row_matmul(g, node.outputs[0], out_dim, origin,
-                                                              divisible):
-            decide(i, dims[free[0]])
-    if i not in decided:
-        decide(i, None)
+    free = [d for d in range(len(pshape))
+            if d not in contract and d not in batch and d in dims and divisible(pshape[d])]
+    free.sort(key=lambda d: -axes_size(pshape[d]))
+    reasons = []
+    for d in free:
+        out_dim = map_dim(node, g, k, d)
+        if not isinstance(out_dim, int):
+            continue
+        reason = _column_split_rejection(g, node.outputs[0], out_dim, origin, divisible,
+                                         vocab_parallel=vocab_parallel)
+        if reason is None:
+            decide(i, dims[d])
+            return
+        reasons.append(f"dim {d}: {reason}")
+    if reasons:
+        why[i] = "; ".join(reasons)
+    decide(i, None)
 
 
-def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin, divisible) -> bool:
-    """Whether a split of ``dim`` of value ``start`` is closed by a row-parallel matmul before
-    anything reduces over it, gathers it, or loses track of it.
+# Reductions that complete a split they reduce with one small all-reduce (sum, max, min).
+_REDUCING = frozenset((P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p))
 
-    Follows every use of the split dimension (backward-pass uses included). A use by a matmul with a
-    parameter that contracts the dimension closes that path; a use that carries the dimension on
-    continues; a graph output ends a path neutrally; anything else (LayerNorm's reduction over the
-    hidden size, a gather, an operator without a dimension rule, a reshape into pieces the model
-    axes do not divide: two key/value heads of grouped-query attention on 8 devices) rejects the
-    split.
+
+def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible, *,
+                            vocab_parallel: bool = False) -> str | None:
+    """Why a column split of ``dim`` of value ``start`` should not be made, or ``None`` if it is
+    closed.
+
+    Follows every use of the split dimension (backward-pass uses included). It is closed
+
+    * by a row-parallel matmul: a use by a matmul (or convolution) with a parameter that contracts
+      the dimension, where the path ends; or
+    * with ``vocab_parallel``, by reductions, for a projection that no forward matmul follows:
+      forward sums, maxima and lookups (a gather indexing the split dimension) of it complete
+      with one all-reduce of their small result. This is Megatron's vocab-parallel LM head and
+      cross-entropy (the log-sum-exp's max and sum and the label logit's lookup over the split
+      vocabulary). A path that both reduces the split and reaches a row matmul in the forward
+      pass is always rejected: a LayerNorm over the split hidden size between two matmuls (the
+      residual stream would stay split and every projection after it be row parallel).
+
+    ``vocab_parallel`` is off in the baselines: the plans are equal to the unsharded step, but on
+    the third-party families the cost model predicts 0.70-0.83 of the compiled programs' peak
+    memory for them (``benchmarks/realmodels.py``; the other layouts stay within 15%).
+
+    In the backward pass a sum over the split (the gradient of a replicated operand broadcast
+    into it: grouped- and multi-query attention's shared key/value heads, a relative position
+    bias) ends its path: partial sums, all-reduced. A use that carries the dimension continues; a
+    graph output ends a path neutrally; anything else (a gather, sort or top-k over it, an
+    operator without a dimension rule, a reshape into pieces the model axes do not divide: two
+    key/value heads of grouped-query attention on 8 devices) rejects the split.
     """
     outputs = set(o for o in g.outputs if o is not None)
-    closed = False
+    closed = reduced = row_forward = None
     seen = {(start, dim)}
     todo = [(start, dim)]
     while todo:
@@ -283,20 +355,41 @@ def _closed_by_row_matmul(g: OpGraph, start: int, dim: int, origin, divisible) -
         for nid, k in g.consumers(v):
             node = g.nodes[nid]
             r = map_dim_results(node, g, k, d)
-            if r == CONTRACTED and node.primitive is P.dot_general_p and any(
+            matmul = node.primitive in (P.dot_general_p, P.conv_general_dilated_p)
+            if r == CONTRACTED and matmul and any(
                     u is not None and u in origin for j, u in enumerate(node.inputs) if j != k):
-                closed = True
+                closed = closed or node
+                if not node.backward:
+                    row_forward = row_forward or node
+                continue
+            reduces = (r == CONTRACTED and not matmul) or (
+                node.primitive in _REDUCING and d in tuple(node.params.get("axes", ())))
+            if reduces:
+                if not node.backward:
+                    reduced = reduced or node
                 continue
             if not isinstance(r, list):
-                return False
+                return f"{_where(node)} does not keep the split"
             for o, rd in r:
                 nxt = (node.outputs[o], rd)
                 if not divisible(g.values[nxt[0]].shape[rd]):
                     if node.backward:  # the gradient of a replicated operand (grouped-query
                         continue       # attention's shared key/value heads): reduced there
-                    return False
+                    return (f"{_where(node)} gives a dimension of size "
+                            f"{g.values[nxt[0]].shape[rd]} that the model axes do not divide")
                 # A graph output that is used further (a loop body's residuals) is followed on.
                 if nxt not in seen and (nxt[0] not in outputs or g.consumers(nxt[0])):
                     seen.add(nxt)
                     todo.append(nxt)
-    return closed
+    if reduced is not None and row_forward is not None:
+        return (f"{_where(reduced)} reduces the split before {_where(row_forward)} contracts it "
+                f"(a normalization between two matmuls)")
+    if reduced is not None and not vocab_parallel:
+        return f"{_where(reduced)} reduces the split (a vocab-parallel head; not enabled)"
+    if closed is None and reduced is None:
+        return "no matmul or reduction completes the split"
+    return None
+
+
+def _where(node) -> str:
+    return f"{node.name} ({node.source})"

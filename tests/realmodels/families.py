@@ -109,7 +109,8 @@ class Family:
       make: ``size -> (step, state, batch)``.
       tolerance: ``rtol`` / ``atol`` for comparing sharded steps with unsharded ones. adamw's
         first step divides by the root of tiny second moments, which amplifies summation-order
-        noise: float32 gets ``atol=1e-4``; bfloat16 keeps 8 bits of mantissa: ``3e-2``.
+        noise (``_optimizer`` damps it with ``eps=1e-6``): float32 gets ``atol=1e-4``; bfloat16
+        keeps 8 bits of mantissa: ``3e-2``.
     """
 
     name: str
@@ -128,7 +129,10 @@ class Family:
 
 
 def _optimizer() -> optax.GradientTransformation:
-    return optax.adamw(1e-3, weight_decay=1e-4)
+    # eps=1e-6 (optax's default is 1e-8): adamw's first step moves each parameter by about
+    # lr * g / (|g| + eps), so a gradient element near zero (Mixtral's LM-head column of a token
+    # that never occurs: |g| ~ 2e-8) moves by a fraction of lr that summation-order noise decides.
+    return optax.adamw(1e-3, weight_decay=1e-4, eps=1e-6)
 
 
 def _train_step(loss_fn: Callable[[Any, dict], jax.Array]) -> Step:

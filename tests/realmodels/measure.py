@@ -210,6 +210,24 @@ def _reaches_dot(graph: OpGraph, value: int) -> bool:
     return False
 
 
+def replicated_kernels(plan: hj.Plan, kernels: Iterable[str]) -> dict[str, str]:
+    """``{path: reason}`` for the ``kernels`` a tensor-parallel plan keeps replicated on purpose:
+    the planner notes each kernel whose column split it rejected, and why
+    (``"<path>: kept replicated, <reason>"``, :func:`hulkjax.strategies.layouts.tensor_parallel`).
+
+    >>> from types import SimpleNamespace
+    >>> replicated_kernels(SimpleNamespace(notes=["a/k: kept replicated, top_k"]), ["a/k", "a/q"])
+    {'a/k': 'top_k'}
+    """
+    wanted = set(kernels)
+    out = {}
+    for note in plan.notes:
+        path, sep, reason = note.partition(": kept replicated, ")
+        if sep and path in wanted:
+            out[path] = reason
+    return out
+
+
 def sharded_inputs(plan: hj.Plan) -> set[str]:
     """Paths of the plan's inputs that are split over at least one mesh axis."""
     return {t.path for t in plan.inputs if any(e is not None for e in t.spec)}
