@@ -285,7 +285,10 @@ def report(doc: dict) -> str:
         "cluster, the `aws-p3` preset (p3.16xlarge: 8 x V100 16 GB, NVLink2 inside an instance, "
         "25 Gb/s between instances, i.e. 25/8 Gb/s per GPU). hulkjax: the zoo's `gpt2` at those "
         "sizes, bfloat16 for Alpa's fp16, remat on every block, AdamW, abstract arguments. Each "
-        "case runs in a fresh process.", "",
+        "case runs in a fresh process."
+        + (f" The machine's 1-minute load average was {min(doc['load']):.1f}-"
+           f"{max(doc['load']):.1f} during the run (on {mach['cpus']} cores: other work slows the "
+           "wall times)." if doc.get("load") else ""), "",
         "**Published** (Alpa, measured on GPUs): step time, TFLOP/s per GPU, planning time; "
         "sources below the table. **Predicted** (hulkjax's cost model, nothing run): step time and "
         "TFLOP/s per GPU. **Measured here** (this machine, CPU): trace and planning wall time, "
@@ -420,14 +423,15 @@ def main() -> None:
                 skipped.append(f"ilp on {key} (several instances; --ilp-everywhere runs it)")
         if args.no_ilp:
             skipped.append("ilp (--no-ilp)")
-        rows = []
+        rows, load = [], [os.getloadavg()[0]]
         bar = tqdm(jobs, desc="alpa suite", unit="run")
         for key, strategy in bar:
             bar.set_postfix_str(f"{key} {strategy}")
             rows.append(_run_worker(key, strategy, args.quick, args.timeout))
+            load.append(os.getloadavg()[0])
         doc = {"machine": machine_info(), "quick": args.quick, "cases": list(args.cases),
                "published": {k: published(k, args.quick) for k in args.cases},
-               "rows": rows, "skipped": skipped}
+               "rows": rows, "skipped": skipped, "load": load}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
