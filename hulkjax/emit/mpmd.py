@@ -654,6 +654,8 @@ class StagedStep:
         """``(outputs, accumulators)`` of one program: run here if this process holds its stage,
         else placeholders laid out on the stage's devices."""
         if p.stage in self.local_stages:
+            if jax.process_count() > 1:  # never queue a program on values still in transit
+                jax.block_until_ready((args, accs))  # (transfer module docstring)
             return p.compiled(*args, *accs)
         mesh = self.meshes[p.stage]
         outs = [transfer.placeholder(

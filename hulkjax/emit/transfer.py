@@ -50,10 +50,12 @@ What JAX 0.10.2 does across processes (probed on CPU, two and three processes on
   blocks too, and the job deadlocks (observed: GPT-2 over two processes of two devices each,
   1F1B with 4 microbatches, both on loopback and between network namespaces; GPipe and 2
   microbatches were fine; ``py-spy`` / ``gdb`` show the receiver's threads in
-  ``xla::Semaphore::ScopedAcquire`` under ``ExecuteLaunch``). So the receiving process waits
-  for each value it is sent before it goes on (:func:`move`). Its next programs need the value
-  anyway in every schedule hulkjax emits (a stage's phases run in order on its devices), so
-  this costs little overlap; the sender never waits.
+  ``xla::Semaphore::ScopedAcquire`` under ``ExecuteLaunch``). So in a job a process dispatches
+  a program only once its inputs are ready (``StagedStep`` waits for them first, :func:`move`
+  before re-laying out a received value): nothing waiting for another process is ever queued,
+  while the transfers themselves go on in the background, overlapped with the programs already
+  running (waiting at each receive instead also ends the deadlock, but holds back the
+  dispatch of programs that do not need the value).
 - Across hosts (or network namespaces) the bulk transports that carry the bytes must listen on a
   reachable address too (:func:`enable`).
 - A ``jax.jit`` whose input lives on one process's devices and whose output sharding is on
@@ -217,14 +219,13 @@ def move(x, want: NamedSharding, crossings: list | None = None):
     sent = jax.device_put(jax.numpy.copy(x), wire_src) if me in src else \
         placeholder(x.shape, x.dtype, wire_src)
     y = jax.device_put(sent, wire_dst)
-    if me in dst:  # the receiver waits for the bytes before it dispatches more (docstring)
-        y.block_until_ready()
     if crossings is not None:
         shard = int(np.prod(wire_dst.shard_shape(x.shape), dtype=np.int64))
         crossings.append(Crossing(tuple(sorted(src)), tuple(sorted(dst)),
                                   shard * x.dtype.itemsize * len(wire_dst.device_set)))
-    if wire_dst is not want:
-        y = jax.device_put(y, want) if me in dst else placeholder(x.shape, x.dtype, want)
+    if wire_dst is not want:  # a copy on the received value: not queued before it is here
+        y = jax.device_put(y.block_until_ready(), want) if me in dst else \
+            placeholder(x.shape, x.dtype, want)
     return y
 
 
