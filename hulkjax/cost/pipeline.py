@@ -42,9 +42,10 @@ microbatch and direction pays the latency.
   sum_boundaries (c_fwd + c_bwd) + (M - 1) * max(max_d W_d, max over pairs of groups of the
   transfers of every chunk boundary between them)``: the bubble is ``(G - 1) / v`` of a group's
   work, each microbatch crosses every one of the ``G v - 1`` chunk boundaries (``v`` times 1F1B's
-  transfers, in fill and drain and in the steady state). With equal chunks this is the makespan of
-  the emitted order exactly, transfers included (checked in the tests); with ``v = 1`` it is the
-  1F1B formula;
+  transfers, in fill and drain and in the steady state). With equal chunks, and sends no longer
+  than a chunk's forward, this is the makespan of the emitted order exactly, transfers included
+  (checked in the tests); with ``v = 1`` it is the 1F1B formula, which is optimistic when sends
+  are not free (the steady state's round trips stall 1F1B, the same test shows);
 
 then the per-step transfers, then the slowest group's update (its chunks' updates in turn). The
 *bubble* is what the busiest group does not spend computing or communicating: ``step - its

@@ -147,10 +147,11 @@ class Cost:
     def __str__(self) -> str:
         axes = ", ".join(f"{a} {t * 1e3:.3g} ms" for a, t in self.comm_time_by_axis.items() if t)
         if self.stages:
-            chunks = (f", {self.virtual_stages} chunks per group" if self.virtual_stages > 1
-                      else "")
+            v = self.virtual_stages
+            chunks, who = (f", {v} chunks per group", "group") if v > 1 else ("", "stage")
             return (f"step {self.step_time * 1e3:.4g} ms over {len(self.stages)} stages x "
-                    f"{self.microbatches} microbatches ({self.schedule}{chunks}): busiest stage compute "
+                    f"{self.microbatches} microbatches ({self.schedule}{chunks}): busiest {who} "
+                    f"compute "
                     f"{self.compute_time * 1e3:.4g} ms, comm {self.comm_time * 1e3:.4g} ms, "
                     f"bubble {self.bubble * 1e3:.4g} ms; efficiency {self.efficiency:.1%}; peak "
                     f"memory {format_bytes(self.peak_memory)} of "
