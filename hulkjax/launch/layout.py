@@ -173,11 +173,12 @@ def check_stages(plan, layout: ProcessLayout) -> None:
         procs = sorted({owner[d] for d in st.devices if d in owner})
         if len(procs) > 1:
             sizes = sorted({len(s.devices) for s in plan.stages})
+            groups = len({tuple(s.devices) for s in plan.stages})  # interleaved chunks share one
             raise ProcessLayoutError(
                 f"stage {k} of the staged plan runs on topology devices {list(st.devices)}, "
                 f"which {layout.processes} processes of {layout.local_devices} devices split "
                 f"across processes {procs}. Launch runs each stage in one process (values cross "
                 f"processes only between stages): use as many processes as the plan's device "
                 f"groups hold whole stages (stage sizes {sizes}; e.g. --processes "
-                f"{len(plan.stages)} for one process per stage), or plan stages for these "
+                f"{groups} for one process per device group), or plan stages for these "
                 f"processes' {layout.local_devices}-device blocks.")

@@ -94,6 +94,23 @@ def test_one_f_one_b_with_more_microbatches_than_stages_does_not_deadlock(tmp_pa
     assert run["schedule"] == "1f1b"
 
 
+def test_an_interleaved_pipeline_runs_its_chunks_in_their_groups_processes(tmp_path):
+    """Interleaved 1F1B over two processes: four chunks of a 4-layer GPT-2, chunk j on group
+    j % 2, so each process runs two non-adjacent chunks and values cross processes at every
+    chunk boundary (three each way per microbatch)."""
+    report = launch("gpt2", TWO, size="tiny", overrides={"n_layers": 4}, strategies="pipeline",
+                    processes=2, steps=STEPS, out=str(tmp_path), timeout=TIMEOUT,
+                    plan_options={"microbatches": 4, "schedule": "interleaved",
+                                  "virtual_stages": 2})
+    run = _check_staged_run(report, processes=2, stages=4, microbatches=4, name="gpt2",
+                            n_layers=4)
+    assert run["schedule"] == "interleaved"
+    assert [s["process"] for s in run["stages"]] == [0, 1, 0, 1]
+    moved = {(tuple(t["from_processes"]), tuple(t["to_processes"])): t["count"]
+             for t in run["transfers"]}
+    assert moved[((0,), (1,))] >= 2 * 4 and moved[((1,), (0,))] >= 4
+
+
 def test_two_stages_per_process(tmp_path):
     """Four one-device stages in two processes: values move inside a process between its own
     stages, and across processes between the second and third stage only."""
