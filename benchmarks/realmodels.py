@@ -328,9 +328,11 @@ def markdown(result: dict) -> tuple[str, str]:
 
 
 def _short_reason(reason: str) -> str:
-    """The first rejection of a planner note, without source lines: ``"dim 1: top_k does not keep
+    """The first rejection of a planner note, without its dimension and source lines:
+    ``"dim 1: top_k (math.py:278) does not keep the split; dim 2: ..."`` -> ``"top_k does not keep
     the split"``."""
-    first = reason.split("; ")[0]
+    first = re.split(r"; (?=dim \d+: )", reason)[0]
+    first = re.sub(r"^dim \d+: ", "", first)
     return re.sub(r" \([^()]*:\d+\)", "", first)
 
 

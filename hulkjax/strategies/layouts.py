@@ -308,7 +308,7 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axe
         if reason is None:
             decide(i, dims[d])
             return
-        reasons.append(f"dim {d}: {reason}")
+        reasons.append(f"dim {dims[d]}: {reason}")  # the parameter's own dimension
     if reasons:
         why[i] = "; ".join(reasons)
     decide(i, None)
@@ -385,7 +385,7 @@ def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible,
         return (f"{_where(reduced)} reduces the split before {_where(row_forward)} contracts it "
                 f"(a normalization between two matmuls)")
     if reduced is not None and not vocab_parallel:
-        return f"{_where(reduced)} reduces the split (a vocab-parallel head; not enabled)"
+        return f"{_where(reduced)} reduces the split (a vocab-parallel head, off by default)"
     if closed is None and reduced is None:
         return "no matmul or reduction completes the split"
     return None
