@@ -47,7 +47,16 @@ microbatch and direction pays the latency.
   (checked in the tests); with ``v = 1`` it is the 1F1B formula, which is optimistic when sends
   are not free (the steady state's round trips stall 1F1B, the same test shows);
 
-then the per-step transfers, then the slowest group's update (its chunks' updates in turn). The
+then what the per-step transfers leave exposed, then the slowest group's update (its chunks'
+updates in turn). A parameter one stage holds and another reads goes at the start of the step and
+is hidden by the fill before its reader's first forward (the forwards and forward sends of the
+stages before it); a gradient sent back to the stage that updates it goes once its sender's last
+backward is done and is hidden by the drain after it (the backwards and backward sends of the
+stages before the sender). Only their excess over those windows adds to the step (summed over
+the pairs of stages, as if they shared one link), the rest overlaps as the emitted program
+overlaps it (the receiver waits for the value only where it reads it); a value an update
+produces has no window (nor has one sent by the first stage, whose last backward ends the
+pipeline). The
 *bubble* is what the busiest group does not spend computing or communicating: ``step - its
 compute - its collectives``.
 
@@ -235,7 +244,16 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         # each way (v times 1F1B's).
         t_pipe = ((sum(w) - max(w)) / v + max(w) + sum(cf) + sum(cb)
                   + (M - 1) * max(max(w), max(duplex, default=0.0)))
-    t_step_transfers = sum(t["step"] for t in transfers.values())
+    # Per-step transfers, hidden by the first microbatch's forward chain before their reader
+    # (parameters) or the last one's backward chain after their sender (gradients).
+    fill, drain = [0.0] * S, [0.0] * S
+    for k in range(1, S):
+        fill[k] = fill[k - 1] + f[k - 1] + transfers.get((k - 1, k), {}).get("fwd", 0.0)
+        drain[k] = drain[k - 1] + b[k - 1] + transfers.get((k, k - 1), {}).get("bwd", 0.0)
+    for (a, c), t in transfers.items():
+        t["exposed"] = (max(t["start"] - fill[c], 0.0) + max(t["end"] - drain[a], 0.0)
+                        + t["late"])
+    t_step_transfers = sum(t["exposed"] for t in transfers.values())
     u_group = [0.0] * G
     for k in range(S):
         u_group[group[k]] += u[k]
@@ -278,7 +296,8 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
     total_peak = sum(d.spec.peak_flops for d in topology.devices)
     recs = tuple(Transfer(src=a, dst=c, link=t["class"], bandwidth=t["link"].bandwidth,
                           latency=t["link"].latency, microbatch_bytes=t["mb_bytes"],
-                          step_bytes=t["step_bytes"], time=M * (t["fwd"] + t["bwd"]) + t["step"])
+                          step_bytes=t["step_bytes"], time=M * (t["fwd"] + t["bwd"]) + t["step"],
+                          exposed=t["exposed"])
                  for (a, c), t in sorted(transfers.items()))
     return Cost(step_time=step, compute_time=compute, comm_time=comm,
                 comm_time_by_axis=by_axis, comm_bytes={}, link_class=scopes,
@@ -330,7 +349,10 @@ def _axis_times(cm: CostModel, comm) -> dict[str, float]:
 
 
 def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
-    """``{(src, dst): {"fwd", "bwd", "step" seconds, bytes, link}}`` (per microbatch for fwd / bwd)."""
+    """``{(src, dst): {"fwd", "bwd", "step", "start", "end", "late" seconds, bytes, link}}``
+    (per microbatch for fwd / bwd; ``step`` = ``start`` (parameters read by another stage) +
+    ``end`` (values a forward or backward sends to another stage's update) + ``late`` (values
+    an update sends))."""
     g = stages[0].cost_model.graph
     per: dict[tuple[int, int], dict] = {}
     sent: set[tuple[int, int]] = set()
@@ -343,7 +365,8 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
                                "step_bytes": 0.0, "link": link,
                                "class": link_class(topology, stages[a].devices,
                                                    stages[c].devices),
-                               "_fb": 0.0, "_bb": 0.0, "_sb": 0.0}
+                               "_fb": 0.0, "_bb": 0.0, "_sb": 0.0, "_eb": 0.0,
+                               "_lb": 0.0}
         return e
 
     input_index = {v: i for i, v in enumerate(g.inputs)}
@@ -360,23 +383,27 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
                 if i is None or g.input_roles[i] == DATA:
                     continue  # constants are everywhere; the batch comes from the host
                 a = holder.get(i)
-                kind = "step"
+                kind = "start"
             else:
                 a = stage_of.get(p)
                 pp, pc = phase_of.get(p), phase_of.get(n.id)
-                kind = "step" if "U" in (pp, pc) else ("bwd" if pp == "B" and pc == "B" else "fwd")
+                kind = ("late" if pp == "U" else "end" if pc == "U"
+                        else "bwd" if pp == "B" and pc == "B" else "fwd")
             if a is None or a == c or (v, c) in sent or stages[a].devices == stages[c].devices:
                 continue  # (chunks of one group: the value stays on its devices)
             sent.add((v, c))
             nbytes = _transfer_bytes(g, v, stages[a], stages[c])
             e = entry(a, c)
-            e["_" + {"fwd": "fb", "bwd": "bb", "step": "sb"}[kind]] += nbytes
+            e["_" + {"fwd": "fb", "bwd": "bb", "start": "sb", "end": "eb", "late": "lb"}[kind]] \
+                += nbytes
     for e in per.values():
         link = e["link"]
-        for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("step", e["_sb"])):
+        for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("start", e["_sb"]),
+                       ("end", e["_eb"]), ("late", e["_lb"])):
             e[key] = link.latency + b / link.bandwidth if b > 0 else 0.0
+        e["step"] = e["start"] + e["end"] + e["late"]
         e["mb_bytes"] = e["_fb"] + e["_bb"]
-        e["step_bytes"] = e["_sb"]
+        e["step_bytes"] = e["_sb"] + e["_eb"] + e["_lb"]
     return per
 
 

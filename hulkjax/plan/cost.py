@@ -78,6 +78,9 @@ class Transfer:
       step_bytes: bytes per device once per step (parameters a stage reads from the stage that
         holds them, and the gradients sent back).  # float
       time: seconds per step on the link (``microbatches`` x per-microbatch + per-step).  # float
+      exposed: seconds of the per-step part the pipeline does not hide (a parameter sent while
+        the stages before its reader fill, a gradient sent back while the stages before its
+        sender drain: only the excess adds to the step).  # float
     """
 
     src: int
@@ -88,6 +91,7 @@ class Transfer:
     microbatch_bytes: float = 0.0
     step_bytes: float = 0.0
     time: float = 0.0
+    exposed: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

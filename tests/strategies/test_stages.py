@@ -115,6 +115,40 @@ def test_uniform_ranges_split_repeated_layers_evenly():
 
 # ---- the pipeline cost ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("gbit", [10.0, 0.05])
+def test_per_step_transfers_hide_under_the_fill_and_the_drain(gbit):
+    """A tied embedding: stage 0 holds it, the last stage reads it (sent at the start of the
+    step, hidden by the first microbatch's forwards and sends before the last stage) and sends
+    its gradient back (hidden by the last microbatch's backwards and sends before the last
+    stage). Only the excess counts: none at 10 Gbit/s, part of it at 50 Mbit/s."""
+    link = hj.topology.LinkSpec(bandwidth=gbit * 1e9 / 8, latency=1e-5)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 2), ("T4", 2)),
+                              inter_node=link)
+    m, g = _graph("gpt2", size="tiny", optimizer="sgd")
+    c = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g,
+                microbatches=4, schedule="1f1b").cost
+    by = {(t.src, t.dst): t for t in c.transfers}
+    once = {k: t.latency + t.step_bytes / t.bandwidth for k, t in by.items() if t.step_bytes}
+    assert set(once) == {(0, 2), (2, 0)}  # the embedding and its gradient, nothing else
+
+    def per_mb(a, d):
+        t = by.get((a, d))
+        return t.latency + t.microbatch_bytes / t.bandwidth if t and t.microbatch_bytes else 0.0
+
+    f = [s.forward for s in c.stages]
+    b = [s.backward for s in c.stages]
+    fill = f[0] + f[1] + per_mb(0, 1) + per_mb(1, 2)
+    drain = b[0] + b[1] + per_mb(1, 0) + per_mb(2, 1)
+    assert by[(0, 2)].exposed == pytest.approx(max(once[(0, 2)] - fill, 0.0), rel=1e-9)
+    assert by[(2, 0)].exposed == pytest.approx(max(once[(2, 0)] - drain, 0.0), rel=1e-9)
+    hidden = sum(once.values()) - sum(t.exposed for t in c.transfers)
+    assert hidden > 0
+    if gbit == 10.0:
+        assert sum(t.exposed for t in c.transfers) == 0.0
+    else:
+        assert 0 < by[(2, 0)].exposed < once[(2, 0)]
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_pipeline_cost_is_the_schedule_formula(schedule):
     m, g = _graph("mlp", size="tiny", depth=4)
@@ -128,7 +162,12 @@ def test_pipeline_cost_is_the_schedule_formula(schedule):
     for t in c.transfers:
         fwd_bytes, lat = t.microbatch_bytes, t.latency
         per_mb[(t.src, t.dst)] = (lat + fwd_bytes / t.bandwidth) if fwd_bytes else 0.0
+    # Per-step transfers: hidden by the first microbatch's forward chain before their reader
+    # (parameters) or the last one's backward chain after their sender (gradients); here only
+    # values an update reads from stage 0, which has no backward chain before it: all exposed.
     step_transfers = sum(t.time - M * per_mb[(t.src, t.dst)] for t in c.transfers)
+    assert {(t.src, t.dst) for t in c.transfers if t.step_bytes} == {(0, 1), (0, 2)}
+    assert sum(t.exposed for t in c.transfers) == pytest.approx(step_transfers, rel=1e-9)
     fwd = [v for (a, d), v in per_mb.items() if a < d and v]
     bwd = [v for (a, d), v in per_mb.items() if a > d and v]
     if schedule == "1f1b":
@@ -166,7 +205,12 @@ def test_interleaved_pipeline_cost_is_the_schedule_formula():
         pair = load.setdefault((t.src % G, t.dst % G), [0.0, 0.0])
         pair[0 if t.src < t.dst else 1] += per_mb[(t.src, t.dst)]
     assert {(a % G, d % G) for a, d in per_mb if per_mb[(a, d)]} >= {(0, 1), (1, 2), (3, 0)}
+    # Per-step transfers: hidden by the first microbatch's forward chain before their reader
+    # (parameters) or the last one's backward chain after their sender (gradients); here only
+    # values an update reads from stage 0, which has no backward chain before it: all exposed.
     step_transfers = sum(t.time - M * per_mb[(t.src, t.dst)] for t in c.transfers)
+    assert {t.src for t in c.transfers if t.step_bytes} == {0}
+    assert sum(t.exposed for t in c.transfers) == pytest.approx(step_transfers, rel=1e-9)
     bubble = (sum(w) - max(w)) / v
     pipe = (bubble + max(w) + sum(per_mb.values())
             + (M - 1) * max(max(w), max(max(x) for x in load.values())))
