@@ -191,7 +191,8 @@ def _pipeline_parts(p) -> dict:
     """The staged step split by cause (1F1B / interleaved; seconds): the busiest group's compute
     and in-stage collectives, and the bubble as the fill and drain of the chunks' work
     (``(sum_d W_d - max_d W_d) / v``), the transfers of the fill and drain (every stage
-    boundary once each way), the per-step transfers, and the rest (updates, steady-state links)."""
+    boundary once each way), the per-step transfers the fill and drain do not hide, and the rest
+    (updates, steady-state links, and 1F1B's waits for each microbatch's round trip)."""
     c, M, v = p.cost, p.microbatches, p.virtual_stages
     G = len(p.stages) // v
     w = [0.0] * G
@@ -200,7 +201,7 @@ def _pipeline_parts(p) -> dict:
     step_tr = mb_tr = 0.0
     for t in c.transfers:
         once = (t.latency + t.step_bytes / t.bandwidth) if t.step_bytes else 0.0
-        step_tr += once
+        step_tr += t.exposed  # what the fill and drain do not hide
         mb_tr += (t.time - once) / M
     fill = (sum(w) - max(w)) / v if p.schedule != "gpipe" else None
     parts = {"compute": c.compute_time, "comm": c.comm_time, "bubble": c.bubble,
@@ -362,9 +363,11 @@ def report(data: dict) -> str:
                   "and in-stage collectives, then its bubble: the fill and drain of the stages' "
                   "work (`(sum - max of the groups' per-microbatch work) / v`), the transfers of "
                   "the fill and drain (every stage boundary once each way), the per-step "
-                  "transfers (the tied embedding's weights to the last stage and its gradient "
-                  "back), and the rest (updates, steady-state links). `1F1B only`: the staged search's best layout without the interleaved "
-                  "schedule.", "",
+                  "transfers left exposed (the tied embedding's weights to the last stage, "
+                  "hidden under the fill before it, and its gradient back, under the drain), "
+                  "and the rest (updates, steady-state links, 1F1B's waits for each "
+                  "microbatch's round trip). `1F1B only`: the staged search's best layout "
+                  "without the interleaved schedule.", "",
                   "| experiment | plan | step | compute | in-stage comm | fill/drain compute | "
                   "fill/drain transfers | per-step transfers | rest | 1F1B only | best SPMD / "
                   "step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
