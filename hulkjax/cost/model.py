@@ -1133,6 +1133,44 @@ class CostModel:
         p = self.graph.values[vid].producer
         return -1 if p is None else p
 
+    def _post_order(self) -> list[int]:
+        """Per node, its place in the order XLA's combiners walk a computation
+        (``HloComputation::MakeInstructionPostOrder``): a depth-first post-order from the step's
+        results, in their order, that visits a node's operands in their order. It is not the
+        jaxpr's order: an encoder-decoder's decoder layers come before the encoder's last ones
+        where the decoder's first operator reads none of them. Nodes no result depends on come
+        last, in graph order."""
+        post = self.graph.memo.get("post_order")
+        if post is None:
+            g = self.graph
+            post = [-1] * len(g.nodes)
+            t = 0
+            for out in g.outputs:
+                root = None if out is None else g.values[out].producer
+                if root is None or post[root] != -1:
+                    continue
+                post[root] = -2  # on the stack
+                stack = [(root, 0)]
+                while stack:
+                    nid, k = stack[-1]
+                    inputs = g.nodes[nid].inputs
+                    if k < len(inputs):
+                        stack[-1] = (nid, k + 1)
+                        p = None if inputs[k] is None else g.values[inputs[k]].producer
+                        if p is not None and post[p] == -1:
+                            post[p] = -2
+                            stack.append((p, 0))
+                    else:
+                        stack.pop()
+                        post[nid] = t
+                        t += 1
+            for n in g.nodes:
+                if post[n.id] < 0:
+                    post[n.id] = t
+                    t += 1
+            g.memo["post_order"] = post
+        return post
+
     def _descendants(self) -> list[int]:
         """Per node, a bit set of the nodes reachable from it (itself included)."""
         d = self.graph.memo.get("descendants")
@@ -1150,20 +1188,24 @@ class CostModel:
 
     def _combine(self, entries: list[ProgramComm], be: Backend) -> list[tuple[str, tuple, int]]:
         """The collectives of one computation after the backend's combiners, as
-        ``(kind, axes, bytes)``. XLA's ``CombineInstructionsByKey``: in program order, the first
-        collective left opens a group; later ones of its kind and devices join it until one depends
-        on a member (or a threshold is reached); repeat with what is left. Kinds the backend does not
-        combine stay one collective each."""
+        ``(kind, axes, bytes)``. XLA's ``CombineInstructionsByKey``: in the computation's
+        post-order (:meth:`_post_order`), the first collective left opens a group; later ones of
+        its kind and devices join it until one depends on a member (or a threshold is reached);
+        repeat with what is left. Kinds the backend does not combine stay one collective each."""
         order = self.mesh.axis_names
         desc = self._descendants()
+        post = self._post_order()
         end = len(self.graph.nodes)
         items = []
         for e in entries:
             kind = be.kind_of(e.comm.kind)
             axes = tuple(sorted(e.comm.axes, key=order.index))
-            # program order: a reshard just before the operator that uses it, an operator's own
-            # collective just after the operator
-            pos = e.user - 0.5 if e.user != e.source else e.source + 0.5
+            # where the walk meets it: an operator's own collective right after the operator (it
+            # is the operator's only user), a reshard just before the operator that uses it
+            if e.user == e.source:
+                pos = post[e.source] + 0.5
+            else:
+                pos = post[e.user] - 0.5 if e.user < end else end
             items.append((pos, kind, axes, e))
         items.sort(key=lambda t: t[0])
         out: list[tuple[str, tuple, int]] = []
