@@ -52,14 +52,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from planning import _digest, _rss_mb, machine_info  # noqa: E402  (the planning benchmark's helpers)
+from planning import (  # noqa: E402  (the planning benchmark's helpers)
+    _digest,
+    _rss_mb,
+    machine_info,
+    run_in_fresh_process,
+)
 
 OUT_JSON = os.path.join(HERE, "results", "alpa.json")
 OUT_MD = os.path.join(HERE, "ALPA.md")
@@ -199,22 +203,8 @@ def worker(key: str, strategy: str, quick: bool) -> dict:
 # ------------------------------------------------------------------------------------- driver
 
 def _run_worker(key: str, strategy: str, quick: bool, timeout: float) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", key, strategy]
-    if quick:
-        cmd.append("--quick")
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"case": key, "strategy": strategy, "quick": quick, "status": "timeout",
-                "timeout_s": timeout}
-    if p.returncode != 0:
-        return {"case": key, "strategy": strategy, "quick": quick, "status": "error",
-                "message": p.stderr[-2000:]}
-    res = json.loads(p.stdout.strip().splitlines()[-1])
-    res["status"] = "ok"
-    res["process_s"] = time.perf_counter() - t0
-    return res
+    return run_in_fresh_process(__file__, ["--worker", key, strategy] + ["--quick"] * quick,
+                                {"case": key, "strategy": strategy, "quick": quick}, timeout)
 
 
 def published(key: str, quick: bool) -> dict:

@@ -188,23 +188,28 @@ def worker(case: str, strategy: str, profile: bool) -> dict:
 
 # ------------------------------------------------------------------------------------- driver
 
-def _run_worker(case: str, strategy: str, profile: bool, timeout: float) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", case, strategy]
-    if profile:
-        cmd.append("--profile")
+def run_in_fresh_process(script: str, args: list[str], record: dict, timeout: float) -> dict:
+    """``python script *args`` in a fresh process, whose last line of output is its JSON result:
+    that result with ``status "ok"`` and the process's wall time, or ``record`` with
+    ``status "timeout"`` / ``"error"`` (and the end of its stderr)."""
+    cmd = [sys.executable, os.path.abspath(script), *args]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return {"case": case, "strategy": strategy, "profiled": profile, "status": "timeout",
-                "timeout_s": timeout}
+        return {**record, "status": "timeout", "timeout_s": timeout}
     if p.returncode != 0:
-        return {"case": case, "strategy": strategy, "profiled": profile, "status": "error",
-                "message": p.stderr[-2000:]}
+        return {**record, "status": "error", "message": p.stderr[-2000:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["status"] = "ok"
     res["process_s"] = time.perf_counter() - t0
     return res
+
+
+def _run_worker(case: str, strategy: str, profile: bool, timeout: float) -> dict:
+    return run_in_fresh_process(__file__, ["--worker", case, strategy] + ["--profile"] * profile,
+                                {"case": case, "strategy": strategy, "profiled": profile},
+                                timeout)
 
 
 def machine_info() -> dict:
