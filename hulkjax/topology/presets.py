@@ -90,6 +90,21 @@ def _intra_node_link(spec: DeviceSpec, preset: str, given: dict[str, LinkSpec] |
     return table[spec.kind]
 
 
+def _nodes_of_gpus(name: str, spec: DeviceSpec, nodes: int, gpus: int, *,
+                   node_link: LinkSpec | None, region_link: LinkSpec | None) -> Topology:
+    """``nodes`` nodes of ``gpus`` devices in one region, mesh ``("node", "gpu")`` (size-1 axes
+    dropped); ``name`` gets ``-<gpus>gpu`` unless nodes hold the usual 8."""
+    devices = tuple(
+        Device(id=n * gpus + g, spec=spec, region="local", node=f"node{n}")
+        for n in range(nodes)
+        for g in range(gpus)
+    )
+    axis_names, shape = _mesh_axes([("node", nodes), ("gpu", gpus)])
+    return Topology(name=name + ("" if gpus == 8 else f"-{gpus}gpu"), devices=devices,
+                    axis_names=axis_names, shape=shape, node_link=node_link,
+                    region_link=region_link)
+
+
 def _gbps(gbit_per_s: float) -> float:
     """Gb/s -> bytes/s."""
     return gbit_per_s * 1e9 / 8
@@ -122,21 +137,8 @@ def dgx_h100(nodes: int = 1, gpus_per_node: int = 8) -> Topology:
     """
     nodes = _positive_int(nodes, "dgx-h100", "nodes")
     gpus = _positive_int(gpus_per_node, "dgx-h100", "gpus_per_node")
-    spec = DEVICE_SPECS["H100"]
-    devices = tuple(
-        Device(id=n * gpus + g, spec=spec, region="local", node=f"node{n}")
-        for n in range(nodes)
-        for g in range(gpus)
-    )
-    axis_names, shape = _mesh_axes([("node", nodes), ("gpu", gpus)])
-    return Topology(
-        name=f"dgx-h100x{nodes}" + ("" if gpus == 8 else f"-{gpus}gpu"),
-        devices=devices,
-        axis_names=axis_names,
-        shape=shape,
-        node_link=NVLINK4,
-        region_link=INFINIBAND_NDR_PER_GPU,
-    )
+    return _nodes_of_gpus(f"dgx-h100x{nodes}", DEVICE_SPECS["H100"], nodes, gpus,
+                          node_link=NVLINK4, region_link=INFINIBAND_NDR_PER_GPU)
 
 
 # ---------------------------------------------------------------------------------------- aws-p3
@@ -171,20 +173,9 @@ def aws_p3(nodes: int = 8, gpus_per_node: int = 8) -> Topology:
     """
     nodes = _positive_int(nodes, "aws-p3", "nodes")
     gpus = _positive_int(gpus_per_node, "aws-p3", "gpus_per_node")
-    devices = tuple(
-        Device(id=n * gpus + g, spec=V100_16GB, region="local", node=f"node{n}")
-        for n in range(nodes)
-        for g in range(gpus)
-    )
-    axis_names, shape = _mesh_axes([("node", nodes), ("gpu", gpus)])
-    return Topology(
-        name=f"aws-p3x{nodes}" + ("" if gpus == 8 else f"-{gpus}gpu"),
-        devices=devices,
-        axis_names=axis_names,
-        shape=shape,
-        node_link=INTRA_NODE_LINKS["V100"] if gpus > 1 else None,
-        region_link=AWS_P3_NETWORK_PER_GPU if nodes > 1 else None,
-    )
+    return _nodes_of_gpus(f"aws-p3x{nodes}", V100_16GB, nodes, gpus,
+                          node_link=INTRA_NODE_LINKS["V100"] if gpus > 1 else None,
+                          region_link=AWS_P3_NETWORK_PER_GPU if nodes > 1 else None)
 
 
 # ---------------------------------------------------------------------------------------- tpu-v5e
