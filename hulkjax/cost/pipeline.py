@@ -449,9 +449,10 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
         for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("start", e["_sb"]),
                        ("end", e["_eb"]), ("late", e["_lb"])):
             e[key] = link.latency + b / link.bandwidth if b > 0 else 0.0
-        e["step"] = e["start"] + e["end"] + e["late"]
         e["mb_bytes"] = e["_fb"] + e["_bb"]
         e["step_bytes"] = e["_sb"] + e["_eb"] + e["_lb"]
+        # The link's time per step (the record): the per-step values as one message.
+        e["step"] = link.latency + e["step_bytes"] / link.bandwidth if e["step_bytes"] else 0.0
     return per
 
 
