@@ -264,7 +264,7 @@ def markdown(result: dict) -> tuple[str, str]:
         "",
         "Counts compare the cost model's collectives as XLA:CPU compiles them "
         "(`CostModel.program_summary(..., backend=\"cpu\")`: independent all-reduces combined "
-        "in program order as XLA's combiner does, reduce-scatters as all-reduce + slice, bf16 "
+        "in the post-order XLA's combiner walks, reduce-scatters as all-reduce + slice, bf16 "
         "moved as f32) with the HLO's collective instructions; a loop body's count once per "
         "iteration on both sides.",
         "",
