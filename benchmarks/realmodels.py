@@ -394,8 +394,10 @@ def quality_markdown(result: dict) -> list[str]:
     lines = ["", "## Plan quality", "",
              "**dp's activation collectives** (tiny, compiled): collectives of `dp`'s program "
              "other than gradient all-reduces (all-gathers, all-to-alls, collective-permutes, "
-             "all-reduces of tensors not shaped like a parameter; pieces of at most 64 bytes "
-             "left out). A data-parallel step needs none.",
+             "all-reduces of tensors shaped neither like a parameter nor like a backward sum "
+             "that only makes parameter gradients, as T5's position-bias gradient summed over "
+             "the batch before its scatter-add into the bucket table; pieces of at most 64 "
+             "bytes left out). A data-parallel step needs none.",
              "**megatron kernels**: projection kernels (parameters of rank >= 2 feeding a "
              "`dot_general`) that `megatron` splits, of all of them (tiny / small).",
              "**Step time** (small, planned): the cost model's prediction for `ilp`, `auto` and "

@@ -24,11 +24,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+from jax.extend.core.primitives import reduce_sum_p
 
 import hulkjax as hj
 from hulkjax.emit.hlo import Collective
+from hulkjax.rules import is_leader
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER, OpGraph
-from hulkjax.trace.primitives import PASS_THROUGH
+from hulkjax.trace.primitives import PASS_THROUGH, SCATTERS
 from tests.emit.test_fidelity import SMALL
 from tests.helpers import TWO_D_TOPOLOGY
 
@@ -141,16 +143,58 @@ def _shape_key(shape) -> tuple[int, ...]:
     return tuple(sorted(d for d in shape if d != 1))
 
 
+def gradient_only_shapes(graph: OpGraph) -> set[tuple[int, ...]]:
+    """Shapes (normalized by :func:`_shape_key`) of the backward values that only make parameter
+    gradients, made by a ``reduce_sum`` (where a batch split is summed away): every path from them to the step's results goes through light operators (no
+    matmul, convolution, gather or loop; a scatter-add is light) and ends in carried state.
+
+    A parameter used through a gather of indices without a batch dimension gets its gradient from a
+    reduction over the batch *before* the scatter-add into the table: T5's relative position bias
+    ``table[buckets]`` (a ``(buckets, heads)`` table, ``(heads, q, k)`` bias) has
+    ``d bias = sum over the batch of d scores``, then ``scatter-add`` into the table. Under data
+    parallelism that sum is the gradient reduction (XLA all-reduces it as a piece of the combined
+    gradient all-reduce, since the batch is summed away there and the partitioner completes a
+    partial sum at the reduction that makes it), though it is shaped like the bias, not like the
+    table. Such a value only feeds the state update: no activation waits for it.
+    """
+    state_out = {graph.outputs[o] for o in graph.carried.values()
+                 if graph.outputs[o] is not None}
+    other_out = {v for v in graph.outputs if v is not None} - state_out
+    only_grad: dict[int, bool] = {}  # node id -> all its results reach only state results
+
+    def light(node) -> bool:
+        return node.primitive in SCATTERS or not is_leader(node)
+
+    for node in reversed(graph.nodes):
+        ok = light(node)
+        for o in node.outputs:
+            if not ok:
+                break
+            if o in other_out:
+                ok = False
+                break
+            uses = graph.consumers(o)
+            if not uses and o not in state_out:
+                continue
+            ok = all(only_grad.get(c, False) for c, _ in uses)
+        only_grad[node.id] = ok
+    return {_shape_key(graph.values[o].shape) for node in graph.nodes
+            if node.backward and node.primitive is reduce_sum_p and only_grad[node.id]
+            for o in node.outputs}
+
+
 def non_gradient_collectives(collectives: Iterable[Collective], graph: OpGraph) -> list[dict]:
     """The collectives of a data-parallel program that are not gradient all-reduces.
 
-    A gradient all-reduce reduces tensors of the parameters' shapes (each element of a combined,
-    tuple-shaped all-reduce is judged on its own). Everything else is activation traffic: an
-    all-gather, all-to-all or collective-permute, or an all-reduce of a tensor that is not
-    parameter-shaped. Pieces of at most ``SMALL`` bytes (the loss's reduction) are left out.
-    Returns one ``{"kind", "axes", "shape", "dtype", "bytes"}`` per offending piece.
+    A gradient all-reduce reduces tensors of the parameters' shapes, or of a backward value that
+    only makes parameter gradients (:func:`gradient_only_shapes`: T5's position-bias gradient,
+    summed over the batch before its scatter-add); each element of a combined, tuple-shaped
+    all-reduce is judged on its own. Everything else is activation traffic: an all-gather,
+    all-to-all or collective-permute, or an all-reduce of any other tensor. Pieces of at most
+    ``SMALL`` bytes (the loss's reduction) are left out. Returns one ``{"kind", "axes", "shape",
+    "dtype", "bytes"}`` per offending piece.
     """
-    params = parameter_shapes(graph)
+    params = parameter_shapes(graph) | gradient_only_shapes(graph)
     out = []
     for c in collectives:
         for shape, dtype in zip(c.shapes, c.dtypes):

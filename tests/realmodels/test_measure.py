@@ -113,3 +113,36 @@ def test_primitive_census_looks_inside_loops():
     [(source, n)] = dot["sources"].items()
     assert source.startswith("tests/realmodels/test_measure.py:") and n == 1
     assert census["cumsum"]["handling"] == hj.rules.handling(jax.lax.cumsum_p)
+
+
+def test_position_bias_gradient_is_a_gradient_reduction():
+    # T5's relative position bias: a (buckets, heads) table gathered by batch-free bucket indices,
+    # broadcast over the batch into the scores. Its gradient sums the batch away *before* the
+    # scatter-add into the table, so data parallelism all-reduces a (heads, q, k) piece inside
+    # the combined gradient all-reduce: a gradient reduction, not activation traffic.
+    buckets = jnp.asarray((jnp.arange(8)[None, :] - jnp.arange(8)[:, None]) % 4)
+
+    def step(p, x):
+        def loss(p):
+            bias = jnp.take(p["rel"], buckets, axis=0).transpose(2, 0, 1)    # (heads, q, k)
+            h = x @ p["w"]                                                   # (b, q, heads*d)
+            q = h.reshape(16, 8, 2, 4).transpose(0, 2, 1, 3)                 # (b, heads, q, d)
+            scores = jnp.einsum("bhqd,bhkd->bhqk", q, q) + bias[None]
+            return jnp.mean(jax.nn.softmax(scores) ** 2)
+
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p))
+
+    params = {"rel": jnp.ones((4, 2)) * 0.1, "w": jnp.ones((8, 8)) * 0.1}
+    x = jnp.ones((16, 8, 8))
+    graph = hj.trace(step, params, x)
+    plan = hj.plan(step, params, x, topology=hj.Topology.grid((8,), ("data",)), strategy="dp",
+                   graph=graph)
+    sharded = hj.emit(step, plan)
+    sharded.compile(params, x)
+    hlo = sharded.collectives()
+    pieces = [s for c in hlo if c.kind == "all-reduce" for s in c.shapes]
+    assert (2, 8, 8) in pieces  # the bias gradient is all-reduced (summed over the batch) ...
+    assert non_gradient_collectives(hlo, graph) == []  # ... and counted as a gradient reduction
+    # An activation-shaped all-reduce is still activation traffic.
+    act = _collective("all-reduce", 16 * 8 * 8 * 4, shapes=((16, 8, 8),))
+    assert [e["shape"] for e in non_gradient_collectives([act], graph)] == [[16, 8, 8]]
