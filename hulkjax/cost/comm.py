@@ -136,20 +136,107 @@ def axis_bytes(kind: str, nbytes: float, axes, topology, *,
     return out
 
 
-def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[Comm, ...]:
-    """Collectives that turn layout ``src`` into ``dst``.
+def _tiles(spec: Spec, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """Blocks per dimension."""
+    return tuple(int(np.prod([sizes[a] for a in axes], dtype=np.int64)) for axes in spec)
 
-    Per axis: only in ``src``, an all-gather; on different dimensions, an all-to-all; only in
-    ``dst``, a local slice (free). Axes that stay on one dimension keep their blocks only when
-    they stay in the same order in front of any new ones (``(a,)`` to ``(a, b)`` slices; ``(a, b)``
-    to ``(b, a)``, or ``(b,)`` to ``(a, b)``, deals the blocks to other devices): otherwise the
-    devices exchange blocks, a collective-permute of the local block.
+
+def _tile_coords(spec: Spec, sizes: Mapping[str, int]) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """``{device coordinates: (block per dimension..., replica index)}`` as XLA numbers a
+    ``NamedSharding``'s tiles: the axes on a dimension major to minor, the unused axes (the
+    replicated ones) in mesh order."""
+    names = list(sizes)
+    used = [a for axes in spec for a in axes]
+    rest = [a for a in names if a not in used]
+    out = {}
+    for coords in np.ndindex(*[sizes[a] for a in names]):
+        at = dict(zip(names, coords))
+        index = []
+        for axes in (*spec, rest):
+            k = 0
+            for a in axes:
+                k = k * sizes[a] + at[a]
+            index.append(k)
+        out[tuple(coords)] = tuple(index)
+    return out
+
+
+def _permute_axes(src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The mesh axes along which a collective-permute from ``src`` to ``dst`` moves blocks.
+
+    With the same blocks per dimension on both sides, XLA pairs the device at each tile index of
+    ``dst`` with the device at the same index of ``src`` (replicas included): the axes are those
+    along which a pair's coordinates differ. Otherwise (``dst`` refines ``src``): the axes on the
+    dimensions that change."""
+    names = list(sizes)
+    if _tiles(src, sizes) == _tiles(dst, sizes):
+        by_index = {i: c for c, i in _tile_coords(src, sizes).items()}
+        moved: set[str] = set()
+        for c, i in _tile_coords(dst, sizes).items():
+            moved.update(a for a, x, y in zip(names, c, by_index[i]) if x != y)
+    else:
+        moved = {a for s, d in zip(src, dst) if s != d for a in (*s, *d)}
+    return tuple(sorted(moved))
+
+
+def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[Comm, ...]:
+    """Collectives that turn layout ``src`` into ``dst``, as XLA's SPMD partitioner reshards.
+
+    * Every ``dst`` block inside one ``src`` block (``dst`` refines ``src`` on every dimension):
+      free where each device already holds its block (``(a,)`` to ``(a, b)``: a local slice),
+      else one collective-permute of the ``dst`` block (``(a,)`` to ``(b,)`` on a ``2 x 4``
+      mesh, ``(a, b)`` to ``(b, a)``: blocks dealt to other devices).
+    * All the blocks of one dimension moving to another, where other axes wait (``(a,), ()`` to
+      ``(), (b,)``): an all-to-all of the local block onto the new dimension, then a
+      collective-permute of the ``dst`` block to the devices that want it.
+    * Coarser blocks on one dimension, made of other axes (``(b,)`` to ``(a,)`` on a ``2 x 4``
+      mesh): a collective-permute of the ``src`` block, then an all-gather of the ``dst`` block
+      over the major source axes.
+    * Otherwise per axis: only in ``src``, an all-gather; on different dimensions, an all-to-all;
+      only in ``dst``, a local slice (free).
+
+    Checked against XLA:CPU's compiled reshards (``tests/cost/test_reshard.py``).
 
     >>> reshard_comms((8, 8), "float32", (("a", "b"), ()), (("b", "a"), ()), {"a": 2, "b": 2})
     (Comm(kind='collective-permute', axes=('a', 'b'), bytes=64, deferred=False),)
     """
     if src == dst:
         return ()
+    item = dtype_size(dtype)
+
+    def block(spec):
+        return int(np.prod(local_shape(shape, spec, sizes), dtype=np.int64)) * item
+
+    if all(d[:len(s)] == s for s, d in zip(src, dst)):
+        return ()  # a local slice
+    ns, nd = _tiles(src, sizes), _tiles(dst, sizes)
+    if all(b % a == 0 for a, b in zip(ns, nd)):
+        return (Comm("collective-permute", _permute_axes(src, dst, sizes), block(dst)),)
+    changed = [d for d in range(len(ns)) if src[d] != dst[d]]
+    if len(changed) == 1 and ns[changed[0]] % nd[changed[0]] == 0:
+        d = changed[0]
+        if dst[d] != src[d][:len(dst[d])]:
+            # Coarser blocks on one dimension, from other axes: the blocks are dealt so that a
+            # group along the major source axes holds each result block, then gathered there.
+            ratio, group = ns[d] // nd[d], []
+            for a in src[d]:
+                if int(np.prod([sizes[x] for x in group], dtype=np.int64)) >= ratio:
+                    break
+                group.append(a)
+            return (Comm("collective-permute", _permute_axes(src, dst, sizes), block(src)),
+                    Comm("all-gather", tuple(sorted(group)), block(dst)))
+    grow = [d for d in range(len(ns)) if nd[d] > ns[d]]
+    shrink = [d for d in range(len(ns)) if nd[d] < ns[d]]
+    if len(grow) == 1 and len(shrink) == 1 and nd[shrink[0]] == 1 \
+            and nd[grow[0]] == ns[grow[0]] * ns[shrink[0]] \
+            and all(ns[d] == nd[d] for d in range(len(ns)) if d not in (grow[0], shrink[0])):
+        i, j = shrink[0], grow[0]
+        moved = list(src)
+        moved[j], moved[i] = (*src[j], *src[i]), ()
+        moved = tuple(moved)
+        if moved != dst and all(b % a == 0 for a, b in zip(_tiles(moved, sizes), nd)):
+            return (Comm("all-to-all", tuple(sorted(src[i])), block(src)),
+                    Comm("collective-permute", _permute_axes(moved, dst, sizes), block(dst)))
     gather, a2a = [], []
     for a in {x for axes in src for x in axes}:
         i, j = dim_of(src, a), dim_of(dst, a)

@@ -452,16 +452,25 @@ def _dot_general_candidates(node, graph, mesh):
         opts.append((None, d, nb + len(lfree) + j, False))
     for i in range(len(lc)):
         opts.append((lc[i], rc[i], None, True))
-    return _combine(node, graph, mesh, [ls, rs], os_, opts)
+    return _combine(node, graph, mesh, [ls, rs], os_, opts, per_dim_partials=True)
 
 
-def _combine(node, graph, mesh, in_shapes, out_shape, opts):
+def _combine(node, graph, mesh, in_shapes, out_shape, opts, *, per_dim_partials=False):
+    """Every assignment of each mesh axis to one of ``opts`` (``(lhs dim, rhs dim, out dim,
+    contracting?)``, or ``None``), with the all-reduce or reduce-scatter a contraction implies.
+
+    ``per_dim_partials``: contracting dimensions split over different axes are all-reduced one
+    dimension at a time, as XLA's partitioner completes a ``dot_general`` (``(B, S, D) x (B, S,
+    V)`` contracting ``B`` over ``("data", "fsdp")`` and ``S`` over ``"model"``: an all-reduce
+    over ``model`` and one over ``data, fsdp``, each of the whole result; measured on XLA:CPU,
+    ``tests/rules/test_dot_partials.py``); otherwise one all-reduce over all their axes."""
     out_cands = []
     seen = set()
     for choice in itertools.product(opts, repeat=len(mesh.axis_names)):
         ins = [[() for _ in s] for s in in_shapes]
         out = [() for _ in out_shape]
         partial: list[str] = []
+        partial_by_dim: dict[int, tuple[str, ...]] = {}  # lhs contracting dim -> its axes
         for axis, opt in zip(mesh.axis_names, choice):
             if opt is None:
                 continue
@@ -472,6 +481,7 @@ def _combine(node, graph, mesh, in_shapes, out_shape, opts):
                 ins[1][dr] = (*ins[1][dr], axis)
             if contracting:
                 partial.append(axis)
+                partial_by_dim[dl] = (*partial_by_dim.get(dl, ()), axis)
             else:
                 out[do] = (*out[do], axis)
         in_specs = [tuple(s) for s in ins]
@@ -486,7 +496,11 @@ def _combine(node, graph, mesh, in_shapes, out_shape, opts):
         if partial:
             ar = Comm("all-reduce", tuple(partial),
                       _local_bytes(graph, node.outputs[0], out_t, mesh))
-            variants = [(out_t, (ar,))]
+            if per_dim_partials and len(partial_by_dim) > 1:
+                variants = [(out_t, tuple(Comm("all-reduce", axes, ar.bytes)
+                                          for _, axes in sorted(partial_by_dim.items())))]
+            else:
+                variants = [(out_t, (ar,))]
             for d in range(len(out_shape)):  # reduce-scatter onto result dim d
                 rs_out = list(out_t)
                 rs_out[d] = (*rs_out[d], *partial)

@@ -1,0 +1,62 @@
+"""Layout changes as XLA's SPMD partitioner compiles them (hulkjax/cost/comm.py ``reshard_comms``).
+
+Each case compiles ``x -> constraint(x * 2, dst) + 1`` from an input laid out as ``src`` on the fake
+CPU devices and holds the reshard's collectives (kind, axes, bytes) against the model's. The
+partitioner is shared by every backend, so these hold for GPUs and TPUs too.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from hulkjax.cost.comm import reshard_comms
+from hulkjax.emit.hlo import collectives_from_hlo
+from hulkjax.plan.specs import from_pspec
+
+M2x4 = ((2, 4), ("data", "model"))
+M2x2x2 = ((2, 2, 2), ("data", "fsdp", "model"))
+
+CASES = [
+    # dst refines src: one collective-permute of the dst block. Mixtral's expert kernels under
+    # megatron on 2 x 4 (the issue-11 fidelity miss: predicted as all-gathers over "data").
+    (M2x4, (4, 16, 64), P("data"), P("model")),
+    (M2x4, (8, 16), P(None, "data"), P(None, "model")),
+    (M2x4, (8, 16), P("data", None), P("model", "data")),
+    (M2x2x2, (8, 16), P("data"), P("fsdp")),
+    (M2x2x2, (8, 16), P("data"), P(("fsdp", "model"))),
+    (M2x2x2, (8, 16), P("data", "fsdp"), P("model", "fsdp")),
+    (M2x2x2, (64, 192), P("model", "data"), P("data", "model")),
+    # All of a dimension's blocks moving to another one that other axes will take: an all-to-all,
+    # then a permute. GPT-2's c_attn kernel under auto on 2 x 2 x 2 (the other fidelity miss).
+    (M2x2x2, (64, 192), P("model"), P(None, "data")),
+    (M2x2x2, (64, 192), P("model", "fsdp"), P(None, ("fsdp", "data"))),
+    # Coarser blocks from other axes: permute, then all-gather over the major source axes.
+    (M2x4, (8, 16), P("model"), P("data")),
+    (M2x2x2, (8, 16), P(("data", "fsdp")), P("model")),
+    # Gathers, all-to-alls and local slices.
+    (M2x4, (64, 192), P("data"), P(None, "model")),
+    (M2x4, (64, 192), P("model"), P(None, "data")),
+    (M2x4, (64, 192), P("data"), P(None, "data")),
+    (M2x4, (64, 192), P(("data", "model")), P("data")),
+    (M2x4, (64, 192), P("data"), P(("data", "model"))),
+]
+
+
+def _compiled(mesh_shape, names, shape, src, dst):
+    mesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Auto,) * len(names))
+    f = jax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, dst)) + 1,
+                in_shardings=NamedSharding(mesh, src), out_shardings=NamedSharding(mesh, dst))
+    hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
+    return sorted((c.kind, tuple(c.axes), c.bytes)
+                  for c in collectives_from_hlo(hlo, mesh_shape, names))
+
+
+@pytest.mark.parametrize("mesh,shape,src,dst", CASES)
+def test_reshard_is_what_xla_compiles(mesh, shape, src, dst):
+    mesh_shape, names = mesh
+    predicted = reshard_comms(shape, "float32", from_pspec(src, len(shape)),
+                              from_pspec(dst, len(shape)), dict(zip(names, mesh_shape)))
+    assert sorted((c.kind, c.axes, c.bytes) for c in predicted) == \
+        _compiled(mesh_shape, names, shape, src, dst)
