@@ -379,11 +379,37 @@ def highlights(result: dict) -> list[str]:
             out.append(f"- **{planner}** / best baseline, predicted step time (small): geometric "
                        f"mean {gmean:.2f}, range {min(ratios):.2f}-{max(ratios):.2f} over "
                        f"{len(ratios)} family x mesh cells.")
+    out += _rewrite_bullets()
     warned = {n: sorted({p for r in fid + qual if r["family"] == n
                          for p in r.get("unsupported", [])}) for n in names}
     out.append("- **Unsupported primitives** (replicated with a warning): " + "; ".join(
         f"{n}: {', '.join(f'`{p}`' for p in ps)}" for n, ps in warned.items() if ps)
         + ("; none elsewhere." if any(warned.values()) else "none."))
+    return out
+
+
+REWRITE_JSON = os.path.join(HERE, "results", "rewrite.json")
+
+
+def _rewrite_bullets() -> list[str]:
+    """The quality target against rewritten maths, quoted from ``benchmarks/rewrite.py``'s
+    results (its own command; nothing here reruns it)."""
+    if not os.path.exists(REWRITE_JSON):
+        return []
+    with open(REWRITE_JSON) as f:
+        rows = json.load(f)["plans"]
+    out = []
+    for planner in ("ilp", "auto"):
+        rs = [r["ratio_slices"] for r in rows if r["planner"] == planner and "ratio_slices" in r]
+        rw = [r["ratio"] for r in rows if r["planner"] == planner and "ratio" in r]
+        if rs and rw:
+            out.append(
+                f"- **{planner} against the same maths without `split` / `concatenate`** "
+                f"([REWRITE.md](REWRITE.md), `python benchmarks/rewrite.py`): predicted step time "
+                f"of the plan for the original code / for the code with `split` as slices "
+                f"{min(rs):.3f}-{max(rs):.3f}, with `concatenate` as padded sums too "
+                f"{min(rw):.3f}-{max(rw):.3f} over {len(rs)} family x topology cells (target: "
+                f"<= 1.02).")
     return out
 
 
