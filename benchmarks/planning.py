@@ -76,7 +76,8 @@ PHASES = (
      "plan_from_assignment"),
     ("liveness walks (cost/memory.liveness)", "cost/memory.py", "liveness"),
     ("staged search, total (best_staged)", "strategies/stages.py", "best_staged"),
-    ("staged: pipeline baseline", "strategies/stages.py", "pipeline"),
+    ("staged: pipeline baseline's layout (with the step's partition)", "strategies/stages.py",
+     "_pipeline_layout"),
     ("staged: dynamic program search", "strategies/stages.py", "search"),
     ("staged: microbatch re-tracing", "trace/microbatch.py", "microbatch_graph"),
     ("staged: per-stage SPMD plans (assignments)", "strategies/stages.py", "assignments"),
@@ -156,25 +157,31 @@ def worker(case: str, strategy: str, profile: bool) -> dict:
     m = zoo.get(name, **overrides)
     topo = hj.Topology.preset(preset, **preset_kw)
     args = m.abstract()
-    times = []
+    times, cpu_times = [], []
     graph = None
     for _ in range(2):  # the second trace: JAX's caches cleared, its Python warm
         jax.clear_caches()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         graph = hj.trace(m.step, *args)
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     rss_traced = _rss_mb()
     prof = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     if prof is not None:
         prof.enable()
     plan = hj.plan(m.step, *args, topology=topo, strategy=strategy, graph=graph)
     if prof is not None:
         prof.disable()
     plan_s = time.perf_counter() - t0
+    plan_cpu_s = time.process_time() - c0
     out = {"case": case, "strategy": strategy, "profiled": profile, "nodes": len(graph.nodes),
            "devices": topo.num_devices, "trace_s": min(times), "plan_s": plan_s,
+           # process CPU seconds (user + sys, every thread): other jobs on the machine slow the
+           # wall clock down, not these
+           "trace_cpu_s": cpu_times[times.index(min(times))], "plan_cpu_s": plan_cpu_s,
            "rss_after_trace_mb": rss_traced, "rss_peak_mb": _rss_mb(),
+           "load_average": os.getloadavg()[0],
            "step_time": plan.cost.step_time, "peak_memory": plan.cost.peak_memory,
            "staged": plan.stages is not None, "digest": _digest(plan)}
     if prof is not None:
@@ -225,6 +232,7 @@ def machine_info() -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(), "jax": jax.__version__,
+            "load_average": list(os.getloadavg()),  # 1, 5, 15 min, when the runs ended
             "git_commit": git("rev-parse", "--short", "HEAD"),
             "hulkjax_dirty": bool(git("status", "--porcelain", "--", "hulkjax"))}
 
@@ -244,31 +252,37 @@ def report(doc: dict) -> str:
              f", {doc['machine']['date']}. `trace` is `hj.trace` on abstract arguments; `auto` and "
              "`ilp` are `hj.plan` on a fresh graph (cost model, network, searches and the staged "
              "search included). Peak RSS is the planner process's high-water mark "
-             "(`resource.getrusage`), JAX and the traced graph included.", "",
+             "(`resource.getrusage`), JAX and the traced graph included. CPU columns are the "
+             "process's CPU seconds (user + sys, `time.process_time`): other jobs on the machine "
+             "lengthen the wall clock, much less these (1-minute load average when the runs "
+             f"ended: {_load(doc)}).", "",
              "Target (GPT-2 small on two DGX-H100 nodes): trace + `auto` under 2 s, and `auto` at "
              "least 10x faster than `ilp`.", "",
              "Alpa's GPT suite (350M on 1 V100 to 39B on 64, planning time and predicted step "
              "next to Alpa's published numbers): [ALPA.md](ALPA.md), from "
              "`python benchmarks/alpa.py`.", "",
-             "| case | graph nodes | devices | trace (s) | auto (s) | trace + auto (s) | ilp (s) | "
-             "ilp / auto | auto peak RSS (MB) | ilp peak RSS (MB) | auto step (ms) | "
-             "ilp step (ms) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| case | graph nodes | devices | trace (s) | auto (s) | trace + auto (s) | "
+             "trace + auto CPU (s) | ilp (s) | ilp / auto | ilp / auto CPU | auto peak RSS (MB) | "
+             "ilp peak RSS (MB) | auto step (ms) | ilp step (ms) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for case in doc["cases"]:
         a, i = _row(rows, case, "auto"), _row(rows, case, "ilp")
         if a is None:
             bad = next((r for r in rows if r["case"] == case), {})
-            lines.append(f"| {case} | | | | {bad.get('status', 'not run')} | | | | | | | |")
+            lines.append(f"| {case} | | | | {bad.get('status', 'not run')} | | | | | | | | | |")
             continue
         ratio = f"{i['plan_s'] / a['plan_s']:.1f}x" if i else "-"
+        cpu = _cpu(a, "trace") + _cpu(a, "plan")
+        cpu_ratio = f"{_cpu(i, 'plan') / _cpu(a, 'plan'):.1f}x" if i and "plan_cpu_s" in a \
+            and "plan_cpu_s" in i else "-"
         lines.append(
             f"| {case} | {a['nodes']} | {a['devices']} | {a['trace_s']:.2f} | {a['plan_s']:.2f} | "
-            f"{a['trace_s'] + a['plan_s']:.2f} | {i['plan_s']:.2f} | {ratio} | "
-            f"{a['rss_peak_mb']:.0f} | {i['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} | "
-            f"{i['step_time'] * 1e3:.4g} |" if i else
+            f"{a['trace_s'] + a['plan_s']:.2f} | {cpu:.2f} | {i['plan_s']:.2f} | {ratio} | "
+            f"{cpu_ratio} | {a['rss_peak_mb']:.0f} | {i['rss_peak_mb']:.0f} | "
+            f"{a['step_time'] * 1e3:.4g} | {i['step_time'] * 1e3:.4g} |" if i else
             f"| {case} | {a['nodes']} | {a['devices']} | {a['trace_s']:.2f} | {a['plan_s']:.2f} | "
-            f"{a['trace_s'] + a['plan_s']:.2f} | not run | - | {a['rss_peak_mb']:.0f} | - | "
-            f"{a['step_time'] * 1e3:.4g} | - |")
+            f"{a['trace_s'] + a['plan_s']:.2f} | {cpu:.2f} | not run | - | - | "
+            f"{a['rss_peak_mb']:.0f} | - | {a['step_time'] * 1e3:.4g} | - |")
     lines += ["", "Plan digests (assignment, stages, layouts of the arguments, predicted cost; equal "
               "digests across commits mean equal plans):", ""]
     for r in rows:
@@ -326,17 +340,30 @@ def report(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu(row, what: str) -> float:
+    """A row's CPU seconds of ``what`` (``"trace"`` or ``"plan"``); NaN in older results."""
+    return row.get(f"{what}_cpu_s", float("nan"))
+
+
+def _load(doc) -> str:
+    load = doc["machine"].get("load_average")
+    return "not recorded" if load is None else f"{load[0]:.1f} on {doc['machine']['cpus']} cores"
+
+
 def _compare_table(before_rows, rows, cases) -> list[str]:
-    lines = ["| case | strategy | before (s) | after (s) | speed-up | before peak RSS (MB) | "
-             "after peak RSS (MB) | step before -> after (ms) | same plan |",
-             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| case | strategy | before (s) | after (s) | speed-up | CPU before (s) | "
+             "CPU after (s) | CPU speed-up | before peak RSS (MB) | after peak RSS (MB) | "
+             "step before -> after (ms) | same plan |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for case in cases:
         for strategy in ("auto", "ilp"):
             a, b = _row(before_rows, case, strategy), _row(rows, case, strategy)
             if a is None or b is None:
                 continue
             lines.append(f"| {case} | {strategy} | {a['plan_s']:.2f} | {b['plan_s']:.2f} | "
-                         f"{a['plan_s'] / b['plan_s']:.1f}x | {a['rss_peak_mb']:.0f} | "
+                         f"{a['plan_s'] / b['plan_s']:.1f}x | {_cpu(a, 'plan'):.2f} | "
+                         f"{_cpu(b, 'plan'):.2f} | {_cpu(a, 'plan') / _cpu(b, 'plan'):.1f}x | "
+                         f"{a['rss_peak_mb']:.0f} | "
                          f"{b['rss_peak_mb']:.0f} | {a['step_time'] * 1e3:.4g} -> "
                          f"{b['step_time'] * 1e3:.4g} | "
                          f"{'yes' if a['digest'] == b['digest'] else 'no'} |")

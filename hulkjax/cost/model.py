@@ -236,6 +236,7 @@ class CostModel:
         self._move_time: dict[tuple, float] = {}
         self._matrix_cache: dict[tuple, np.ndarray] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
+        self._axes_cache: dict[Spec, frozenset[str]] = {}
         # What depends on the graph (and backend) alone is made once (the staged search builds
         # cost models of one graph on several device groups).
         key = ("cost graph facts", self.backend.name)
@@ -883,7 +884,7 @@ class CostModel:
                 continue
             src_gid = self.group_of_value[v]
             have = self.spec(src_gid, assignment[src_gid], v)
-            arriving.append((v, have, None if have is None else {a for axes in have for a in axes},
+            arriving.append((v, have, None if have is None else self._spec_axes(have),
                              src_gid == self._free and have is not None and not any(have)))
         out = []
         for c in cands:
@@ -898,7 +899,7 @@ class CostModel:
                 if arr is None or s is None:
                     continue
                 v, have, have_axes, free_replicated = arr
-                wanted = {a for axes in s for a in axes}
+                wanted = self._spec_axes(s)
                 needed |= wanted
                 if have is None:
                     continue
@@ -907,6 +908,14 @@ class CostModel:
                     n += 1.0 if self.reshard(v, have, s) else 0.5
             out.append(n + bool(needed - kept))
         return out
+
+    def _spec_axes(self, spec: Spec) -> frozenset[str]:
+        """The mesh axes a layout splits over (memoized: the searches ask for few layouts,
+        many times)."""
+        hit = self._axes_cache.get(spec)
+        if hit is None:
+            hit = self._axes_cache[spec] = frozenset(a for axes in spec for a in axes)
+        return hit
 
     def edge_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
         key = (gp, cp, gc, cc)

@@ -144,6 +144,7 @@ class UnitTable:
     cut_b: np.ndarray
     capacity: float
     devices: int
+    u_ops: np.ndarray | None = None  # ``u`` without the state's layout changes
 
 
 def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable:
@@ -159,6 +160,7 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
             b[k] += nc.time[n.id]
         else:
             u[k] += nc.time[n.id]
+    u_ops = u.copy()
     for i, t in nc.state_moves.items():
         u[part.home.get(i, 0)] += t
     static, act, data, acc = np.zeros(U), np.zeros(U), np.zeros(U), np.zeros(U)
@@ -202,7 +204,7 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
                     cut_b[lo + 1:here + 1] += nb
     cap = min(d.spec.memory for d in cm.topology.devices)
     return UnitTable(name, f, b, u, static, act, data, acc, cut_f, cut_b, cap,
-                     cm.topology.num_devices)
+                     cm.topology.num_devices, u_ops)
 
 
 @dataclass
@@ -216,6 +218,7 @@ class _Context:
     solver: object = None  # the intra-stage ILP (strategies.ilp.solve), injected by its users
     plans: dict = field(default_factory=dict)  # (M, sub, name) -> assignment
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
+    floor: object = None  # _NodeFloor of staged_lower_bound, made on first use
 
     def micro(self, M: int) -> OpGraph:
         return self.graph if M == 1 else planning_graph(self.graph, M)
@@ -535,6 +538,12 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
     """The staged plan a person writes by hand: one stage per region (per node on a one-region
     cluster) in the topology's order, equal numbers of layers, ``dp_tp`` inside each stage
     (``megatron`` on a one-axis group), ``2 x stages`` microbatches, 1F1B."""
+    ctx, layout, notes, level = _pipeline_layout(graph, topology, options)
+    return build_plan(ctx, layout, "pipeline", notes, source=f"one stage per {level}")
+
+
+def _pipeline_layout(graph: OpGraph, topology, options: PipelineOptions):
+    """``(context, layout, notes, level)`` of the ``pipeline`` baseline (see :func:`pipeline`)."""
     groups = device_groups(topology)
     level = "region" if "region" in groups else "node" if "node" in groups else None
     if level is None:
@@ -567,7 +576,147 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
     layout = StagedLayout(groups=tuple(groups[level]) * v, ranges=tuple(ranges),
                           plans=("dp_tp",) * (S * v), microbatches=M, schedule=options.schedule,
                           virtual_stages=v)
-    return build_plan(ctx, layout, "pipeline", notes, source=f"one stage per {level}")
+    return ctx, layout, notes, level
+
+
+# ---- a lower bound on staged plans ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _NodeFloor:
+    """What :func:`staged_lower_bound` needs of the step, computed once per context.
+
+    Seconds per phase (``mb``: forward and backward, per microbatch; ``up``: the update), each a
+    sum over nodes of the cost model's :meth:`~hulkjax.cost.model.CostModel.compute_time` floor:
+    ``launch``: kernel overheads; ``fixed``: roofline seconds on one device of nodes whose sizes
+    do not depend on the batch; ``scaled``: the same at the full batch, of nodes whose sizes are
+    proportional to it (``1 / M`` of it at ``M`` microbatches).
+    """
+
+    mb_launch: float
+    mb_fixed: float
+    mb_scaled: float
+    up_launch: float
+    up_fixed: float
+    up_scaled: float
+    micro_ok: bool  # whether the scaling was checked against a microbatch trace (else M = 1 only)
+
+
+def _node_floor(ctx: _Context) -> _NodeFloor:
+    if ctx.floor is not None:
+        return ctx.floor
+    g, part = ctx.graph, ctx.part
+    cm = cost_model(g, ctx.topology)  # its graph facts (fused traffic, launches) are per graph
+    specs = ctx.topology.device_specs()
+    overhead = min(sp.kernel_overhead for sp in specs)
+    hbm = max(sp.hbm_bandwidth * sp.memory_efficiency for sp in specs)
+    peaks: dict[str, float] = {}
+    traced = g.memo.get("microbatch_graphs", {})
+    k = min((d for d in traced if d > 1), default=None) if part.split is not None else None
+    micro = traced.get(k) if k is not None else None
+    if micro is not None and (len(micro.nodes) != len(g.nodes)
+                              or len(micro.values) != len(g.values)):
+        micro = None
+    sums = {key: 0.0 for key in ("mb_launch", "mb_fixed", "mb_scaled", "up_launch", "up_fixed",
+                                 "up_scaled")}
+    for n in g.nodes:
+        if n.subgraphs:
+            continue  # a loop's time comes from its body plans: no floor taken
+        scaling = "fixed" if micro is None else _batch_scaling(g, micro, k, n)
+        if scaling is None:
+            continue
+        dtype = cm._compute_dtype(n)
+        if dtype not in peaks:
+            peaks[dtype] = max(sp.flops_for(dtype) * sp.flops_efficiency for sp in specs)
+        t = max(n.flops / peaks[dtype] if n.flops else 0.0, cm.traffic[n.id] / hbm)
+        ph = "up" if part.phase[n.id] == UPDATE else "mb"
+        sums[f"{ph}_{scaling}"] += t
+        if cm.launches[n.id]:
+            sums[f"{ph}_launch"] += overhead
+    out = _NodeFloor(**sums, micro_ok=micro is not None)
+    ctx.floor = out
+    return out
+
+
+def _batch_scaling(g: OpGraph, micro: OpGraph, k: int, n) -> str | None:
+    """``"fixed"`` if no size of node ``n`` changes with the batch, ``"scaled"`` if its FLOPs,
+    bytes and every value's size are at most proportional to it (each value has at most one
+    dimension that differs between ``g`` and ``micro``, traced at ``1 / k`` of the batch, and
+    by ``k``), else ``None``."""
+    m = micro.nodes[n.id]
+    if m.primitive is not n.primitive or m.inputs != n.inputs or m.outputs != n.outputs:
+        return None
+    changed = False
+    for v in (*n.inputs, *n.outputs):
+        if v is None:
+            continue
+        a, c = g.values[v].shape, micro.values[v].shape
+        if a == c:
+            continue
+        if len(a) != len(c):
+            return None
+        diff = [(x, y) for x, y in zip(a, c) if x != y]
+        if len(diff) > 1 or diff[0][0] != k * diff[0][1]:
+            return None
+        changed = True
+    if not changed:
+        return "fixed" if (n.flops, n.bytes) == (m.flops, m.bytes) else None
+    if (n.flops or 0) > k * (m.flops or 0) or n.bytes > k * m.bytes:
+        return None
+    return "scaled"
+
+
+def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
+    """A lower bound on :func:`layout_cost`'s step time: its pipeline's closed form without
+    transfers, plus the slowest group's update without the state's layout changes (each
+    stage's forward, backward and update operators from the unit tables the search built: the
+    sums the exact cost makes); ``0`` where a table is missing."""
+    f, b, u = [], [], []
+    for devs, (lo, hi), name in zip(layout.groups, layout.ranges, layout.plans):
+        t = ctx.tables.get((layout.microbatches, group_topology(ctx.topology, devs), name))
+        if t is None or t.u_ops is None:
+            return 0.0
+        f.append(float(t.f[lo:hi].sum()))
+        b.append(float(t.b[lo:hi].sum()))
+        u.append(float(t.u_ops[lo:hi].sum()))
+    M, v = layout.microbatches, layout.virtual_stages
+    G = len(f) // v
+    w, ug = [0.0] * G, [0.0] * G
+    for k in range(len(f)):
+        w[k % G] += f[k] + b[k]
+        ug[k % G] += u[k]
+    if layout.schedule == "gpipe":
+        t = sum(f) + (M - 1) * max(f) + sum(b) + (M - 1) * max(b)
+    else:
+        t = (sum(w) - max(w)) / v + M * max(w)
+    return (t + max(ug)) * (1 - 1e-9)  # sums in another order: a rounding's margin
+
+
+def staged_lower_bound(ctx: _Context, groups, M: int, *, schedule: str = "1f1b",
+                       virtual_stages=VIRTUAL_STAGES) -> float:
+    """A lower bound on the step time of every staged plan with ``M`` microbatches on device
+    groups ``groups`` (one hierarchy level), under :func:`~hulkjax.cost.pipeline.pipeline_cost`,
+    and on the dynamic programs' predictions (:func:`_dp`, :func:`_dp_interleaved`).
+
+    Every node runs on one stage of at most ``n`` devices (the largest group), so it takes at
+    least :meth:`~hulkjax.cost.model.CostModel.compute_time` split ``n`` ways on the fastest
+    device (the best FLOP/s, HBM bandwidth and kernel overhead of any device), collectives and
+    transfers taken as free. With ``W`` the forward and backward nodes' floor per microbatch (the
+    ``1 / M`` batch scaled from the full step where its sizes are checked to be proportional to
+    the batch), ``U`` the update's and ``G`` the groups: the pipeline's fill, drain and steady
+    state take at least ``W / v + (M - 1 / v) W / G`` (``v`` chunks per group; 1 unless
+    interleaved; the busiest group does at least ``W / G`` per microbatch) and the slowest
+    group's update at least ``U / G``. ``0`` for ``M > 1`` where the step has no microbatch
+    trace to check its scaling against.
+    """
+    fl = _node_floor(ctx)
+    if M > 1 and not fl.micro_ok:
+        return 0.0
+    n = max(len(grp) for grp in groups)
+    G = len(groups)
+    W = fl.mb_launch + (fl.mb_fixed + fl.mb_scaled / M) / n
+    U = fl.up_launch + (fl.up_fixed + fl.up_scaled / M) / n
+    vs = {1, *(virtual_stages if schedule == "1f1b" else ())}
+    return min(W / v + (M - 1.0 / v) * W / G for v in vs) + U / G
 
 
 # ---- the dynamic program -------------------------------------------------------------------------
@@ -640,7 +789,8 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
 
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
-           progress=None, virtual_stages=VIRTUAL_STAGES) -> SearchResult:
+           progress=None, virtual_stages=VIRTUAL_STAGES,
+           cutoff: float | None = None, shortlist: int | None = None) -> SearchResult:
     """The dynamic program over unit ranges x device groups (see the module docstring).
 
     Args:
@@ -651,9 +801,19 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       schedule: the schedule of the layouts returned.
       microbatches: counts to try (default: see :func:`microbatch_counts`).
       keep: how many layouts to return.
+      shortlist: how many of the dynamic programs' best layouts are costed exactly (default
+        ``max(3 * keep, 6)``); a layout whose pipeline without transfers is slower than the
+        ``keep``-th best so far is passed over (it would not be returned).
       progress: a callable told what is being searched (a string).
       virtual_stages: chunks per group to try with ``schedule="1f1b"`` (1: plain 1F1B;
         ``v > 1``: the interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
+      cutoff: a step time a staged plan must beat to be of use (``best_staged``: the best SPMD
+        plan's, less :data:`STAGED_MIN_GAIN`). The local search over microbatch counts then
+        skips a count whose :func:`staged_lower_bound` is at least the cutoff and at least the
+        count it is compared with: the comparison goes as it would have (the count's dynamic
+        programs predict at least the bound), and its layouts could not beat the cutoff. Its
+        layouts are not returned, so the best layout returned is the same, or (where they
+        would have pushed a layout out of the exactly costed shortlist) one that is faster.
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -668,6 +828,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         return SearchResult([])
     found: list[tuple[float, StagedLayout]] = []
     searched = 0
+    pruned = False  # whether the cutoff skipped microbatch counts
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
         tried: dict[int, float] = {}
@@ -708,6 +869,21 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             return tried[M]
 
         Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
+        if cutoff is not None:
+            # Counts no staged plan of which can beat the cutoff are not searched; the others
+            # all are (a superset of what the local search below would reach without them).
+            bounds = {M: staged_lower_bound(ctx, groups, M, schedule=schedule,
+                                            virtual_stages=virtual_stages) for M in Ms}
+            hopeless = [M for M in Ms if bounds[M] >= cutoff]
+            if hopeless:
+                log.info("%s: skipping %s microbatch(es): no staged plan with them is within "
+                         "the cutoff %s (lower bounds %s)", level, hopeless, format_time(cutoff),
+                         ", ".join(format_time(bounds[M]) for M in hopeless))
+                pruned = True
+                for M in Ms:
+                    if M not in hopeless:
+                        attempt(M)
+                continue
         if microbatches is not None or len(Ms) <= 3:
             for M in Ms:
                 attempt(M)
@@ -728,10 +904,18 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 i -= 1
             else:
                 break
-    # Exact costs of the dynamic program's best per (level, M, chain).
-    exact = []
+    # Exact costs of the dynamic program's best per (level, M, chain) (of all of them where
+    # counts were skipped: every layout the search without the cutoff would cost is then
+    # costed). A layout whose pipeline without transfers and updates is already slower than
+    # the keep-th best so far is not costed: it would not be returned.
+    exact: list[tuple[float, StagedLayout, object]] = []
     unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
-    for layout in unique[:max(keep * 3, 6)]:
+    if shortlist is None:
+        shortlist = max(keep * 3, 6)
+    for layout in (unique if pruned else unique[:shortlist]):
+        if len(exact) >= keep and _pipeline_floor(ctx, layout) > sorted(
+                t for t, _, _ in exact)[keep - 1]:
+            continue
         c = layout_cost(ctx, layout)
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout, c))
@@ -951,36 +1135,56 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
     with notes saying what the staged search found. The ``pipeline`` baseline (where it applies)
     and ``extra`` (staged plans already made) compete with the search's layouts: the search's
-    memory filter is additive, so a hand-made layout it rules out may still fit."""
+    memory filter is additive, so a hand-made layout it rules out may still fit.
+
+    Only the winner is built into a :class:`~hulkjax.plan.Plan` (the others are compared by their
+    exact cost), and the search skips microbatch counts that :func:`staged_lower_bound` shows
+    cannot beat ``spmd_time`` (see :func:`search`'s ``cutoff``)."""
+    rivals: list[tuple[float, Plan | tuple]] = [
+        (p.cost.step_time, p) for p in extra
+        if p.cost is not None and all(st.fits for st in p.cost.stages)]
     try:
-        extra = (*extra, pipeline(graph, topology, PipelineOptions()))
+        pctx, playout, pnotes, plevel = _pipeline_layout(graph, topology, PipelineOptions())
+        pcost = layout_cost(pctx, playout)
+        if all(st.fits for st in pcost.stages):
+            rivals.append((pcost.step_time, (pctx, playout, pnotes, plevel)))
     except (StrategyNotApplicableError, InfeasiblePlanError, InvalidOptionError,
             UnsupportedStepError) as e:
         log.debug("pipeline baseline does not apply: %s", e)
-    res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule)
+    cutoff = None if spmd_time is None else spmd_time * (1 - STAGED_MIN_GAIN)
+    res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule,
+                 cutoff=cutoff, keep=1, shortlist=12)  # the best of search(keep=4)'s
     ctx = _context(graph, topology, time_limit)
-    best = None
-    if res.layouts:
-        t, layout = res.layouts[0]
-        best = (t, layout)
-    rival = min((p for p in extra if p.cost is not None and all(st.fits for st in p.cost.stages)),
-                key=lambda p: p.cost.step_time, default=None)
+    best = res.layouts[0] if res.layouts else None
+    rival = min(rivals, key=lambda r: r[0], default=None)
     notes = []
     if best is None and rival is None:
         if device_groups(topology):
             notes.append("staged: no staged plan fits the devices' memory")
         return None, notes
-    if rival is not None and (best is None or rival.cost.step_time < best[0]):
-        plan = rival
+    if rival is not None and (best is None or rival[0] < best[0]):
+        step, chosen = rival
+        stages_, micro = ((len(chosen.stages), chosen.microbatches) if isinstance(chosen, Plan)
+                          else (len(chosen[1].groups), chosen[1].microbatches))
+    else:
+        step, chosen = best[0], best[1]
+        stages_, micro = len(chosen.groups), chosen.microbatches
+    if spmd_time is not None and step >= cutoff:
+        notes.append(f"staged: the best staged plan ({format_time(step)}, "
+                     f"{stages_} stage(s) x {micro} microbatch(es)) is not "
+                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})")
+        return None, notes
+    if isinstance(chosen, Plan):
+        plan = chosen
+        plan.strategy = strategy
+        plan.source = "pipeline baseline"
+    elif isinstance(chosen, tuple):
+        pctx, playout, pnotes, plevel = chosen
+        plan = build_plan(pctx, playout, "pipeline", pnotes, source=f"one stage per {plevel}")
         plan.strategy = strategy
         plan.source = "pipeline baseline"
     else:
-        plan = build_plan(ctx, best[1], strategy, source="staged search")
-    if spmd_time is not None and plan.cost.step_time >= spmd_time * (1 - STAGED_MIN_GAIN):
-        notes.append(f"staged: the best staged plan ({format_time(plan.cost.step_time)}, "
-                     f"{len(plan.stages)} stage(s) x {plan.microbatches} microbatch(es)) is not "
-                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})")
-        return None, notes
+        plan = build_plan(ctx, chosen, strategy, source="staged search")
     plan.notes.insert(0, staged_note(plan, spmd_time))
     return plan, notes
 
@@ -1024,4 +1228,5 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
 __all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
            "build_plan", "plan_cost",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
-           "pipeline", "search", "spmd_or_staged", "stage_works", "staged_note", "uniform_ranges"]
+           "pipeline", "search", "spmd_or_staged", "stage_works", "staged_lower_bound", "staged_note",
+           "uniform_ranges"]

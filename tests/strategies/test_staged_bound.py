@@ -1,0 +1,143 @@
+"""The staged search's lower bounds: true bounds under the pipeline cost, and plans unchanged by
+the pruning they allow."""
+
+import itertools
+import logging
+
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.strategies import stages
+from hulkjax.strategies.ilp import solve
+from hulkjax.strategies.stages import (
+    StagedLayout,
+    _context,
+    _pipeline_floor,
+    layout_cost,
+    search,
+    staged_lower_bound,
+    uniform_ranges,
+)
+from hulkjax.topology.specs import LinkSpec
+
+TWO_NODES = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+# tests/strategies/test_stages.py's regional cluster, where staged plans win
+REGIONAL = hj.Topology.preset("regional", regions=2, gpus_per_node=4, device="V100",
+                              metro=LinkSpec(bandwidth=5e9 / 8, latency=2e-3))
+
+
+def _record(plan) -> tuple:
+    staged = None if plan.stages is None else [(s.devices, s.layers, s.strategy)
+                                               for s in plan.stages]
+    return ([t.spec for t in plan.inputs], [t.spec for t in plan.outputs], staged,
+            plan.microbatches, plan.schedule, plan.assignment, plan.cost.step_time,
+            plan.cost.peak_memory)
+
+
+def _candidates(g, topology, level):
+    """Staged layouts of many shapes: the search's best per microbatch count and schedule, and
+    uniform layouts over every order of the groups, with each intra-stage plan."""
+    ctx = _context(g, topology)
+    groups = topology.groups(level)
+    out = []
+    for M in (1, 2, 4, 8):
+        if not ctx.usable(M):  # one example per microbatch: the step traces differently
+            continue
+        for v in (1, 2):
+            res = search(g, topology, solver=solve, microbatches=[M], virtual_stages=(v,),
+                         keep=2)
+            out += [lay for _, lay in res.layouts]
+        for S in (1, 2):
+            for order in itertools.permutations(range(len(groups)), S):
+                for plan in ("dp_tp", "fsdp", "ilp"):
+                    out.append(StagedLayout(groups=tuple(groups[k] for k in order),
+                                            ranges=tuple(uniform_ranges(ctx.part, S)),
+                                            plans=(plan,) * S, microbatches=M))
+        out.append(StagedLayout(groups=tuple(groups) * 2,
+                                ranges=tuple(uniform_ranges(ctx.part, 2 * len(groups))),
+                                plans=("dp_tp",) * (2 * len(groups)), microbatches=max(M, 2),
+                                schedule="interleaved", virtual_stages=2))
+        out.append(StagedLayout(groups=tuple(groups), ranges=tuple(uniform_ranges(ctx.part, 2)),
+                                plans=("fsdp",) * 2, microbatches=M, schedule="gpipe"))
+    return ctx, groups, list(dict.fromkeys(out))
+
+
+@pytest.mark.parametrize("model,kw,topology,level", [
+    ("gpt2", {"size": "tiny"}, TWO_NODES, "node"),
+    ("transformer-block", {"size": "small", "n_layers": 8, "batch": 64}, REGIONAL, "region"),
+])
+def test_lower_bounds_are_at_most_the_exact_pipeline_cost(model, kw, topology, level):
+    m = zoo.get(model, **kw)
+    g = hj.trace(m.step, *m.abstract())
+    ctx, groups, layouts = _candidates(g, topology, level)
+    assert len(layouts) > 20
+    checked = 0
+    for layout in layouts:
+        ctx.table(layout.microbatches, stages.group_topology(topology, layout.groups[0]),
+                  layout.plans[0])
+        exact = layout_cost(ctx, layout).step_time
+        bound = staged_lower_bound(ctx, groups, layout.microbatches)
+        assert 0 < bound <= exact, (layout, bound, exact)
+        floor = _pipeline_floor(ctx, layout)
+        assert floor <= exact, (layout, floor, exact)
+        checked += floor > 0
+    assert checked > len(layouts) // 2  # the floor had its tables for most layouts
+    # The bound grows with the microbatches' kernel launches: it is of use for many of them.
+    assert staged_lower_bound(ctx, groups, 64) > staged_lower_bound(ctx, groups, 2)
+
+
+@pytest.mark.parametrize("model,kw,topology", [
+    ("gpt2", {"size": "tiny"}, TWO_NODES),
+    ("transformer-block", {"size": "small", "n_layers": 16, "batch": 64}, REGIONAL),
+])
+@pytest.mark.parametrize("strategy", ["auto", "ilp"])
+def test_pruning_leaves_the_plan_as_it_was(monkeypatch, model, kw, topology, strategy):
+    """With the bounds (microbatch counts skipped, layouts not costed) and without them (every
+    count the local search reaches, the twelve best layouts costed), the plan is the same."""
+    m = zoo.get(model, **kw)
+    state, batch = m.abstract()
+    runs, costed = {}, {"pruned": 0, "full": 0}
+    real_cost = stages.layout_cost
+    for label in ("pruned", "full"):
+        if label == "full":
+            monkeypatch.setattr(stages, "staged_lower_bound", lambda *a, **k: 0.0)
+            monkeypatch.setattr(stages, "_pipeline_floor", lambda *a, **k: 0.0)
+
+        def counted(ctx, layout, label=label):
+            costed[label] += 1
+            return real_cost(ctx, layout)
+
+        monkeypatch.setattr(stages, "layout_cost", counted)
+        g = hj.trace(m.step, state, batch)  # a fresh graph: staged contexts are cached on it
+        runs[label] = _record(hj.plan(m.step, state, batch, topology=topology,
+                                      strategy=strategy, graph=g))
+    assert runs["pruned"] == runs["full"]
+    if topology is REGIONAL:
+        assert runs["full"][2] is not None  # a staged plan won: the pruning kept it
+        assert costed["pruned"] <= costed["full"], costed
+    else:  # SPMD wins by far: counts skipped, layouts not costed
+        assert costed["pruned"] < costed["full"], costed
+
+
+def test_the_cutoff_skips_hopeless_microbatch_counts(caplog):
+    """Where the best SPMD plan is far ahead, counts whose bound exceeds it are not searched."""
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    ctx = _context(g, TWO_NODES)
+    groups = TWO_NODES.groups("node")
+    bounds = {M: staged_lower_bound(ctx, groups, M) for M in (1, 2, 4, 8)}
+    cutoff = sorted(bounds.values())[1] * 1.0001  # above the two smallest bounds only
+    searched = []
+    real = ctx.table
+
+    def spy(M, sub, name):
+        searched.append(M)
+        return real(M, sub, name)
+
+    ctx.table = spy
+    with caplog.at_level(logging.INFO, logger="hulkjax.stages"):
+        search(g, TWO_NODES, solver=solve, cutoff=cutoff)
+    hopeless = {M for M, b in bounds.items() if b >= cutoff}
+    assert hopeless and not hopeless & set(searched), (bounds, cutoff, set(searched))
+    assert any("skipping" in r.message for r in caplog.records)
