@@ -56,9 +56,10 @@ microbatch and direction pays the latency.
 then what the per-step transfers leave exposed, then the slowest group's update (its chunks'
 updates in turn). A parameter one stage holds and another reads goes at the start of the step and
 is hidden by the fill before its reader's first forward (the forwards and forward sends of the
-stages before it); a gradient sent back to the stage that updates it goes once its sender's last
-backward is done and is hidden by the drain after it (the backwards and backward sends of the
-stages before the sender). Only their excess over those windows adds to the step (summed over
+stages before it, less the first microbatch's send on the same link, which waits behind it); a
+gradient sent back to the stage that updates it goes once its sender's last backward is done and
+is hidden by the drain after it (the backwards and backward sends of the stages before the
+sender, less the last microbatch's send on the same link). Only their excess over those windows adds to the step (summed over
 the pairs of stages, as if they shared one link), the rest overlaps as the emitted program
 overlaps it (the receiver waits for the value only where it reads it); a value an update
 produces has no window (nor has one sent by the first stage, whose last backward ends the
@@ -86,7 +87,7 @@ from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
 from hulkjax.plan.cost import Cost, StageTime, Transfer
 from hulkjax.plan.specs import Spec, local_shape
-from hulkjax.plan.stages import schedule_in_flight, schedule_queues
+from hulkjax.plan.stages import schedule_in_flight, schedule_times
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
 
 
@@ -260,8 +261,12 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         fill[k] = fill[k - 1] + f[k - 1] + transfers.get((k - 1, k), {}).get("fwd", 0.0)
         drain[k] = drain[k - 1] + b[k - 1] + transfers.get((k, k - 1), {}).get("bwd", 0.0)
     for (a, c), t in transfers.items():
-        t["exposed"] = (max(t["start"] - fill[c], 0.0) + max(t["end"] - drain[a], 0.0)
-                        + t["late"])
+        # The link itself is busy with the first microbatch's values (last one's gradients)
+        # while the fill (drain) goes on: those wait behind the per-step values, which the
+        # emitted step sends first (measured between shaped namespaces: a 2-stage GPT's first
+        # forward waited for the tied embedding to cross before its activations did).
+        t["exposed"] = (max(t["start"] - (fill[c] - t["fwd"]), 0.0)
+                        + max(t["end"] - (drain[a] - t["bwd"]), 0.0) + t["late"])
     t_step_transfers = sum(t["exposed"] for t in transfers.values())
     u_group = [0.0] * G
     for k in range(S):
@@ -318,42 +323,11 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
 
 
 def _makespan(schedule: str, G: int, v: int, M: int, f, b, transfers) -> float:
-    """When the last microbatch's last backward ends if every group runs its programs in the
-    emitted order (:func:`~hulkjax.plan.stages.schedule_queues`), each as soon as the group is
-    free and its inputs have arrived: a forward after the previous stage's forward of that
-    microbatch, a backward after its own forward and the next stage's backward, plus the
-    per-microbatch transfer of the pair of stages between them (a delay: links are not queued
-    here; the caller keeps the closed form's link-load bound). Values of stages further apart
-    (skip connections) wait for their own transfer."""
-    S = len(f)
-    deps: dict[tuple[str, int], dict[tuple[str, int], float]] = {}
-    for j in range(S):
-        deps[("F", j)] = {("F", j - 1): 0.0} if j else {}
-        deps[("B", j)] = {("F", j): 0.0, **({("B", j + 1): 0.0} if j + 1 < S else {})}
-    for (i, j), t in transfers.items():
-        if t["fwd"] > 0:  # forward values: into the reader's forward, or its backward if later
-            key = ("F", j) if i < j else ("B", j)
-            deps[key][("F", i)] = max(deps[key].get(("F", i), 0.0), t["fwd"])
-        if t["bwd"] > 0:
-            deps[("B", j)][("B", i)] = max(deps[("B", j)].get(("B", i), 0.0), t["bwd"])
-    queues = schedule_queues(schedule, G, v, M)
-    done: dict[tuple[str, int, int], float] = {}
-    free, heads = [0.0] * G, [0] * G
-    while any(h < len(q) for h, q in zip(heads, queues)):
-        progressed = False
-        for d, q in enumerate(queues):
-            while heads[d] < len(q):
-                j, ph, mb = q[heads[d]]
-                need = deps[(ph, j)]
-                if any((p, i, mb) not in done for p, i in need):
-                    break
-                start = max([free[d]] + [done[(p, i, mb)] + c for (p, i), c in need.items()])
-                free[d] = done[(ph, j, mb)] = start + (f[j] if ph == "F" else b[j])
-                heads[d] += 1
-                progressed = True
-        if not progressed:
-            raise ValueError(f"the {schedule!r} order of {G} groups x {v} chunks deadlocks")
-    return max(done.values(), default=0.0)
+    """When the last microbatch's last backward ends in the emitted order run as a discrete-event
+    schedule (:func:`~hulkjax.plan.stages.schedule_times`; links are not queued there, the
+    caller keeps the closed form's link-load bound)."""
+    times = schedule_times(schedule, G, v, M, f, b, transfers)
+    return max((end for _, end in times.values()), default=0.0)
 
 
 def _stage_times(s: StageWork) -> dict:

@@ -17,7 +17,13 @@ Where this sits::
 An interleaved plan (``plan.virtual_stages = v > 1``) lists every chunk of layers as a stage:
 chunk ``j`` has its own programs on its own mesh over the devices of group ``j % groups``. Each
 group's order is Megatron-LM's (:func:`hulkjax.plan.stages.schedule_queues`); the host merges the
-groups' orders, dispatching a program as soon as its inputs are computed.
+groups' orders by the programs' predicted start times (:func:`hulkjax.plan.stages.schedule_times`
+on the plan's cost), dispatching a program as soon as its inputs are computed.
+
+Values move between stages as early as the cost model has them move: the parameters another
+stage reads before the first program, a microbatch's activation (or gradient) right after the
+program computing it, once per receiving stage (which keeps it until its last reader there), a
+summed gradient to the update's stage right after its last microbatch.
 
 Every program re-runs the plan's nodes of one traced step (:func:`hulkjax.trace.interpret.evaluate`)
 with the stage's planned constraints, so the staged step computes what the unsharded step computes.
@@ -76,7 +82,7 @@ from hulkjax.errors import (
     UnsupportedStepError,
 )
 from hulkjax.plan.records import Plan
-from hulkjax.plan.stages import schedule_queues
+from hulkjax.plan.stages import schedule_queues, schedule_times
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import constant_values, equations, evaluate
 from hulkjax.trace.microbatch import analyze, microbatch_graph
@@ -287,6 +293,46 @@ class StagedStep:
         for v, key in last.items():
             if v not in keep:
                 self.release[key].append(v)
+        # A microbatch's value moved to a stage stays there until that stage's last reader of it
+        # (1F1B: a boundary activation a stage's forward received is read again by its
+        # backward; sending it twice doubles the link's load).
+        last_here: dict[tuple[int, int], str] = {}
+        for k, ph in sequence:
+            for v in self.per_mb[(k, ph)].reads:
+                last_here[(k, v)] = ph
+        self.release_moved: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for (k, v), ph in last_here.items():
+            self.release_moved[(k, ph)].append(v)
+        # Where a microbatch's value goes once its program has run: the other stages reading it,
+        # by first reader. The step sends it at once rather than when the host reaches its
+        # reader: a receive is posted only when the receiving process asks for it (the
+        # transfer then starts), so sending at the reader would make each transfer wait for
+        # the host loops of both ends to get there (transfer module docstring).
+        producer = {v: key for key in sequence for v in self.per_mb[key].writes}
+        # A value of the step (a summed gradient) goes to the update's stages once the program
+        # writing it has run for the last microbatch, not after the last stage's backward.
+        self.finals: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for key in sequence:
+            p = self.per_mb[key]
+            for v in dict.fromkeys(p.writes + p.accs):
+                if v in self.boundary:
+                    self.finals[key].append(v)
+        self.final_readers: dict[int, list[int]] = defaultdict(list)
+        for seg in self.segments:
+            for v in seg.reads:
+                if v in self.boundary and seg.stage not in self.final_readers[v]:
+                    self.final_readers[v].append(seg.stage)
+        self.step_sends: list[tuple[int, int]] = []  # (reader stage, value), by first reader
+        for k, ph in sequence:
+            for v in self.per_mb[(k, ph)].reads:
+                if v not in producer and (k, v) not in self.step_sends:
+                    self.step_sends.append((k, v))
+        self.sends: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+        for k, ph in sequence:
+            for v in self.per_mb[(k, ph)].reads:
+                src = producer.get(v)
+                if src is not None and src[0] != k and (k, v) not in self.sends[src]:
+                    self.sends[src].append((k, v))
 
     @property
     def _constants(self) -> set[int]:
@@ -354,7 +400,34 @@ class StagedStep:
                 if not progressed:
                     raise InvalidPlanError("the stages' forward and backward programs depend on "
                                            "each other in a cycle; re-plan.")
+            # Walked in the order the programs are predicted to start. Every process walks this
+            # order, and a process waiting for one program's inputs posts no transfer behind
+            # it; walked group by group instead, a stage's send waits for unrelated programs
+            # of the stages merged before it (on the WAN testbed most sends then added up).
+            start = self._predicted_starts(S, M, v)
+            if start:
+                index = {key: i for i, key in enumerate(order)}
+                order.sort(key=lambda key: (start.get(key, 0.0), index[key]))
         self.order = order
+
+    def _predicted_starts(self, S: int, M: int, v: int) -> dict:
+        """``{(stage, phase, microbatch): seconds}`` from the plan's cost (its stages' forward
+        and backward per microbatch, its transfers), or ``{}`` where the cost has none."""
+        cost = self.plan.cost
+        if cost is None or not cost.stages or len(cost.stages) != S:
+            return {}
+        delays: dict[tuple[int, int], dict[str, float]] = {}
+        for t in cost.transfers or ():
+            if t.microbatch_bytes and t.bandwidth:  # forward values down the pipeline, gradients up
+                c = t.latency + t.microbatch_bytes / t.bandwidth
+                delays[(t.src, t.dst)] = {"fwd": c} if t.src < t.dst else {"bwd": c}
+        try:
+            times = schedule_times(self.plan.schedule, S // v, v, M,
+                                   [st.forward for st in cost.stages],
+                                   [st.backward for st in cost.stages], delays)
+        except InvalidPlanError:
+            return {}
+        return {key: t0 for key, (t0, _) in times.items()}
 
     def _ready(self, k, ph, m, done, S) -> bool:
         if ph == F:
@@ -561,7 +634,7 @@ class StagedStep:
                 env[v] = x
         moved: dict[tuple[int, int], object] = {}  # per-step copies on other stages
 
-        def fetch(k, v, local):
+        def fetch(k, v, local, local_moved=None):
             if v in local:
                 x = local[v]
             elif v in env:
@@ -572,15 +645,17 @@ class StagedStep:
             want = self._want(k, v)
             if _on(x, want):
                 return x
+            copies = moved if v in env else local_moved
             key = (k, v)
-            if v in env and key in moved:
-                return moved[key]
+            if copies is not None and key in copies:
+                return copies[key]
             y = transfer.move(x, want, self.crossings)
-            if v in env:
-                moved[key] = y
+            if copies is not None:
+                copies[key] = y
             return y
 
         micro_envs = [dict() for _ in range(M)]
+        micro_moved: list[dict] = [dict() for _ in range(M)]  # per microbatch: (stage, value) copies
         b = None
         for m in range(M):
             for v, x in data.items():
@@ -598,12 +673,34 @@ class StagedStep:
                 accs[v] = jnp.zeros(shape, jnp.float32, device=s) if p.stage in self.local_stages \
                     else transfer.placeholder(shape, jnp.float32, s)
         kept: dict[int, list] = defaultdict(list)  # concat boundaries, per microbatch
+
+        def finish(v):
+            """Combine a value of the step over the microbatches: sums scaled by M ** e,
+            per-example results concatenated, independent values from the last microbatch."""
+            c = self.boundary[v]
+            dtype = self._dtype_of(self.full, v)
+            here = self.stage_of[self.micro.values[v].producer] in self.local_stages
+            if c.kind not in ("sum", "concat"):  # "same": any microbatch's
+                env[v] = micro_envs[-1][v]
+            elif not here:  # combined by the process holding its stage
+                src = accs[v] if c.kind == "sum" else kept[v][0]
+                env[v] = transfer.placeholder(self.full.values[v].shape, dtype, src.sharding)
+            elif c.kind == "sum":
+                env[v] = _combine(accs[v], c.scale(M), dtype)
+            else:
+                env[v] = (jnp.concatenate(kept[v], axis=c.dim) * c.scale(M)).astype(dtype)
+
+        # Values of the step (parameters) that another stage's programs read go first, as the
+        # cost model has them: at the start of the step, before any microbatch's activations.
+        for k, v in self.step_sends:
+            if v in env:
+                fetch(k, v, {})
         for k, ph, m in self.order:
             p = self.per_mb[(k, ph)]
             local = micro_envs[m]
             # Every process fetches (values crossing processes need every process), only the
             # stage's own process runs the program.
-            args_ = [fetch(k, v, local) for v in p.reads]
+            args_ = [fetch(k, v, local, micro_moved[m]) for v in p.reads]
             outs, new = self._run(p, args_, [accs[v] for v in p.accs])
             for v, x in zip(p.writes, outs):
                 local[v] = x
@@ -612,24 +709,22 @@ class StagedStep:
                     kept[v].append(x)
             for v, x in zip(p.accs, new):
                 accs[v] = x
+            for k2, v in self.sends.get((k, ph), ()):
+                if not transfer.relayout_on_arrival(local[v], self._want(k2, v)):
+                    fetch(k2, v, local, micro_moved[m])
             for v in self.release.get((k, ph), ()):
                 local.pop(v, None)
-        # Combine the microbatches: sums scaled by M ** e, per-example results concatenated,
-        # independent values from the last microbatch.
+            for v in self.release_moved.get((k, ph), ()):
+                micro_moved[m].pop((k, v), None)
+            if M > 1 and m == M - 1:  # values of the step this program ends: on to the update
+                for v in self.finals.get((k, ph), ()):
+                    finish(v)
+                    for k2 in self.final_readers.get(v, ()):
+                        fetch(k2, v, {})
         if M > 1:
-            last = micro_envs[-1]
-            for v, c in self.boundary.items():
-                dtype = self._dtype_of(self.full, v)
-                here = self.stage_of[self.micro.values[v].producer] in self.local_stages
-                if c.kind not in ("sum", "concat"):  # "same": any microbatch's
-                    env[v] = last[v]
-                elif not here:  # combined by the process holding its stage
-                    src = accs[v] if c.kind == "sum" else kept[v][0]
-                    env[v] = transfer.placeholder(self.full.values[v].shape, dtype, src.sharding)
-                elif c.kind == "sum":
-                    env[v] = _combine(accs[v], c.scale(M), dtype)
-                else:
-                    env[v] = (jnp.concatenate(kept[v], axis=c.dim) * c.scale(M)).astype(dtype)
+            for v in self.boundary:
+                if v not in env:
+                    finish(v)
         else:
             env.update({v: x for v, x in micro_envs[0].items() if v not in data})
         for seg in self.segments:

@@ -199,6 +199,57 @@ def schedule_queues(schedule: str, groups: int, chunks: int, microbatches: int
     return out
 
 
+def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, forward,
+                   backward, transfers=None) -> dict[tuple[int, str, int], tuple[float, float]]:
+    """``{(stage, phase, microbatch): (start, end)}`` when every device group runs its programs
+    in :func:`schedule_queues` order, each as soon as the group is free and its inputs have
+    arrived: a forward after the previous stage's forward of that microbatch, a backward after
+    its own forward and the next stage's backward, plus the per-microbatch transfer between
+    the two stages (a delay: links are not queued). Values of stages further apart (skip
+    connections) wait for their own transfer.
+
+    Args:
+      forward / backward: seconds per microbatch, per stage (pipeline order).
+      transfers: ``{(src, dst): {"fwd": s, "bwd": s}}``, seconds per microbatch of the values
+        a forward (``"fwd"``) or a backward (``"bwd"``) of stage ``src`` sends stage ``dst``.
+
+    >>> t = schedule_times("1f1b", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
+    >>> t[(1, "F", 0)], t[(0, "B", 1)]
+    ((1.0, 2.0), (7.0, 9.0))
+    """
+    f, b, S = list(forward), list(backward), len(forward)
+    deps: dict[tuple[str, int], dict[tuple[str, int], float]] = {}
+    for j in range(S):
+        deps[("F", j)] = {("F", j - 1): 0.0} if j else {}
+        deps[("B", j)] = {("F", j): 0.0, **({("B", j + 1): 0.0} if j + 1 < S else {})}
+    for (i, j), t in (transfers or {}).items():
+        if t.get("fwd", 0.0) > 0:  # forward values: into the reader's forward, or its backward
+            key = ("F", j) if i < j else ("B", j)
+            deps[key][("F", i)] = max(deps[key].get(("F", i), 0.0), t["fwd"])
+        if t.get("bwd", 0.0) > 0:
+            deps[("B", j)][("B", i)] = max(deps[("B", j)].get(("B", i), 0.0), t["bwd"])
+    queues = schedule_queues(schedule, groups, chunks, microbatches)
+    times: dict[tuple[int, str, int], tuple[float, float]] = {}
+    free, heads = [0.0] * groups, [0] * groups
+    while any(h < len(q) for h, q in zip(heads, queues)):
+        progressed = False
+        for d, q in enumerate(queues):
+            while heads[d] < len(q):
+                j, ph, mb = q[heads[d]]
+                need = deps[(ph, j)]
+                if any((i, p, mb) not in times for p, i in need):
+                    break
+                start = max([free[d]] + [times[(i, p, mb)][1] + c for (p, i), c in need.items()])
+                free[d] = start + (f[j] if ph == "F" else b[j])
+                times[(j, ph, mb)] = (start, free[d])
+                heads[d] += 1
+                progressed = True
+        if not progressed:
+            raise InvalidPlanError(f"the {schedule!r} order of {groups} groups x {chunks} chunks "
+                                   f"deadlocks")
+    return times
+
+
 def check_virtual_stages(stages, schedule: str, chunks: int, microbatches: int) -> None:
     """Raise :class:`InvalidPlanError` unless ``stages`` (pipeline order) fit ``chunks`` virtual
     stages per device group: ``len(stages) = groups x chunks``, stage ``j`` on the devices of stage

@@ -44,6 +44,11 @@ def _check_staged_run(report, processes, stages, microbatches, name, **cfg):
         for pair in (((p,), (p + 1,)), ((p + 1,), (p,))):
             assert pair in moved, (pair, run["transfers"])
             assert moved[pair]["count"] >= microbatches and moved[pair]["bytes"] > 0
+    if all(len(st["devices"]) == 1 for st in run["stages"]):
+        # One device per stage: the bytes that crossed are the plan's transfers exactly (a
+        # boundary activation goes once per microbatch, though the receiving stage's backward
+        # reads it again; it used to be sent a second time).
+        assert _bytes_between_processes(run) == _predicted_bytes(run), run["transfers"]
     # The result equals the unsharded step: the job's own check (tolerance from the float64
     # spread) and the losses of an independent run in this process.
     check = run["check"]
@@ -54,6 +59,23 @@ def _check_staged_run(report, processes, stages, microbatches, name, **cfg):
     assert check["final_state"]["leaves"] == len(jax.tree_util.tree_leaves(final))
     assert len(run["step_times"]) == processes
     return run
+
+
+def _bytes_between_processes(run) -> dict:
+    return {(tuple(t["from_processes"]), tuple(t["to_processes"])): t["bytes"]
+            for t in run["transfers"]}
+
+
+def _predicted_bytes(run) -> dict:
+    """The plan's transfers per pair of processes: per microbatch x microbatches + per step."""
+    owner = [(s["process"],) for s in run["stages"]]
+    out: dict = {}
+    for t in run["predicted"]["transfers"]:
+        pair = (owner[t["src"]], owner[t["dst"]])
+        nbytes = t["microbatch_bytes"] * run["microbatches"] + t["step_bytes"]
+        if pair[0] != pair[1] and nbytes:
+            out[pair] = out.get(pair, 0) + int(nbytes)
+    return out
 
 
 def test_two_stages_in_two_processes_match_the_unsharded_step(tmp_path):

@@ -186,3 +186,53 @@ def test_interleaved_plans_round_trip_and_run_from_json(tmp_path):
     b = hj.emit(m.step, loaded, donate=False)(state, batch)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_values_leave_their_stage_as_soon_as_they_are_computed(monkeypatch):
+    """The host loop sends a microbatch's activation right after the program computing it (before
+    it runs another program), and the parameters another stage reads before any program: a
+    receive is posted only when the receiving process asks for it, so in a job a value sent at
+    its reader waited for both host loops to get there (on the WAN testbed most of a staged
+    step's sends then added up). Each value crosses once, though a stage's backward reads its
+    forward's input again. The host walks the programs in their predicted start order."""
+    from hulkjax.emit import mpmd
+
+    m = zoo.get("gpt2", size="tiny", optimizer="sgd")
+    state, batch = m.init(0)
+    M = 4
+    plan = hj.plan(m.step, state, batch, topology=THREE, strategy="pipeline", microbatches=M,
+                   schedule="1f1b")
+    step = hj.emit(m.step, plan)
+    step(state, batch)  # compile
+    events, alive = [], []  # alive: no id is reused while the events are compared
+    run, move = mpmd.StagedStep._run, mpmd.transfer.move
+
+    def logged_run(self, p, args, accs):
+        outs, new = run(self, p, args, accs)
+        alive.extend(outs)
+        events.append(("run", p.name, {id(x) for x in outs}))
+        return outs, new
+
+    def logged_move(x, want, crossings=None):
+        alive.append(x)
+        events.append(("move", id(x), tuple(d.id for d in want.mesh.devices.flat)))
+        return move(x, want, crossings)
+
+    monkeypatch.setattr(mpmd.StagedStep, "_run", logged_run)
+    monkeypatch.setattr(mpmd.transfer, "move", logged_move)
+    step(state, batch)
+    runs = [i for i, e in enumerate(events) if e[0] == "run"]
+    assert len(runs) == len(step.order) + len(step.segments)
+    # Parameters read on other stages (the tied embedding) move before the first program.
+    assert runs[0] >= 1 and all(e[0] == "move" for e in events[:runs[0]])
+    produced = {x: i for i in runs for x in events[i][2]}
+    sent = [(produced[e[1]], i) for i, e in enumerate(events)
+            if e[0] == "move" and e[1] in produced]
+    assert len(sent) >= M * 2 * (len(plan.stages) - 1)  # activations down, gradients up
+    for r, i in sent:  # no program runs between a value's producer and its send
+        assert not any(events[j][0] == "run" for j in range(r + 1, i)), (events[r][1], i - r)
+    to = [events[i][1:] for _, i in sent]  # (value, destination devices)
+    assert len(to) == len(set(to)), "a value was sent to the same stage twice"
+    # The host's order is the predicted start order of the programs.
+    starts = step._predicted_starts(len(plan.stages), M, 1)
+    assert [starts[key] for key in step.order] == sorted(starts[key] for key in step.order)

@@ -115,6 +115,26 @@ def test_uniform_ranges_split_repeated_layers_evenly():
 
 # ---- the pipeline cost ----------------------------------------------------------------------------
 
+
+def test_per_step_transfers_share_the_link_with_the_activations():
+    """Two stages, the tied embedding on stage 0 and read by stage 1: the emitted step sends it
+    first, and the first microbatch's activations wait behind it on the same link, so only
+    stage 0's first forward hides it (its gradient, sent back with the last activation
+    gradient, is hidden by stage 0's last backward alone)."""
+    link = hj.topology.LinkSpec(bandwidth=50e6 / 8, latency=1e-5)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 4)), inter_node=link)
+    m, g = _graph("gpt2", size="tiny", optimizer="sgd")
+    c = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g,
+                microbatches=4, schedule="1f1b").cost
+    by = {(t.src, t.dst): t for t in c.transfers}
+    once = {k: t.latency + t.step_bytes / t.bandwidth for k, t in by.items() if t.step_bytes}
+    assert set(once) == {(0, 1), (1, 0)} and by[(0, 1)].microbatch_bytes > 0
+    f0, b0 = c.stages[0].forward, c.stages[0].backward
+    assert once[(0, 1)] > f0 and once[(1, 0)] > b0  # the link, not the compute, is the bound
+    assert by[(0, 1)].exposed == pytest.approx(once[(0, 1)] - f0, rel=1e-9)
+    assert by[(1, 0)].exposed == pytest.approx(once[(1, 0)] - b0, rel=1e-9)
+
+
 @pytest.mark.parametrize("gbit", [10.0, 0.05])
 def test_per_step_transfers_hide_under_the_fill_and_the_drain(gbit):
     """A tied embedding: stage 0 holds it, the last stage reads it (sent at the start of the
