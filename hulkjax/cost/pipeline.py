@@ -33,14 +33,16 @@ microbatch and direction pays the latency.
 
 **Schedule** (``M`` microbatches, stage work ``w_k = f_k + b_k``, link times ``c``):
 
-* 1F1B: ``sum_k w_k + sum_links (c_fwd + c_bwd) + (M - 1) * max(max_k w_k, max_links
-  max(c_fwd, c_bwd))``: transfers overlap with compute in the steady state (links are full duplex),
-  the fill and drain pay every stage and link once;
+* 1F1B: ``sum_k w_k + sum_links (c_fwd + c_bwd) + (M - 1) * max(max_k w_k, max_k
+  max(out_k, in_k))``: transfers overlap with compute in the steady state, the fill and drain pay
+  every stage and link once. ``out_k`` / ``in_k`` are the link times of everything stage ``k``
+  sends / receives per microbatch: links are full duplex, but a stage's sends to two stages
+  (a middle stage's activations on and gradients back) share its devices' bandwidth;
 * GPipe: the same for the forward phase (``f``, ``c_fwd``), then for the backward phase;
 * interleaved 1F1B (Narayanan et al., SC'21; ``G`` device groups with ``v`` chunks each, ``W_d``
   the per-microbatch work of group ``d``'s chunks): ``(sum_d W_d - max_d W_d) / v + max_d W_d +
-  sum_boundaries (c_fwd + c_bwd) + (M - 1) * max(max_d W_d, max over pairs of groups of the
-  transfers of every chunk boundary between them)``: the bubble is ``(G - 1) / v`` of a group's
+  sum_boundaries (c_fwd + c_bwd) + (M - 1) * max(max_d W_d, max_d max(out_d, in_d)))``
+  (``out_d`` / ``in_d``: the transfers of every chunk boundary from / into group ``d``): the bubble is ``(G - 1) / v`` of a group's
   work, each microbatch crosses every one of the ``G v - 1`` chunk boundaries (``v`` times 1F1B's
   transfers, in fill and drain and in the steady state). With equal chunks, and sends no longer
   than a chunk's forward, this is the makespan of the emitted order exactly, transfers included
@@ -241,11 +243,15 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         w = [0.0] * G
         for k in range(S):
             w[group[k]] += f[k] + b[k]
-        load: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        # Per microbatch, what each group sends and what it receives: a group's sends to
+        # different groups share its devices' bandwidth (a middle stage sends activations on
+        # and gradients back over the same uplink; links are full duplex).
+        egress, ingress = [0.0] * G, [0.0] * G
         for (a, c), t in transfers.items():
-            load[(group[a], group[c])][0] += t["fwd"]
-            load[(group[a], group[c])][1] += t["bwd"]
-        duplex = [max(x) for x in load.values()]
+            if group[a] != group[c]:
+                egress[group[a]] += t["fwd"] + t["bwd"]
+                ingress[group[c]] += t["fwd"] + t["bwd"]
+        duplex = egress + ingress
         # Fill and drain: the chunks' work once, 1 / v of it exposed (Narayanan et al.: the bubble
         # is (G - 1) / v of a group's per-microbatch work); every chunk boundary's transfer once
         # each way (v times 1F1B's).

@@ -116,6 +116,33 @@ def test_uniform_ranges_split_repeated_layers_evenly():
 # ---- the pipeline cost ----------------------------------------------------------------------------
 
 
+def test_a_middle_stage_sends_both_ways_over_one_link():
+    """1F1B's steady state sends each microbatch's activations on and its gradients back: a
+    middle stage does both over its own devices' link, so at 100 Mbit/s its sends (not any one
+    pair of stages) bound the pipeline."""
+    link = hj.topology.LinkSpec(bandwidth=100e6 / 8, latency=1e-5)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 2), ("A100", 2), ("A100", 2)),
+                              inter_node=link)
+    m, g = _graph("gpt2", size="tiny", optimizer="sgd")
+    M = 4
+    c = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g,
+                microbatches=M, schedule="1f1b").cost
+    f = [s.forward for s in c.stages]
+    b = [s.backward for s in c.stages]
+    per = {(t.src, t.dst): t.latency + t.microbatch_bytes / t.bandwidth
+           for t in c.transfers if t.microbatch_bytes}
+    assert set(per) == {(0, 1), (1, 0), (1, 2), (2, 1)}
+    middle = per[(1, 0)] + per[(1, 2)]
+    closed = sum(f) + sum(b) + sum(per.values()) + (M - 1) * max(middle, max(per.values()),
+                                                                 *(x + y for x, y in zip(f, b)))
+    run = _makespan("1f1b", 3, 1, M, f, b, [per.get((j - 1, j), 0.0) for j in range(3)],
+                    [per.get((j + 1, j), 0.0) for j in range(3)])
+    assert middle > max(per.values()) and closed > run  # the middle stage's link binds
+    exposed = sum(t.exposed for t in c.transfers)
+    assert c.step_time == pytest.approx(closed + exposed + max(s.update for s in c.stages),
+                                        rel=1e-9)
+
+
 def test_per_step_transfers_share_the_link_with_the_activations():
     """Two stages, the tied embedding on stage 0 and read by stage 1: the emitted step sends it
     first, and the first microbatch's activations wait behind it on the same link, so only
@@ -192,8 +219,10 @@ def test_pipeline_cost_is_the_schedule_formula(schedule):
     bwd = [v for (a, d), v in per_mb.items() if a > d and v]
     if schedule == "1f1b":
         w = [x + y for x, y in zip(f, b)]
-        duplex = [max(per_mb.get((a, d), 0), per_mb.get((d, a), 0)) for a, d in per_mb]
-        pipe = sum(w) + sum(fwd) + sum(bwd) + (M - 1) * max(max(w), max(duplex))
+        # A stage's sends (and receives) share its devices' bandwidth: per stage, the sum.
+        out = [sum(v for (a, _), v in per_mb.items() if a == k) for k in range(3)]
+        into = [sum(v for (_, d), v in per_mb.items() if d == k) for k in range(3)]
+        pipe = sum(w) + sum(fwd) + sum(bwd) + (M - 1) * max(max(w), max(out + into))
     else:
         pipe = (sum(f) + sum(fwd) + (M - 1) * max(max(f), max(fwd, default=0))
                 + sum(b) + sum(bwd) + (M - 1) * max(max(b), max(bwd, default=0)))
@@ -225,12 +254,13 @@ def test_interleaved_pipeline_cost_is_the_schedule_formula():
     for j, s in enumerate(c.stages):
         w[j % G] += s.forward + s.backward
         u[j % G] += s.update
-    per_mb, load = {}, {}
+    per_mb, out, into = {}, [0.0] * G, [0.0] * G
     for t in c.transfers:
         per_mb[(t.src, t.dst)] = (t.latency + t.microbatch_bytes / t.bandwidth
                                   if t.microbatch_bytes else 0.0)
-        pair = load.setdefault((t.src % G, t.dst % G), [0.0, 0.0])
-        pair[0 if t.src < t.dst else 1] += per_mb[(t.src, t.dst)]
+        if t.src % G != t.dst % G:  # what a group sends, and receives, shares its bandwidth
+            out[t.src % G] += per_mb[(t.src, t.dst)]
+            into[t.dst % G] += per_mb[(t.src, t.dst)]
     assert {(a % G, d % G) for a, d in per_mb if per_mb[(a, d)]} >= {(0, 1), (1, 2), (3, 0)}
     # Per-step transfers: hidden by the first microbatch's forward chain before their reader
     # (parameters) or the last one's backward chain after their sender (gradients); here only
@@ -240,7 +270,7 @@ def test_interleaved_pipeline_cost_is_the_schedule_formula():
     assert sum(t.exposed for t in c.transfers) == pytest.approx(step_transfers, rel=1e-9)
     bubble = (sum(w) - max(w)) / v
     pipe = (bubble + max(w) + sum(per_mb.values())
-            + (M - 1) * max(max(w), max(max(x) for x in load.values())))
+            + (M - 1) * max(max(w), max(out + into)))
     assert c.step_time == pytest.approx(pipe + step_transfers + max(u), rel=1e-9)
     assert c.bubble == pytest.approx(c.step_time - c.compute_time - c.comm_time, rel=1e-9)
     assert [s.in_flight for s in c.stages] == schedule_in_flight("interleaved", G, v, M)
