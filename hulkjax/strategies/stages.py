@@ -37,6 +37,12 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   four per group that moves to a neighbouring power while the step gets faster (it assumes one
   best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
   that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
+* where ``ilp`` and ``auto`` already have an SPMD plan, microbatch counts whose
+  :func:`staged_lower_bound` (every operator's roofline and kernel launches spread perfectly over
+  the largest group, collectives and transfers free, the pipeline's fill and drain) is no faster
+  than it are not searched, and a layout is costed exactly only if its floor (its unit tables'
+  pipeline without transfers) could still make it the best: the plan is the one the full search
+  finds, or a faster one;
 * the interleaved schedule (``v`` in :data:`VIRTUAL_STAGES`, 2 and 4 chunks of layers per group,
   where the units allow ``groups x v`` non-empty chunks and ``M`` is a multiple of the groups) is
   searched on prefixes of each chain of at least two groups, every group of the prefix used
