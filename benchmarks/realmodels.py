@@ -409,8 +409,17 @@ def _rewrite_bullets() -> list[str]:
                 f"of the plan for the original code / for the code with `split` as slices "
                 f"{min(rs):.3f}-{max(rs):.3f}, with `concatenate` as padded sums too "
                 f"{min(rw):.3f}-{max(rw):.3f} over {len(rs)} family x topology cells (target: "
-                f"<= 1.02).")
+                f"<= 1.02)" + (_time_limited(rows) if planner == "ilp" else "") + ".")
     return out
+
+
+def _time_limited(rows) -> str:
+    """How many of the rewrite benchmark's ILP solves stopped at their time limit."""
+    solves = [r[v].get("solver") or "" for r in rows if r["planner"] == "ilp"
+              for v in ("original", "slices", "rewritten") if v in r]
+    limited = sum("time limit" in s for s in solves)
+    return (f"; {limited} of its {len(solves)} solves stopped at the time limit with their best "
+            f"incumbent, so single ratios move with the machine's load" if limited else "")
 
 
 def quality_markdown(result: dict) -> list[str]:
