@@ -32,7 +32,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -67,6 +66,7 @@ from tests.realmodels.measure import (  # noqa: E402
     projection_kernels,
     replicated_kernels,
     sharded_inputs,
+    source_commit,
     within,
 )
 
@@ -493,14 +493,6 @@ def _versions() -> dict:
     return out
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", nargs="+", default=families.names(), choices=families.names())
@@ -532,7 +524,7 @@ def main(argv=None) -> None:
                     "kernels": kernels.get(n, [])}
                 for n, f in families.FAMILIES.items() if n in names}
         result = {
-            "meta": {"date": time.strftime("%Y-%m-%d"), "commit": _commit(),
+            "meta": {"date": time.strftime("%Y-%m-%d"), "commit": source_commit(ROOT),
                      "command": " ".join(["python benchmarks/realmodels.py",
                                           *(sys.argv[1:] if argv is None else argv)]),
                      "cpus": os.cpu_count(),

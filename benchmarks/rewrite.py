@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -59,7 +58,7 @@ from jax.extend import core as jex_core  # noqa: E402
 import hulkjax as hj  # noqa: E402
 from hulkjax.formatting import format_time  # noqa: E402
 from tests.realmodels import families  # noqa: E402
-from tests.realmodels.measure import MESHES  # noqa: E402
+from tests.realmodels.measure import MESHES, source_commit  # noqa: E402
 
 JSON_PATH = os.path.join(HERE, "results", "rewrite.json")
 MD_PATH = os.path.join(HERE, "REWRITE.md")
@@ -382,14 +381,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", nargs="+",
@@ -414,7 +405,7 @@ def main(argv=None) -> None:
             numerics[name] = check_numerics(name)
             print(f"{name}: numerics {numerics[name]}", flush=True)
             plans += plan_family(name, args.topologies, args.planners)
-        result = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": _commit(),
+        result = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": source_commit(ROOT),
                            "command": " ".join(["python benchmarks/rewrite.py",
                                                 *(sys.argv[1:] if argv is None else argv)]),
                            "cpus": os.cpu_count(), "families": names,

@@ -1,5 +1,10 @@
 """Shared test helpers."""
 
+import contextlib
+import importlib.util
+import pathlib
+import sys
+
 import jax
 import numpy as np
 
@@ -64,3 +69,18 @@ def zoo_losses_and_state(name: str, steps: int, **cfg):
         state, metrics = step(state, batch)
         losses.append(float(metrics["loss"]))
     return losses, jax.tree_util.tree_map(np.asarray, state)
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py`` imported as a module for the duration (registered in
+    ``sys.modules``, where dataclasses look their module up), then forgotten."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_benchmark_{name}_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]

@@ -1,7 +1,6 @@
 """``benchmarks/alpa.py`` (Alpa's GPT suite on its p3.16xlarge cluster) runs end to end on its
 smallest case, so the script cannot rot unnoticed; no timing is asserted."""
 
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -9,19 +8,15 @@ import sys
 
 import pytest
 
+from tests.helpers import benchmark_module
+
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "alpa.py"
 
 
 @pytest.fixture(scope="module")
 def alpa():
-    spec = importlib.util.spec_from_file_location("_benchmark_alpa_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("alpa") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_flop_count_reproduces_alpas_sanity_figure(alpa):

@@ -20,6 +20,7 @@ nothing plans or compiles.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -328,3 +329,13 @@ def primitive_census(graph: OpGraph) -> dict[str, dict]:
     return {name: {"count": counts[name], "handling": handling[name],
                    "sources": dict(sources[name].most_common())}
             for name in sorted(counts)}
+
+
+def source_commit(root: str) -> str:
+    """The short commit of the checkout at ``root`` (``"unknown"`` outside git): what the
+    benchmarks record next to their numbers."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

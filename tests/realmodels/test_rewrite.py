@@ -1,28 +1,18 @@
 """The rewrite behind benchmarks/REWRITE.md: ``split`` and ``concatenate`` re-emitted as slices and
 padded sums compute the same values, bit for bit, and leave none of them behind."""
 
-import importlib.util
-import pathlib
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rewrite.py"
+from tests.helpers import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def rewrite():
-    spec = importlib.util.spec_from_file_location("_benchmark_rewrite_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("rewrite") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def _step(state, batch):
