@@ -17,8 +17,11 @@ from tests.golden import cases
 # different ones from run to run; highspy on one thread with a fixed seed does not). The objective
 # is exact: the ILP solves in units of its trivial bound with no absolute gap (HiGHS's default
 # absolute gap of 1e-6 once let microsecond-scale plans 2-4% above the optimum pass as optimal).
+# It stops within its relative gap (``mip_rel_gap``, 1e-4) of the bound, so which plan inside that
+# gap it returns may depend on where the search stands when it stops: a clean-clone CI run under
+# load returned GPT-2 tiny's ilp plan on dgx-h100x2 1.7e-8 (relative) above the golden one.
 SOLVED = ("ilp", "auto")
-SOLVED_RTOL = 1e-9
+SOLVED_RTOL = 1e-4
 
 
 with open(cases.PATH) as _f:
