@@ -30,10 +30,12 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     assert spec.peak_flops == pytest.approx(mm["flops_per_device"] / mm["seconds"])
     assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / mem["seconds"])
     kern = rec["measurements"]["kernels"]
-    assert kern["seconds_chain"] > kern["seconds_one"] > 0  # 64 dependent kernels take longer
+    # Per further kernel of the chain, clipped at 0: on a loaded CI machine a 64-kernel chain can
+    # time below a single kernel, so the two timings are never compared with each other here.
+    assert kern["chain"] == 64 and kern["seconds_chain"] > 0 and kern["seconds_one"] > 0
     assert spec.kernel_overhead == pytest.approx(
-        (kern["seconds_chain"] - kern["seconds_one"]) / (kern["chain"] - 1))
-    assert 0 < spec.kernel_overhead < 1e-3
+        max(0.0, (kern["seconds_chain"] - kern["seconds_one"]) / (kern["chain"] - 1)))
+    assert 0 <= spec.kernel_overhead < 1e-3
     assert spec.peak_flops != DEVICE_SPECS["cpu"].peak_flops and spec.platform == "cpu"
     # The links are the alpha-beta fits of the all-reduce timings, one per size asked for.
     assert [x["bytes"] for x in meas["link"]] == [1 << 20, 1 << 23]
