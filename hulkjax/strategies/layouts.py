@@ -42,9 +42,17 @@ class InputLayouts:
         self.notes: list[str] = []
         self.param_use = "keep"  # "gather" for ZeRO-3: parameters gathered whole before each use
         self.gather_axes: tuple[str, ...] | None = None  # with "gather": only over these axes
+        self._axes_for: dict = {}  # (size, axes) -> axes_for's answer (sizes are fixed)
 
     def axes_for(self, size: int, axes: Sequence[str]) -> tuple[str, ...]:
         """The largest ordered subset of ``axes`` whose total size divides ``size``."""
+        key = (size, tuple(axes))
+        hit = self._axes_for.get(key)
+        if hit is None:
+            hit = self._axes_for[key] = self._largest_dividing(size, key[1])
+        return hit
+
+    def _largest_dividing(self, size: int, axes: tuple[str, ...]) -> tuple[str, ...]:
         best: tuple[str, ...] = ()
         best_n = 1
         for r in range(len(axes), 0, -1):
@@ -172,6 +180,22 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
 
     why: dict[int, str] = {}  # parameter input index -> why a column split was not made
 
+    # _column_split_rejection's answers, kept with the graph: they depend on the value, the
+    # dimension, the parameters and their views (``origin``, fixed by the graph once the views
+    # are walked below), which sizes the model axes divide (some axis larger than one divides
+    # the size: the set of such axis sizes decides) and ``vocab_parallel``. Another layout on
+    # the same graph with the same model axis sizes (dp_tp, expert, a stage's megatron) reuses
+    # them.
+    divides = tuple(sorted({sb.sizes[a] for a in model_axes if sb.sizes[a] > 1}))
+    rejections = g.memo.setdefault("column_split_rejections", {})
+
+    def reject(start: int, dim: int) -> str | None:
+        key = (start, dim, divides, vocab_parallel)
+        if key not in rejections:
+            rejections[key] = _column_split_rejection(g, start, dim, origin, divisible,
+                                                      vocab_parallel=vocab_parallel)
+        return rejections[key]
+
     def decide(i: int, pdim: int | None) -> None:
         if i in decided:
             return
@@ -207,7 +231,7 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
             continue
         if node.primitive in (P.dot_general_p, P.conv_general_dilated_p):
             _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axes_size,
-                           why, vocab_parallel)
+                           why, reject)
         carried = None
         for k, v in enumerate(ins):
             if v is None:
@@ -243,7 +267,7 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
 
 
 def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axes_size,
-                   why, vocab_parallel) -> None:
+                   why, reject) -> None:
     ins = node.inputs
     param_ops = [k for k in (0, 1) if ins[k] is not None and ins[k] in origin]
     if len(param_ops) != 1:
@@ -265,9 +289,7 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axe
             # is followed by LayerNorm, which would reduce over the split features).
             target = rhs_spec[0]
             if target in dims and divisible(pshape[target]):
-                reason = _column_split_rejection(g, node.outputs[0],
-                                                 node.params["dimension_numbers"].out_spec[1],
-                                                 origin, divisible, vocab_parallel=vocab_parallel)
+                reason = reject(node.outputs[0], node.params["dimension_numbers"].out_spec[1])
                 if reason is None:
                     decide(i, dims[target])
                 else:
@@ -303,8 +325,7 @@ def _decide_matmul(node, g, origin, decided, sharded_dim, decide, divisible, axe
         out_dim = map_dim(node, g, k, d)
         if not isinstance(out_dim, int):
             continue
-        reason = _column_split_rejection(g, node.outputs[0], out_dim, origin, divisible,
-                                         vocab_parallel=vocab_parallel)
+        reason = reject(node.outputs[0], out_dim)
         if reason is None:
             decide(i, dims[d])
             return

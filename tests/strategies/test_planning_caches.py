@@ -1,0 +1,103 @@
+"""Caches that make planning faster return what the uncached computations return (issue 14,
+item 1): a stale or mis-keyed cache entry fails here."""
+
+import jax
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.strategies import layouts
+from hulkjax.strategies.layouts import InputLayouts, tensor_parallel
+
+# Model axes whose sizes divide different dimensions: llama tiny's two key/value heads divide 2
+# but not 4 or 8, so the column-split walks answer differently per axis size.
+TOPOLOGIES = (hj.Topology.grid((8,), ("model",)), hj.Topology.grid((2,), ("model",)),
+              hj.Topology.grid((2, 4), ("data", "model")), hj.Topology.grid((4, 2), ("a", "b")))
+MODELS = (("gpt2", {"size": "tiny"}), ("llama", {"size": "tiny"}), ("moe", {"size": "tiny"}))
+
+
+def _layouts(graph, topology, axes, vocab_parallel=False):
+    sb = InputLayouts(graph, topology)
+    tensor_parallel(sb, axes, vocab_parallel=vocab_parallel)
+    return sb.input_specs, sb.notes
+
+
+def _cases(topology):
+    names = tuple(topology.axis_names)
+    return [names] + [(a,) for a in names if len(names) > 1]
+
+
+@pytest.mark.parametrize("name,overrides", MODELS)
+def test_column_split_answers_shared_across_layouts_are_the_uncached_ones(name, overrides):
+    """``tensor_parallel`` keeps its column-split walks with the graph and reuses them for other
+    model axes of the same sizes: every layout (and note) equals the one a fresh graph gives, in
+    any order of topologies and axes, and every kept answer equals a fresh walk's."""
+    m = zoo.get(name, **overrides)
+    args = m.abstract()
+    shared = hj.trace(m.step, *args)
+    for vocab_parallel in (False, True):
+        for topology in TOPOLOGIES + tuple(reversed(TOPOLOGIES)):
+            for axes in _cases(topology):
+                fresh = hj.trace(m.step, *args)
+                assert _layouts(shared, topology, axes, vocab_parallel) == \
+                    _layouts(fresh, topology, axes, vocab_parallel), (topology, axes)
+    kept = shared.memo["column_split_rejections"]
+    assert {key[2] for key in kept} == {(2,), (4,), (8,), (2, 4)}
+    assert any(r is None for r in kept.values()) and any(r is not None for r in kept.values())
+
+
+def test_column_split_cache_key_holds_what_the_walk_reads(monkeypatch):
+    """The cached answer for a key is the walk's answer for that key (recomputed without the
+    cache), and a second layout on the same graph walks nothing new."""
+    m = zoo.get("llama", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    topo = hj.Topology.grid((2, 4), ("data", "model"))
+    walks = []
+    real = layouts._column_split_rejection
+
+    def spy(*a, **k):
+        walks.append(a[1:3])
+        return real(*a, **k)
+
+    monkeypatch.setattr(layouts, "_column_split_rejection", spy)
+    first = _layouts(g, topo, ("model",))
+    n = len(walks)
+    assert n > 0
+    again = _layouts(g, hj.Topology.grid((4,), ("model",)), ("model",))  # same size
+    assert len(walks) == n and first[0] == again[0]
+    monkeypatch.setattr(layouts, "_column_split_rejection", real)
+    sb = InputLayouts(g, topo)
+    divisible = lambda size: bool(sb.axes_for(size, ("model",)))  # noqa: E731
+    origin = _origin(g)
+    for (start, dim, divides, vp), answer in g.memo["column_split_rejections"].items():
+        assert divides == (4,)
+        assert answer == real(g, start, dim, origin, divisible, vocab_parallel=vp)
+
+
+def _origin(g):
+    """The parameters and their views, as ``tensor_parallel`` collects them (membership is all the
+    walk reads)."""
+    from hulkjax.rules.dims import map_dim
+    from hulkjax.trace.graph import PARAMETER
+
+    origin = {vid: (i, {d: d for d in range(len(g.values[vid].shape))})
+              for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)) if role == PARAMETER}
+    for node in g.nodes:
+        if node.primitive in layouts._KERNEL_VIEWS and node.inputs and node.inputs[0] in origin:
+            i, dims = origin[node.inputs[0]]
+            mapped = {}
+            for vd, pd in dims.items():
+                r = map_dim(node, g, 0, vd)
+                if isinstance(r, int):
+                    mapped[r] = pd
+            origin[node.outputs[0]] = (i, mapped)
+    return origin
+
+
+def test_axes_for_cache_is_the_subset_search():
+    topo = hj.Topology.grid((2, 3, 4), ("a", "b", "c"))
+    sb = InputLayouts(hj.trace(lambda x: x * 2, jax.ShapeDtypeStruct((4,), "float32")), topo)
+    for size in range(1, 50):
+        for axes in (("a",), ("a", "b"), ("c", "a"), ("a", "b", "c")):
+            for _ in range(2):  # the second answer comes from the cache
+                assert sb.axes_for(size, axes) == sb._largest_dividing(size, axes)
