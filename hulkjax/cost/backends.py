@@ -20,6 +20,12 @@ platform:
   buffer: ``CanShareBufferHint`` in the GPU compiler); XLA:CPU writes it into a new buffer, so
   operands and results of a combined all-reduce are live together (measured with
   ``compiled.memory_analysis()``, ``tests/cost/test_memory.py``).
+* **Scheduling.** XLA:CPU's scheduler computes a buffer that depends only on the step's
+  arguments and constants (the zeros a scatter-add accumulates into, a LayerNorm scale broadcast
+  that a matmul-like kernel reads) at the start of the step, with the parameters, and keeps it
+  until its last use in the backward pass (the ``*-live-range.txt`` XLA dumps for BERT and GPT-2:
+  every such broadcast starts at the end of the argument block). GPUs and TPUs are modelled as
+  computing it where it is used.
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -56,6 +62,8 @@ class Backend:
       min_float_bytes: floats narrower than this many bytes per element are widened to it in
         collectives and intermediates (0: kept as they are).  # int
       in_place_all_reduce: whether an all-reduce's result takes its operand's buffer.  # bool
+      hoists_argument_values: whether a buffer computed from the step's arguments and constants
+        alone is made at the start of the step (else where it is computed).  # bool
     """
 
     name: str
@@ -64,6 +72,7 @@ class Backend:
     hierarchical: bool = True
     min_float_bytes: int = 0
     in_place_all_reduce: bool = True
+    hoists_argument_values: bool = False
 
     def wire_dtype(self, dtype: str) -> str:
         """The dtype a tensor of ``dtype`` moves in through a collective.
@@ -114,7 +123,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False,
-                   min_float_bytes=4, in_place_all_reduce=False),
+                   min_float_bytes=4, in_place_all_reduce=False, hoists_argument_values=True),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB}),
     "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,

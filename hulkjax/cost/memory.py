@@ -169,11 +169,11 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
 
     # Intervals [start, stop] (node ids) of every buffer (their places: :func:`_skeleton`).
     intervals: list[tuple[int, int, Buffer]] = []
-    for nid, o, stop, kind, is_output, saved in sk.buffers:
+    for nid, o, stop, kind, is_output, saved, hoisted in sk.buffers:
         size = nbytes(o, held_as_is=is_output)
         if in_flight > 1 and saved:
             size *= in_flight  # saved for the backward pass of every microbatch in flight
-        start = reduced_at.get(nid, nid)
+        start = sk.first if hoisted else reduced_at.get(nid, nid)
         intervals.append((start, max(stop, start), Buffer(nid, o, kind, size)))
     for v, first_use, last_use, saved in sk.received:
         size = nbytes(v)
@@ -246,7 +246,9 @@ class _Skeleton:
     matmul operands are copied into another dimension order, and the constant-made values."""
 
     free_uses: tuple  # (node, operand, value) of every use of a constant-made value
-    buffers: tuple  # (node, value, stop, kind, is a result of the step, saved for backward)
+    buffers: tuple  # (node, value, stop, kind, is a result of the step, saved for backward,
+    #                  made at the start: see Backend.hoists_argument_values)
+    first: int  # the first node the walk covers
     received: tuple  # (value, first use, last use, saved for backward)
     relaid: tuple  # (matmul node, operand, value, dimension order, start)
 
@@ -269,7 +271,9 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     facts = g.memo.get("liveness graph facts")
     if facts is None:
         facts = g.memo["liveness graph facts"] = _graph_facts(g)
-    carried, outputs, fusible, buffer_values = facts
+    carried, outputs, fusible, buffer_values, from_arguments = facts
+    hoists = cm.backend.hoists_argument_values
+    first = 0 if mine is None else min(mine, default=0)
     end = len(g.nodes)
 
     def materialized(n, o) -> bool:
@@ -299,7 +303,8 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
             stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
             saved = not n.backward and any(g.nodes[c].backward for c in uses)
-            buffers.append((n.id, o, stop, kind, o in outputs, saved))
+            buffers.append((n.id, o, stop, kind, o in outputs, saved,
+                            hoists and n.id in from_arguments))
     received_out = []
     if mine is not None:  # what other stages send: a buffer from its first use to its last here
         produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
@@ -318,7 +323,6 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     # where the matmul reads it: the copy of a weight or of a saved activation that a backward
     # matmul reads transposed is live from then on. An operand nothing else reads is made in
     # the matmul's order directly: its copy is a transient at the matmul.
-    first = 0 if mine is None else min(mine, default=0)
     relaid = []
     for n in g.nodes:
         if n.name != "dot_general" or (mine is not None and n.id not in mine):
@@ -341,14 +345,15 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
                 else:
                     start = n.id
                 relaid.append((n.id, k, v, tuple(order), start))
-    sk = _Skeleton(free_uses, tuple(buffers), tuple(received_out), tuple(relaid))
+    sk = _Skeleton(free_uses, tuple(buffers), first, tuple(received_out), tuple(relaid))
     g.memo[key] = (cm, sk)
     return sk
 
 
 def _graph_facts(g):
-    """``(carried results, step results, fusible per node, values that are buffers)`` of a
-    graph: a result is a buffer unless it is written into a donated argument or is its operand
+    """``(carried results, step results, fusible per node, values that are buffers, nodes
+    computed from the step's state and constants alone, not from its batch)`` of a graph: a
+    result is a buffer unless it is written into a donated argument or is its operand
     (pass-through), or a fusion keeps it in registers (a fusible operator's result that only
     fusing operators read, and that is no expensive result read twice)."""
     carried = {g.outputs[o] for o in g.carried.values()}
@@ -368,7 +373,14 @@ def _graph_facts(g):
         return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
 
     buffers = frozenset(o for n in g.nodes for o in n.outputs if materialized(n, o))
-    return carried, outputs, fusible, buffers
+    # What exists before the step sees its batch: parameters, optimizer state, constants.
+    known = {v for v, role in zip(g.inputs, g.input_roles) if role != DATA} | set(g.constants)
+    from_arguments = set()
+    for n in g.nodes:  # in program order: producers first
+        if not n.subgraphs and all(v is None or v in known for v in n.inputs):
+            from_arguments.add(n.id)
+            known.update(n.outputs)
+    return carried, outputs, fusible, buffers, frozenset(from_arguments)
 
 
 def _shards(spec, sizes) -> int:

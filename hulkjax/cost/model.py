@@ -867,14 +867,20 @@ class CostModel:
         the split one, and otherwise layouts are kept as they arrive. A candidate that splits over a
         mesh axis none of its operands arrives split over, and keeps split, counts one change: a
         partitioner propagates shardings, it does not invent them. Values computed in place from
-        constants (masks, position ids: the free group) are no change at all: they are cut to any
-        layout, as the operators that use them would be in an unrolled program.
+        constants (masks, position ids, the zeros a scatter accumulates into: the free group) are
+        no change at all, and a split they alone are cut to is no invention here: they are made in
+        any layout, as the operators that use them would be in an unrolled program (see
+        :meth:`operand_changes_of` for how a propagation weighs such a split).
         """
         return self.operand_changes_of(gid, (c,), nid, assignment)[0]
 
-    def operand_changes_of(self, gid: int, cands, nid: int, assignment) -> list[float]:
+    def operand_changes_of(self, gid: int, cands, nid: int, assignment,
+                           from_constants: list | None = None) -> list[float]:
         """:meth:`operand_changes` of each candidate of ``cands`` (the operands' layouts as they
-        arrive are looked up once)."""
+        arrive are looked up once). A split that only values made from constants take (zeros a
+        scatter accumulates into, cut to its rows) invents nothing here; ``from_constants``, if
+        given, gets one flag per candidate for such a split, so that a propagation can prefer it
+        only where it saves moving what arrives."""
         grp = self.groups[gid]
         g = self.graph
         arriving = []
@@ -895,18 +901,24 @@ class CostModel:
             n = 0.0
             kept: set[str] = set()  # axes an operand arrives split over and stays split over
             needed: set[str] = set()
+            made: set[str] = set()  # axes only constant-made operands are cut over
             for arr, s in zip(arriving, need):
                 if arr is None or s is None:
                     continue
                 v, have, have_axes, free_replicated = arr
                 wanted = self._spec_axes(s)
+                if free_replicated:  # made in place in the layout it is used in
+                    made |= wanted
+                    continue
                 needed |= wanted
                 if have is None:
                     continue
                 kept |= wanted & have_axes
-                if have != s and not free_replicated:
+                if have != s:
                     n += 1.0 if self.reshard(v, have, s) else 0.5
             out.append(n + bool(needed - kept))
+            if from_constants is not None:
+                from_constants.append(bool(made - needed - kept))
         return out
 
     def _spec_axes(self, spec: Spec) -> frozenset[str]:

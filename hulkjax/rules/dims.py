@@ -166,6 +166,13 @@ def _reshape_dims(node, graph, operand, dim):
     return None
 
 
+_COMBINING_REDUCTIONS = frozenset((P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p))
+"""Reductions whose per-device results combine into the whole one with one all-reduce (sum, max,
+min): a split dimension they reduce leaves partial results (XLA's partitioner reduces locally,
+then all-reduces with the same operation). A cumulative op, an arg-max or a product (kept
+gathered: rare, and its all-reduce multiplies) gather the dimension instead."""
+
+
 @register_dim_rule(*PER_INPUT_ELEMENT)
 def _reduce_dims(node, graph, operand, dim):
     axes = node.params.get("axes")
@@ -179,7 +186,7 @@ def _reduce_dims(node, graph, operand, dim):
             return None
     axes = tuple(a % max(len(_shape(graph, node, 0)), 1) for a in axes)
     if dim in axes:
-        return CONTRACTED if node.primitive is P.reduce_sum_p else None
+        return CONTRACTED if node.primitive in _COMBINING_REDUCTIONS else None
     return dim - sum(1 for a in axes if a < dim)
 
 

@@ -591,7 +591,9 @@ def _scatter_candidates(node, graph, mesh):
     combining scatters (add, mul, min, max) also the updates' scatter dims: each device combines
     its updates into a table of partial results, completed by an all-reduce (or reduce-scatter)
     with that combiner. An overwriting ``scatter`` cannot combine partial tables: it never splits
-    its scatter dims."""
+    its scatter dims. Any scatter may split the table along a dimension its indices address, with
+    whole updates: each device applies the updates that fall in its rows (a vocab-parallel
+    embedding's gradient, the label logit's gradient of a vocab-parallel cross-entropy)."""
     if len(node.inputs) != 3:
         return [replicated_resolution(node, graph)]
     combining = node.primitive in COMBINING_SCATTERS
@@ -615,6 +617,14 @@ def _scatter_candidates(node, graph, mesh):
             opts.append(("paired", ud, j, paired[j]))
         elif combining:
             opts.append(("batch", ud, j))
+    # The table split along a dimension the indices address (an embedding's rows, the vocabulary
+    # of a ``take_along_axis`` gradient): each device applies the updates that land in its rows
+    # and drops the rest; no collective (what XLA's partitioner compiles, tests/rules). Not with
+    # partial tables over another axis: XLA then reshards the updates with all-to-alls and
+    # permutes that the cost model does not predict (BERT's embedding gradient on 2x2x2).
+    for od in dn.scatter_dims_to_operand_dims:
+        if od in dn.inserted_window_dims:
+            opts.append(("indexed", od))
     seen = set()
     for choice in itertools.product(opts, repeat=len(mesh.axis_names)):
         o = [()] * len(os_)
@@ -628,6 +638,8 @@ def _scatter_candidates(node, graph, mesh):
             if opt[0] == "window":
                 o[opt[2]] = (*o[opt[2]], axis)
                 u[opt[1]] = (*u[opt[1]], axis)
+            elif opt[0] == "indexed":
+                o[opt[1]] = (*o[opt[1]], axis)
             elif opt[0] == "paired":
                 o[opt[3]] = (*o[opt[3]], axis)
                 u[opt[1]] = (*u[opt[1]], axis)
@@ -638,6 +650,8 @@ def _scatter_candidates(node, graph, mesh):
                     ix[opt[2]] = (*ix[opt[2]], axis)
                 partial.append(axis)
                 partial_by_dim[opt[1]] = (*partial_by_dim.get(opt[1], ()), axis)
+        if partial and any(opt is not None and opt[0] == "indexed" for opt in choice):
+            continue  # rows kept per device and partial tables elsewhere: XLA exchanges more
         o, u, ix = tuple(o), tuple(u), tuple(ix)
         if not (divides(os_, o, mesh.sizes) and divides(us, u, mesh.sizes)
                 and divides(is_, ix, mesh.sizes)):

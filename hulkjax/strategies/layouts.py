@@ -16,6 +16,7 @@ both build on these recipes; nothing here costs anything.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 from jax.extend.core import primitives as P
@@ -138,7 +139,7 @@ _KERNEL_VIEWS = VIEWS | {P.rev_p}
 
 
 def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
-                    vocab_parallel: bool = False) -> None:
+                    vocab_parallel: bool = True) -> None:
     """Megatron's column/row alternation, found by following the model-sharded dimension.
 
     Walking the graph in order, the first matmul (or convolution) that uses a parameter decides it:
@@ -157,8 +158,8 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
 
     ``vocab_parallel`` also splits a last projection whose result only reductions complete (the
     LM head's vocabulary, the cross-entropy's sums reduced with small all-reduces, a tied
-    embedding then looked up with a masked gather); off by default, see
-    :func:`_column_split_rejection`.
+    embedding then looked up with a masked gather): Megatron-LM's vocab-parallel head, on by
+    default; ``False`` keeps such a projection replicated. See :func:`_column_split_rejection`.
     """
     g = sb.graph
     # value -> (param input index, {value dim: param dim}) for views of parameters
@@ -348,7 +349,8 @@ def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible,
 
     * by a row-parallel matmul: a use by a matmul (or convolution) with a parameter that contracts
       the dimension, where the path ends; or
-    * with ``vocab_parallel``, by reductions, for a projection that no forward matmul follows:
+    * with ``vocab_parallel``, by reductions, for a projection wider than its input (a
+      vocabulary larger than the hidden size) that no forward matmul follows:
       forward sums, maxima and lookups (a gather indexing the split dimension) of it complete
       with one all-reduce of their small result. This is Megatron's vocab-parallel LM head and
       cross-entropy (the log-sum-exp's max and sum and the label logit's lookup over the split
@@ -356,9 +358,9 @@ def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible,
       pass is always rejected: a LayerNorm over the split hidden size between two matmuls (the
       residual stream would stay split and every projection after it be row parallel).
 
-    ``vocab_parallel`` is off in the baselines: the plans are equal to the unsharded step, but on
-    the third-party families the cost model predicts 0.70-0.83 of the compiled programs' peak
-    memory for them (``benchmarks/realmodels.py``; the other layouts stay within 15%).
+    The cross-entropy's log-sum-exp then stays split: its maximum and its sum over the split
+    vocabulary are partial results completed by one small all-reduce each
+    (:mod:`hulkjax.rules.dims`), so no device holds the whole logits.
 
     In the backward pass a sum over the split (the gradient of a replicated operand broadcast
     into it: grouped- and multi-query attention's shared key/value heads, a relative position
@@ -406,10 +408,28 @@ def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible,
         return (f"{_where(reduced)} reduces the split before {_where(row_forward)} contracts it "
                 f"(a normalization between two matmuls)")
     if reduced is not None and not vocab_parallel:
-        return f"{_where(reduced)} reduces the split (a vocab-parallel head, off by default)"
+        return f"{_where(reduced)} reduces the split (a vocab-parallel head, turned off)"
+    if reduced is not None:  # a head: only reductions complete its split
+        width, inputs = g.values[start].shape[dim], _contracted_size(g, start)
+        if inputs is not None and width <= inputs:
+            return (f"{_where(reduced)} reduces the split of a head no wider than its input "
+                    f"({width} outputs from {inputs}: a vocab-parallel head splits a "
+                    f"vocabulary larger than the hidden size)")
     if closed is None and reduced is None:
         return "no matmul or reduction completes the split"
     return None
+
+
+def _contracted_size(g: OpGraph, v: int) -> int | None:
+    """How many inputs each output of the matmul that makes ``v`` sums (``None``: not a
+    matmul's result)."""
+    producer = g.values[v].producer
+    node = None if producer is None else g.nodes[producer]
+    if node is None or node.primitive is not P.dot_general_p:
+        return None
+    (lc, _), _ = node.params["dimension_numbers"]
+    lhs = g.values[node.inputs[0]].shape
+    return math.prod(lhs[d] for d in lc)
 
 
 def _where(node) -> str:

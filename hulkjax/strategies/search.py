@@ -95,7 +95,9 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
         # level by level, fewest changes first: it costs edges.)
         matching = [c for c, r in enumerate(grp.candidates)
                     if all(r.in_specs[k] == s for k, s in wanted.items())]
-        changes = dict(zip(matching, cm.operand_changes_of(grp.id, matching, node.id, a)))
+        made: list[bool] = []
+        changes = dict(zip(matching, cm.operand_changes_of(grp.id, matching, node.id, a, made)))
+        invents = dict(zip(matching, made))
         options = []
         for fewest in sorted(set(changes.values())):
             options = [c for c in matching if changes[c] == fewest and scatter.allowed(c)]
@@ -104,10 +106,15 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
         if not options:
             options = list(range(len(grp.candidates)))
             rest = [c for c in options if c not in changes]
-            changes.update(zip(rest, cm.operand_changes_of(grp.id, rest, node.id, a)))
+            made = []
+            changes.update(zip(rest, cm.operand_changes_of(grp.id, rest, node.id, a, made)))
+            invents.update(zip(rest, made))
             fewest = min(changes.values())
             options = [c for c in options if changes[c] == fewest]
-        best_c, best_key = options[0], (float("inf"), float("inf"), float("inf"))
+        # A split that only constant-made operands take (a scatter's zeros cut to its rows) is
+        # made where it saves moving what arrives (the rest of its group is split already), not
+        # for its own cheaper work: what reads it later would have to gather it.
+        best_c, best_key = options[0], (float("inf"), float("inf"), True, float("inf"))
         for c in options:
             arriving, rest = 0.0, cm.table(grp.id, c).time
             for other, is_producer in nb.get(grp.id, ()):
@@ -117,8 +124,8 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
                     arriving += cm.edge_time(other, a[other], grp.id, c)
                 else:
                     rest += cm.edge_time(grp.id, c, other, a[other])
-            key = (fewest, round(arriving, 15), rest)
-            if key[:2] < best_key[:2] or (key[:2] == best_key[:2] and key[2] < best_key[2] - 1e-15):
+            key = (fewest, round(arriving, 15), invents.get(c, False), rest)
+            if key[:3] < best_key[:3] or (key[:3] == best_key[:3] and key[3] < best_key[3] - 1e-15):
                 best_c, best_key = c, key
         a[grp.id] = best_c
         decided.add(grp.id)

@@ -111,9 +111,12 @@ def test_megatron_finds_attention_heads_and_mlp_pairs_from_the_graph():
     state, batch = m.abstract()
     g = hj.trace(m.step, state, batch)
     plan = hj.plan(m.step, state, batch, topology=TWO_D, strategy="dp_tp", graph=g)
-    split = {}
+    split, head = {}, {}
     for t in _param_leaves(plan):
         dims = [i for i, e in enumerate(t.spec) if e is not None]
+        if "/head/" in t.path:
+            head[t.path.rsplit("/", 1)[-1]] = tuple(dims)
+            continue
         split[t.shape] = split.get(t.shape, set()) | {tuple(dims)}
     d, h, dh, f = 32, 4, 8, 128
     assert split[(d, h, dh)] == {(1,)}  # q/k/v kernels: column on heads
@@ -121,6 +124,11 @@ def test_megatron_finds_attention_heads_and_mlp_pairs_from_the_graph():
     assert split[(d, f)] == {(1,)}  # MLP up: column
     assert split[(f, d)] == {(0,)}  # MLP down: row
     assert split[(d,)] == {()}  # LayerNorm parameters and row biases stay replicated
+    # The last projection (32 -> 32), which only the loss's reductions would complete, is no
+    # vocabulary: splitting it would add all-reduces for no memory worth saving. Replicated, and
+    # the plan says why.
+    assert head == {"kernel": (), "bias": ()}
+    assert any("head/kernel" in n and "no wider than its input" in n for n in plan.notes)
 
 
 def test_gpt2_small_megatron_keeps_heads_whole_when_they_do_not_divide():

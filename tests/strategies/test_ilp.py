@@ -238,7 +238,7 @@ def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     limit = cm.peak_memory(lean.assignment) * 1.2
     unfit = {k: a for k, a in seeds.items()
              if cm.memory(a) > limit and cm.peak_memory(a) > limit}
-    assert {"replicate", "dp", "dp_tp"} <= set(unfit)
+    assert {"replicate", "dp"} <= set(unfit)  # (dp_tp's vocab-parallel last layer fits)
     for time_limit in (0.0, 60.0):
         r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit)
         assert r.start == "leanest" and cm.peak_memory(r.assignment) <= limit

@@ -147,12 +147,17 @@ def test_vocab_parallel_lm_head_with_a_tied_embedding():
     step = _sgd(loss)
     graph = hj.trace(step, params, tokens)
     emb = next(i for i, p in enumerate(graph.input_paths) if p.endswith("emb"))
-    default = SpecBuilder(graph, MODEL8, "megatron")
-    tensor_parallel(default, ("model",))
-    assert default.input_specs[emb] == P()  # off by default
-    assert any("emb: kept replicated" in n and "vocab-parallel" in n for n in default.notes)
-    sb = SpecBuilder(graph, MODEL8, "megatron")
-    tensor_parallel(sb, ("model",), vocab_parallel=True)
-    # The vocabulary split: a masked lookup, a split LM head, the cross-entropy's reductions.
-    assert sb.input_specs[emb] == P("model")
-    _check(step, sb.build(), params, tokens, mesh=MODEL8.mesh())
+    off = SpecBuilder(graph, MODEL8, "megatron")
+    tensor_parallel(off, ("model",), vocab_parallel=False)
+    assert off.input_specs[emb] == P()
+    assert any("emb: kept replicated" in n and "vocab-parallel" in n for n in off.notes)
+    # On by default: a masked lookup, a split LM head, the cross-entropy's reductions.
+    plan = hj.plan(step, params, tokens, topology=MODEL8, strategy="megatron", graph=graph)
+    assert plan.in_specs[0]["emb"] == P("model")
+    _check(step, plan, params, tokens, mesh=MODEL8.mesh())
+    # The log-sum-exp's max and sum over the split vocabulary are all-reduced partial results:
+    # no device gathers the (B, T, V) logits (the max gathered them before it was a partial).
+    sharded = hj.emit(step, plan, mesh=MODEL8.mesh())
+    sharded.compile(params, tokens)
+    gathered = [c for c in sharded.collectives() if c.kind == "all-gather"]
+    assert not gathered, gathered
