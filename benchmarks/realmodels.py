@@ -355,9 +355,9 @@ def highlights(result: dict) -> list[str]:
         f"kernels (tiny): " + ", ".join(f"{n} {sharded[n]}/{kernels[n]}" for n in names) + ".",
     ]
     # The kernels the best megatron plan of each family keeps replicated, with the planner's reason
-    # (its plan notes): the LM heads wait for vocab-parallel heads; a router (top_k over its
-    # output), a dense between LayerNorm and a matmul, a single shared key/value head are
-    # replicated in Megatron-LM too.
+    # (its plan notes): a router (top_k over its output), a dense between LayerNorm and a
+    # matmul, a single shared key/value head are replicated in Megatron-LM too; a head no wider
+    # than its input (a classifier) is no vocabulary to split.
     for n in names:
         best = max(mt[n], key=lambda r: len(r["kernels_sharded"]), default=None)
         kept = (best or {}).get("kernels_replicated", {})

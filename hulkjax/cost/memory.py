@@ -40,12 +40,14 @@ import numpy as np
 from hulkjax.plan.specs import local_shape
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, dtype_size
-from hulkjax.trace.primitives import FUSIBLE, PASSTHROUGH, handles
+from hulkjax.trace.primitives import FUSIBLE, PASSTHROUGH, SCATTERS, handles
 
 KINDS = ("parameters", "optimizer", "data", "activations", "gradients", "transients")
 """The kinds of bytes a device holds, as :class:`~hulkjax.plan.Cost` reports them."""
 
 _FUSES_INPUTS = FUSIBLE
+_IN_PLACE = SCATTERS | handles("dynamic_update_slice")
+"""Operators that write into their first operand's buffer when nothing else reads it."""
 EXPENSIVE = handles("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc",
                     "erf_inv", "sqrt", "rsqrt", "cbrt", "pow", "sin", "cos", "tan", "atan2", "div",
                     "integer_pow")
@@ -301,6 +303,9 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
                 continue
             uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
             stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
+            if len(uses) == 1 and g.nodes[uses[0]].primitive in _IN_PLACE \
+                    and g.nodes[uses[0]].inputs[0] == o and o not in outputs:
+                stop = uses[0] - 1  # a scatter's result takes over its operand's buffer
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
             saved = not n.backward and any(g.nodes[c].backward for c in uses)
             buffers.append((n.id, o, stop, kind, o in outputs, saved,
