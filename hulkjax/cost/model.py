@@ -204,6 +204,9 @@ class Breakdown:
     memory: list[MemoryUse]
 
 
+_BREAKDOWNS_KEPT = 8  # assignments whose breakdown a cost model keeps (CostModel.breakdown)
+
+
 class CostModel:
     """Cost tables of one (graph, topology).
 
@@ -232,11 +235,17 @@ class CostModel:
         self._sig_cache: dict[int, tuple] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
+        self._edge_classes: dict[tuple[int, int], int | None] = {}  # edge -> _edge_class
+        self._edge_class_ids: dict[tuple, int] = {}
+        self._edge_class_time: dict[tuple[int, int, int], float] = {}
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
         self._move_time: dict[tuple, float] = {}
         self._matrix_cache: dict[tuple, np.ndarray] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
         self._axes_cache: dict[Spec, frozenset[str]] = {}
+        # breakdown(memory=False) of the last few assignments (a pipeline stage's liveness walks
+        # and node costs ask for the same assignment once per stage): (specs, compute, own, moves)
+        self._breakdowns: dict[tuple[int, ...], tuple] = {}
         # What depends on the graph (and backend) alone is made once (the staged search builds
         # cost models of one graph on several device groups).
         key = ("cost graph facts", self.backend.name)
@@ -933,9 +942,28 @@ class CostModel:
         key = (gp, cp, gc, cc)
         t = self._edge_cache.get(key)
         if t is None:
-            t = self._edge_cache[key] = sum(self.comm_time(cm)
-                                            for cm in self.edge_comms(gp, cp, gc, cc))
+            # An edge between repeated layers costs what the first layers' edge costs (its
+            # entries read the table classes' specs, the values' shapes and dtypes and the
+            # deferral of their nodes: all equal, see _edge_key): computed once per class.
+            cls = self._edge_class(gp, gc)
+            ckey = None if cls is None else (cls, cp, cc)
+            t = None if ckey is None else self._edge_class_time.get(ckey)
+            if t is None:
+                t = sum(self.comm_time(cm) for cm in self.edge_comms(gp, cp, gc, cc))
+                if ckey is not None:
+                    self._edge_class_time[ckey] = t
+            self._edge_cache[key] = t
         return t
+
+    def _edge_class(self, gp: int, gc: int) -> int | None:
+        """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
+        hit = self._edge_classes.get((gp, gc), -1)
+        if hit == -1:
+            key = self._edge_key(gp, gc, self._edges.get((gp, gc), ()))
+            hit = None if key is None else self._edge_class_ids.setdefault(
+                key, len(self._edge_class_ids))
+            self._edge_classes[(gp, gc)] = hit
+        return hit
 
     def edge_matrix(self, gp: int, gc: int, cps=None, ccs=None) -> np.ndarray:
         """Edge times for every (producer candidate, consumer candidate) pair."""
@@ -945,7 +973,7 @@ class CostModel:
         # An edge between repeated layers is the same matrix as the first layers' edge: cached
         # under the table classes' ids (what every entry reads: :meth:`spec`, :meth:`required`,
         # :meth:`move_time`).
-        key = self._edge_key(gp, gc, items)
+        key = self._edge_class(gp, gc)
         if key is not None:
             key = (key, tuple(cps), tuple(ccs))
             hit = self._matrix_cache.get(key)
@@ -1364,11 +1392,30 @@ class CostModel:
         >>> abs(sum(cm.breakdown(a).compute) - cm.evaluate(a).compute_time) < 1e-15
         True
         """
+        key = tuple(assignment)
+        hit = self._breakdowns.get(key)
+        if hit is None:
+            hit = self._breakdown_parts(assignment)
+            if len(self._breakdowns) >= _BREAKDOWNS_KEPT:
+                self._breakdowns.pop(next(iter(self._breakdowns)))  # the oldest
+            self._breakdowns[key] = hit
+        specs, compute, own, moves = hit
+        # Copies: a caller may change its record; the kept parts stay as computed.
+        uses: list[MemoryUse] = []
+        b = Breakdown(list(assignment), dict(specs), list(compute), dict(own), list(moves), uses)
+        if memory:
+            for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak
+                gid = (self.group_of_value[buf.value] if buf.value is not None
+                       else self.group_of_node[buf.node])
+                uses.append(MemoryUse(buf.node, gid, buf.kind, buf.bytes))
+        return b
+
+    def _breakdown_parts(self, assignment) -> tuple:
+        """``(specs, compute, own, moves)`` of :meth:`breakdown` (everything but the memory)."""
         g = self.graph
         compute = [0.0] * len(g.nodes)
         own: dict[int, tuple[Comm, ...]] = {}
         moves: list[Move] = []
-        uses: list[MemoryUse] = []
         specs: dict[int, Spec] = {}
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
@@ -1385,13 +1432,7 @@ class CostModel:
                 if src is not None and dst is not None:
                     moves.extend(Move(v, nid, gc, m)
                                  for m in self._defer_shared(self.reshard(v, src, dst), nid))
-        b = Breakdown(list(assignment), specs, compute, own, moves, uses)
-        if memory:
-            for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak
-                gid = (self.group_of_value[buf.value] if buf.value is not None
-                       else self.group_of_node[buf.node])
-                uses.append(MemoryUse(buf.node, gid, buf.kind, buf.bytes))
-        return b
+        return specs, compute, own, moves
 
     # ---- plan output ---------------------------------------------------------------------
     def value_specs(self, assignment) -> dict[int, Spec]:

@@ -101,3 +101,67 @@ def test_axes_for_cache_is_the_subset_search():
         for axes in (("a",), ("a", "b"), ("c", "a"), ("a", "b", "c")):
             for _ in range(2):  # the second answer comes from the cache
                 assert sb.axes_for(size, axes) == sb._largest_dividing(size, axes)
+
+
+def _gpt2_cost_models():
+    from hulkjax.cost.model import CostModel
+
+    m = zoo.get("gpt2", size="tiny", n_layers=3)
+    topo = hj.Topology.grid((2, 4), ("data", "model"))
+
+    def fresh():
+        return CostModel(hj.trace(m.step, *m.abstract()), topo)
+
+    return fresh
+
+
+def _assignments(cm, n=6):
+    import random
+
+    from hulkjax.strategies.baselines import baseline_assignments
+
+    rng = random.Random(0)
+    out = list(baseline_assignments(cm.graph, cm.topology).values())
+    for _ in range(n):
+        out.append([rng.randrange(len(grp.candidates)) for grp in cm.groups])
+    return out
+
+
+def test_edge_times_shared_by_repeated_layers_are_each_edges_own():
+    """Edges between repeated layers share one time per (edge class, candidates): every edge's
+    time, in any order of asking, equals a sum over its own layout changes."""
+    fresh = _gpt2_cost_models()
+    cm = fresh()
+    edges = [e for e, _ in cm.edge_items()]
+    shared = [e for e in edges if cm._edge_class(*e) is not None]
+    classes = {cm._edge_class(*e) for e in shared}
+    assert len(classes) < len(shared)  # repeated layers' edges do share
+    for a in _assignments(cm, 3):
+        for gp, gc in reversed(edges):
+            t = cm.edge_time(gp, a[gp], gc, a[gc])
+            assert t == sum(cm.comm_time(c) for c in cm.edge_comms(gp, a[gp], gc, a[gc]))
+    other = fresh()
+    for a in _assignments(other, 3):
+        assert other.objective(a) == cm.objective(a)
+        for gp, gc in edges:
+            assert other.edge_matrix(gp, gc).tolist() == cm.edge_matrix(gp, gc).tolist()
+
+
+def test_kept_breakdowns_equal_fresh_ones_and_are_not_changed_by_callers():
+    fresh = _gpt2_cost_models()
+    cm = fresh()
+    assignments = _assignments(cm) * 2  # asked twice: the second time from the kept parts
+    for a in assignments:
+        b = cm.breakdown(a, memory=False)
+        b.moves.append("changed by a caller")
+        b.specs.clear()
+        b.own.clear()
+        b.compute[:] = []
+    for a in assignments:
+        got, want = cm.breakdown(a), fresh().breakdown(a)
+        assert (got.assignment, got.specs, got.compute, got.own, got.moves) == \
+            (want.assignment, want.specs, want.compute, want.own, want.moves)
+        assert [(u.node, u.group, u.kind, u.bytes) for u in got.memory] == \
+            [(u.node, u.group, u.kind, u.bytes) for u in want.memory]
+        assert cm.peak_memory(a) == fresh().peak_memory(a)
+        assert cm.evaluate(a) == fresh().evaluate(a)
