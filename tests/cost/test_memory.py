@@ -155,7 +155,9 @@ def test_a_buffer_made_from_constants_alone_is_held_from_the_start_on_cpu():
         h = jnp.tanh(h @ p["w2"])
         return jnp.sum(h ** 2)
 
-    step = lambda p, ids: jax.tree.map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p, ids))
+    def step(p, ids):
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p, ids))
+
     params = {"emb": jnp.full((V, D), 0.01), "w1": jnp.full((D, W), 0.01),
               "w2": jnp.full((W, W), 0.01)}
     ids = jnp.arange(B) * 7 % V
