@@ -162,11 +162,7 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
     default; ``False`` keeps such a projection replicated. See :func:`_column_split_rejection`.
     """
     g = sb.graph
-    # value -> (param input index, {value dim: param dim}) for views of parameters
-    origin: dict[int, tuple[int, dict[int, int]]] = {}
-    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
-        if role == PARAMETER:
-            origin[vid] = (i, {d: d for d in range(len(g.values[vid].shape))})
+    origin = _parameter_views(g)
     decided: dict[int, int | None] = {}
     shard: dict[int, int] = {}
 
@@ -214,18 +210,6 @@ def tensor_parallel(sb: InputLayouts, model_axes: tuple[str, ...], *,
             return next((vd for vd, pd in dims.items() if pd == pdim), None)
         return shard.get(v)
 
-    # Views of parameters first, over the whole step: a later layer's kernel is often cast or
-    # transposed right before its matmul, after the earlier layer's decision looks for it.
-    for node in g.nodes:
-        ins = node.inputs
-        if node.primitive in _KERNEL_VIEWS and ins and ins[0] in origin:
-            i, dims = origin[ins[0]]
-            mapped = {}
-            for vd, pd in dims.items():
-                r = map_dim(node, g, 0, vd)
-                if isinstance(r, int):
-                    mapped[r] = pd
-            origin[node.outputs[0]] = (i, mapped)
     for node in g.nodes:
         ins = node.inputs
         if node.primitive in _KERNEL_VIEWS and ins and ins[0] in origin:
@@ -418,6 +402,27 @@ def _column_split_rejection(g: OpGraph, start: int, dim: int, origin, divisible,
     if closed is None and reduced is None:
         return "no matmul or reduction completes the split"
     return None
+
+
+def _parameter_views(g: OpGraph) -> dict[int, tuple[int, dict[int, int]]]:
+    """``{value: (parameter input index, {value dim: parameter dim})}`` for the parameters and
+    their views, over the whole step: a later layer's kernel is often cast or transposed right
+    before its matmul, after the earlier layer's decision looks for it."""
+    origin: dict[int, tuple[int, dict[int, int]]] = {}
+    for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
+        if role == PARAMETER:
+            origin[vid] = (i, {d: d for d in range(len(g.values[vid].shape))})
+    for node in g.nodes:
+        ins = node.inputs
+        if node.primitive in _KERNEL_VIEWS and ins and ins[0] in origin:
+            i, dims = origin[ins[0]]
+            mapped = {}
+            for vd, pd in dims.items():
+                r = map_dim(node, g, 0, vd)
+                if isinstance(r, int):
+                    mapped[r] = pd
+            origin[node.outputs[0]] = (i, mapped)
+    return origin
 
 
 def _contracted_size(g: OpGraph, v: int) -> int | None:

@@ -75,23 +75,8 @@ def test_column_split_cache_key_holds_what_the_walk_reads(monkeypatch):
 
 
 def _origin(g):
-    """The parameters and their views, as ``tensor_parallel`` collects them (membership is all the
-    walk reads)."""
-    from hulkjax.rules.dims import map_dim
-    from hulkjax.trace.graph import PARAMETER
-
-    origin = {vid: (i, {d: d for d in range(len(g.values[vid].shape))})
-              for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)) if role == PARAMETER}
-    for node in g.nodes:
-        if node.primitive in layouts._KERNEL_VIEWS and node.inputs and node.inputs[0] in origin:
-            i, dims = origin[node.inputs[0]]
-            mapped = {}
-            for vd, pd in dims.items():
-                r = map_dim(node, g, 0, vd)
-                if isinstance(r, int):
-                    mapped[r] = pd
-            origin[node.outputs[0]] = (i, mapped)
-    return origin
+    """The parameters and their views, as ``tensor_parallel`` collects them."""
+    return layouts._parameter_views(g)
 
 
 def test_axes_for_cache_is_the_subset_search():
