@@ -20,12 +20,12 @@ platform:
   buffer: ``CanShareBufferHint`` in the GPU compiler); XLA:CPU writes it into a new buffer, so
   operands and results of a combined all-reduce are live together (measured with
   ``compiled.memory_analysis()``, ``tests/cost/test_memory.py``).
-* **Scheduling.** XLA:CPU's scheduler computes a buffer that depends only on the step's
-  arguments and constants (the zeros a scatter-add accumulates into, a LayerNorm scale broadcast
-  that a matmul-like kernel reads) at the start of the step, with the parameters, and keeps it
-  until its last use in the backward pass (the ``*-live-range.txt`` XLA dumps for BERT and GPT-2:
-  every such broadcast starts at the end of the argument block). GPUs and TPUs are modelled as
-  computing it where it is used.
+* **Scheduling.** XLA:CPU's scheduler computes a buffer that depends only on the step's state
+  (parameters, optimizer state) and constants, not on its batch (the zeros a scatter-add
+  accumulates into, a LayerNorm scale broadcast that a matmul-like kernel reads) at the start of
+  the step, with the parameters, and keeps it until its last use in the backward pass (the
+  ``*-live-range.txt`` XLA dumps for BERT and GPT-2: every such broadcast starts at the end of
+  the argument block). GPUs and TPUs are modelled as computing it where it is used.
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -62,8 +62,9 @@ class Backend:
       min_float_bytes: floats narrower than this many bytes per element are widened to it in
         collectives and intermediates (0: kept as they are).  # int
       in_place_all_reduce: whether an all-reduce's result takes its operand's buffer.  # bool
-      hoists_argument_values: whether a buffer computed from the step's arguments and constants
-        alone is made at the start of the step (else where it is computed).  # bool
+      hoists_argument_values: whether a buffer computed from the step's state and constants
+        alone (not its batch) is made at the start of the step (else where it is
+        computed).  # bool
     """
 
     name: str
