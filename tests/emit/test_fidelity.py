@@ -48,12 +48,13 @@ def test_predicted_collectives_match_the_hlo(model, strategy):
         assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)
 
 
-@pytest.mark.parametrize("strategy", ["dp", "dp_tp"])
+@pytest.mark.parametrize("strategy", ["dp", "dp_tp", "ilp"])
 def test_scanned_gpt2_collectives_match_the_hlo_per_iteration(strategy):
     """GPT-2 with its blocks in one scan: the body's collectives are in the HLO's while body once,
     and run ``trip_count`` times (XLA's ``known_trip_count``); the cost model counts them once
     per iteration. Bytes are compared per step: HLO bytes weighted by each collective's
-    ``trip_count``."""
+    ``trip_count``. ``ilp`` plans the backward scan as the mirror of a tensor-parallel forward
+    one (tests/strategies/test_loops_equivalence.py)."""
     predicted, step = _predicted_and_compiled("gpt2", strategy, scan_layers=True)
     collectives = step.collectives()
     in_loop = [c for c in collectives if c.in_loop]

@@ -76,6 +76,28 @@ def test_gpt2_scan_has_batch_and_sharded_stacked_parameter_candidates():
     assert cm.edge_comms(gin, c_in, grp.id, fsdp) == []
 
 
+def test_backward_scan_mirrors_every_forward_candidate():
+    """The backward scan reads the forward scan's stacked residuals and its stacked parameters;
+    for each forward candidate it has one that takes them in the layouts that candidate leaves
+    them (a ``+search`` forward body included), so the pair can meet without a reshard."""
+    m = zoo.get("gpt2", size="tiny", scan_layers=True)
+    g = hj.trace(m.step, *m.abstract())
+    cm = cost_model(g, TWO_D_TOPOLOGY)
+    fwd, bwd = _loop_group(cm, 0), _loop_group(cm, 1)
+    f, b = g.nodes[fwd.leader], g.nodes[bwd.leader]
+    assert not f.backward and b.backward
+    outs = {v: r for r, v in enumerate(f.outputs)}
+    read = [(k, outs[v]) for k, v in enumerate(b.inputs) if v in outs]
+    assert len(read) > 20  # the residuals (GPT-2 tiny: 31)
+    for c, rf in enumerate(fwd.candidates):
+        # A mirror equal to one of the backward scan's own candidates is kept once, as that.
+        meets = [cb for cb, rb in enumerate(bwd.candidates)
+                 if all(rb.in_specs[k] == rf.out_specs[r] for k, r in read)]
+        assert meets, rf.label
+        assert all(cm.edge_comms(fwd.id, c, bwd.id, cb) == [] for cb in meets), rf.label
+    assert any(r.label.startswith("mirror(") for r in bwd.candidates)
+
+
 @pytest.mark.parametrize("label", ["replicated", "batch:d", "fsdp"])
 def test_loop_cost_is_trip_count_times_the_body(label):
     tables = {}
