@@ -735,11 +735,14 @@ class SearchResult:
       layouts: ``(predicted step, layout)``, best first.  # list
       searched: dynamic programs run.  # int
       costs: the exact :class:`~hulkjax.plan.Cost` of each returned layout.  # dict
+      beyond: the smallest lower bound of the microbatch counts and layouts the ``cutoff``
+        left out (each at least the cutoff); ``inf`` where it left nothing out.  # float
     """
 
     layouts: list[tuple[float, StagedLayout]]
     searched: int = 0
     costs: dict = field(default_factory=dict)
+    beyond: float = math.inf  # the least lower bound of what the cutoff left out (inf: nothing)
 
 
 def chains(topology, groups, *, limit: int = 3) -> list[tuple[int, ...]]:
@@ -820,6 +823,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         programs predict at least the bound), and its layouts could not beat the cutoff. Its
         layouts are not returned, so the best layout returned is the same, or (where they
         would have pushed a layout out of the exactly costed shortlist) one that is faster.
+        A found layout whose floor (:func:`_pipeline_floor`) is at least the cutoff is not
+        costed exactly either: it could not beat the cutoff, so the best layout returned, where
+        one beats the cutoff, is the same.
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -835,6 +841,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     found: list[tuple[float, StagedLayout]] = []
     searched = 0
     pruned = False  # whether the cutoff skipped microbatch counts
+    beyond = math.inf  # the least lower bound of what the cutoff left out
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
         tried: dict[int, float] = {}
@@ -886,6 +893,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                          "the cutoff %s (lower bounds %s)", level, hopeless, format_time(cutoff),
                          ", ".join(format_time(bounds[M]) for M in hopeless))
                 pruned = True
+                beyond = min(beyond, *(bounds[M] for M in hopeless))
                 for M in Ms:
                     if M not in hopeless:
                         attempt(M)
@@ -919,15 +927,19 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     if shortlist is None:
         shortlist = max(keep * 3, 6)
     for layout in (unique if pruned else unique[:shortlist]):
-        if len(exact) >= keep and _pipeline_floor(ctx, layout) > sorted(
-                t for t, _, _ in exact)[keep - 1]:
+        floor = _pipeline_floor(ctx, layout) if cutoff is not None or len(exact) >= keep \
+            else 0.0
+        if cutoff is not None and floor >= cutoff:  # it cannot beat the cutoff: not costed
+            beyond = min(beyond, floor)
+            continue
+        if len(exact) >= keep and floor > sorted(t for t, _, _ in exact)[keep - 1]:
             continue
         c = layout_cost(ctx, layout)
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout, c))
     exact.sort(key=lambda t: t[0])
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
-                        {lay: c for _, lay, c in exact[:keep]})
+                        {lay: c for _, lay, c in exact[:keep]}, beyond)
 
 
 def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
@@ -1145,27 +1157,42 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
 
     Only the winner is built into a :class:`~hulkjax.plan.Plan` (the others are compared by their
     exact cost), and the search skips microbatch counts that :func:`staged_lower_bound` shows
-    cannot beat ``spmd_time`` (see :func:`search`'s ``cutoff``)."""
+    cannot beat ``spmd_time`` (see :func:`search`'s ``cutoff``); nor is the pipeline baseline
+    costed where its bound shows as much (the plan is the same: it could not have won)."""
     rivals: list[tuple[float, Plan | tuple]] = [
         (p.cost.step_time, p) for p in extra
         if p.cost is not None and all(st.fits for st in p.cost.stages)]
+    cutoff = None if spmd_time is None else spmd_time * (1 - STAGED_MIN_GAIN)
+    beyond = math.inf  # the least lower bound of what the cutoff left out
     try:
         pctx, playout, pnotes, plevel = _pipeline_layout(graph, topology, PipelineOptions())
-        pcost = layout_cost(pctx, playout)
-        if all(st.fits for st in pcost.stages):
-            rivals.append((pcost.step_time, (pctx, playout, pnotes, plevel)))
+        # The baseline is costed only if it might beat the cutoff: its bound (as a layout of
+        # its own schedule and microbatches on its level's groups) is no larger than its cost.
+        bound = None if cutoff is None else staged_lower_bound(
+            pctx, device_groups(topology)[plevel], playout.microbatches,
+            schedule=playout.schedule, virtual_stages=(playout.virtual_stages,))
+        if bound is not None and bound >= cutoff:
+            beyond = bound
+        else:
+            pcost = layout_cost(pctx, playout)
+            if all(st.fits for st in pcost.stages):
+                rivals.append((pcost.step_time, (pctx, playout, pnotes, plevel)))
     except (StrategyNotApplicableError, InfeasiblePlanError, InvalidOptionError,
             UnsupportedStepError) as e:
         log.debug("pipeline baseline does not apply: %s", e)
-    cutoff = None if spmd_time is None else spmd_time * (1 - STAGED_MIN_GAIN)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule,
                  cutoff=cutoff, keep=1, shortlist=12)  # the best of search(keep=4)'s
+    beyond = min(beyond, res.beyond)
     ctx = _context(graph, topology, time_limit)
     best = res.layouts[0] if res.layouts else None
     rival = min(rivals, key=lambda r: r[0], default=None)
     notes = []
     if best is None and rival is None:
-        if device_groups(topology):
+        if math.isfinite(beyond):
+            notes.append(f"staged: no staged plan can be {STAGED_MIN_GAIN:.0%} faster than "
+                         f"SPMD ({format_time(spmd_time)}): the staged plans the search "
+                         f"leaves out take at least {format_time(beyond)}")
+        elif device_groups(topology):
             notes.append("staged: no staged plan fits the devices' memory")
         return None, notes
     if rival is not None and (best is None or rival[0] < best[0]):

@@ -141,3 +141,33 @@ def test_the_cutoff_skips_hopeless_microbatch_counts(caplog):
     hopeless = {M for M, b in bounds.items() if b >= cutoff}
     assert hopeless and not hopeless & set(searched), (bounds, cutoff, set(searched))
     assert any("skipping" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("model,kw,topology", [
+    ("gpt2", {"size": "tiny"}, TWO_NODES),
+    ("gpt2", {"size": "tiny"}, hj.Topology.preset("dgx-h100", nodes=4, gpus_per_node=2)),
+    ("transformer-block", {"size": "small", "n_layers": 8, "batch": 64}, REGIONAL),
+])
+def test_the_pipeline_baselines_bound_is_at_most_its_cost(model, kw, topology):
+    """best_staged costs the pipeline baseline only where its bound (its own microbatches, plain
+    1F1B) is below the cutoff: the bound must not exceed its exact cost."""
+    m = zoo.get(model, **kw)
+    g = hj.trace(m.step, *m.abstract())
+    ctx, layout, _, level = stages._pipeline_layout(g, topology, stages.PipelineOptions())
+    bound = staged_lower_bound(ctx, stages.device_groups(topology)[level], layout.microbatches,
+                               schedule=layout.schedule, virtual_stages=(1,))
+    assert 0 < bound <= layout_cost(ctx, layout).step_time
+
+
+def test_a_search_left_out_by_the_cutoff_says_so():
+    """Where the cutoff leaves every staged plan out (the pipeline baseline, microbatch counts,
+    found layouts), best_staged returns no plan and a note with the least bound left out."""
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    ctx = _context(g, TWO_NODES)
+    groups = TWO_NODES.groups("node")
+    spmd = 0.5 * min(staged_lower_bound(ctx, groups, M) for M in (1, 2, 4, 8))
+    plan, notes = stages.best_staged(g, TWO_NODES, strategy="auto", spmd_time=spmd,
+                                     solver=solve)
+    assert plan is None
+    assert len(notes) == 1 and "no staged plan can be" in notes[0], notes
