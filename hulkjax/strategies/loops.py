@@ -352,7 +352,8 @@ def _mirrors(node: Node, graph: OpGraph, b: Boundary, base: dict, mesh: Mesh, to
             if spec is not None and b.stacked[k]:  # per iteration: without the stacked dim
                 spec = spec[1:] if not spec[0] else None
             slots.append(own[k] if spec is None else spec)
-        hyps.append((f"mirror({rf.label})", slots, param_use))
+        if slots != list(own):  # else: this loop's own hypothesis, planned already
+            hyps.append((f"mirror({rf.label})", slots, param_use))
     return hyps
 
 
