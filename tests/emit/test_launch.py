@@ -262,15 +262,17 @@ def test_the_check_tolerates_rounding_and_still_catches_a_wrong_result():
     """The issue-13 false alarm: a correct tiny GPT-2 differs from the unsharded step by ~1e-4
     after three AdamW steps (rounding in near-zero gradients, amplified by Adam's normalization),
     which fixed rtol 1e-4 / atol 1e-5 called a MISMATCH. The measured tolerance accepts it; a
-    result moved by a fraction of one update is still a MISMATCH."""
+    result moved by a fraction of one update is still a MISMATCH.
+
+    How far rounding moves a correct run depends on the CPU (XLA:CPU's kernels sum in the order
+    its vector width gives: a clean-clone CI on another machine moved it less than the old atol),
+    so the old tolerance's verdict is not asserted; what is: every correct run matches, within a
+    tolerance scaled from the measured spread, and a perturbed one does not."""
     from hulkjax.cli import _print_launch_report  # noqa: F401 -- the printer is tested below
     from hulkjax.launch import Job, check_against_unsharded
 
     model, host, runs = _gpt2_runs()
     job = Job(model="gpt2", plans=("unused.json",), steps=STEPS)
-    fixed = check_against_unsharded(model, *host, Job(model="gpt2", plans=("unused.json",),
-                                                      steps=STEPS, rtol=1e-4, atol=1e-5), runs)
-    assert not any(c["match"] for c in fixed)  # the false alarm this replaces
     checks = check_against_unsharded(model, *host, job, runs)
     for r, c in zip(runs, checks):
         tol = c["tolerance"]
@@ -278,7 +280,6 @@ def test_the_check_tolerates_rounding_and_still_catches_a_wrong_result():
         assert 0 < tol["final_state_spread"] < 1e-3
         assert c["match"], (r["strategy"], c["final_state"])
         assert c["final_state"]["worst_ratio"] <= 1
-        assert c["final_state"]["max_abs_err"] > 1e-5  # above the old atol: the test has teeth
 
     # Perturb one element of one parameter by a tenth of AdamW's step (lr = 1e-3 here).
     bad = dict(runs[0])
