@@ -117,23 +117,32 @@ class Move:
     """A layout change of an operand: ``value`` brought to what ``node`` (of ``group``) needs.
 
     ``node == -1``: a state result going back to its input's layout (``value`` is the result).
+    ``step``: the collective's place in the layout change (a change can take several collectives,
+    each reading the previous one's result; 0: the first).
     """
 
     value: int
     node: int
     group: int
     comm: Comm
+    step: int = 0
 
 
 @dataclass(frozen=True)
 class ProgramComm:
     """A collective of the compiled program and where it sits: it takes the result of node
     ``source`` (-1: a graph input) and node ``user`` uses what it returns (the number of nodes:
-    the step's end). An operator's own collective (a partial sum) has ``source == user``."""
+    the step's end). An operator's own collective (a partial sum) has ``source == user``.
+    ``after``: the index, in the same list, of the collective whose result it takes instead of
+    ``source``'s (-1: none): an operator's own collectives run in sequence (a partial sum over two
+    dimensions is two all-reduces, the second reading the first's result), so do the steps of
+    one layout change, and a layout change of an operator's result reads its last own
+    collective's."""
 
     comm: Comm
     source: int
     user: int
+    after: int = -1
 
 
 @dataclass(frozen=True)
@@ -638,7 +647,7 @@ class CostModel:
             loc.time, loc.compute, comms, loc.memory, dict(loc.memory_parts), program,
             {nmap[n]: t for n, t in loc.node_compute.items()},
             {nmap[n]: tuple(cp(c) for c in cs) for n, cs in loc.node_comms.items()},
-            [Move(vmap[m.value], nmap[m.node], gid, cp(m.comm)) for m in loc.moves],
+            [Move(vmap[m.value], nmap[m.node], gid, cp(m.comm), m.step) for m in loc.moves],
             [MemoryUse(None if u.node is None else nmap[u.node], gid, u.kind, u.bytes)
              for u in loc.memory_uses])
 
@@ -726,7 +735,7 @@ class CostModel:
                 if v is not None and v in specs and r.in_specs[k] is not None:
                     moved = self._defer(self.reshard(v, specs[v], r.in_specs[k]), nid)
                     comms.extend(moved)
-                    moves.extend(Move(v, nid, gid, m) for m in moved)
+                    moves.extend(Move(v, nid, gid, m, k) for k, m in enumerate(moved))
                     if program is not None:
                         program.extend(moved)
         for v, s in specs.items():
@@ -1143,6 +1152,13 @@ class CostModel:
         g = self.graph
         out: list[ProgramComm] = []
         moves: list[tuple[int, int, Spec | None, list[Comm]]] = []  # (value, node, target, comms)
+        last: dict[int, int] = {}  # node -> index in ``out`` of its last own collective
+
+        def own(nid, cms):
+            for cm in cms:
+                out.append(ProgramComm(cm, nid, nid, last.get(nid, -1)))
+                last[nid] = len(out) - 1
+
         for gid, c in enumerate(assignment):
             loc = self.local(gid, c)
             grp = self.groups[gid]
@@ -1151,13 +1167,17 @@ class CostModel:
                 if not loops:
                     continue
                 out.extend(ProgramComm(cm, grp.leader, grp.leader) for cm in r.program_comms)
-                out.extend(ProgramComm(cm, nid, nid) for nid, cms in loc.node_comms.items()
-                           if nid != grp.leader for cm in cms)
+                for nid, cms in loc.node_comms.items():
+                    if nid != grp.leader:
+                        own(nid, cms)
             else:
-                out.extend(ProgramComm(cm, nid, nid) for nid, cms in loc.node_comms.items()
-                           for cm in cms)
+                for nid, cms in loc.node_comms.items():
+                    own(nid, cms)
             for mv in loc.moves:
-                moves.append((mv.value, mv.node, self._move_target(loc, mv), [mv.comm]))
+                if mv.step:  # a later collective of the layout change before it
+                    moves[-1][3].append(mv.comm)
+                else:
+                    moves.append((mv.value, mv.node, self._move_target(loc, mv), [mv.comm]))
         for (gp, gc), items in self._edges.items():
             src_loc = self.local(gp, assignment[gp])
             for v, nid, k in items:
@@ -1173,8 +1193,11 @@ class CostModel:
             if (v, dst) in seen:
                 continue
             seen.add((v, dst))
-            out.extend(ProgramComm(cm, self._producer(v), nid if nid >= 0 else len(g.nodes))
-                       for cm in comms)
+            src = self._producer(v)
+            prev = last.get(src, -1)
+            for cm in comms:
+                out.append(ProgramComm(cm, src, nid if nid >= 0 else len(g.nodes), prev))
+                prev = len(out) - 1
         return out
 
     def _producer(self, vid: int) -> int:
@@ -1240,13 +1263,27 @@ class CostModel:
         ``(kind, axes, bytes)``. XLA's ``CombineInstructionsByKey``: in the computation's
         post-order (:meth:`_post_order`), the first collective left opens a group; later ones of
         its kind and devices join it until one depends on a member (or a threshold is reached);
-        repeat with what is left. Kinds the backend does not combine stay one collective each."""
+        the group becomes one collective, and the walk repeats with what is left. Kinds the
+        backend does not combine stay one collective each.
+
+        Dependencies are those of the program as combined so far (XLA rebuilds its reachability
+        map after every group): a combined collective takes all its members' operands and feeds
+        all their users, so a collective that reads one member of an earlier group depends on
+        everything every member reads. T5's embedding gradient, reduced over "data" then
+        "model": its "data" all-reduce joins the position-bias pieces' (which read their "model"
+        all-reduces), so its "model" all-reduce depends on theirs and cannot join them.
+
+        The walk's order is the uncombined program's post-order, while XLA walks the combined
+        program again, which visits all of a group's operands where its first member is used. So
+        a collective that a member reads through an earlier group also ends the group here (XLA
+        meets it first, then stops at the member); which kind opens the next group is the
+        approximation's (the first collective left in the uncombined order)."""
         order = self.mesh.axis_names
         desc = self._descendants()
         post = self._post_order()
         end = len(self.graph.nodes)
         items = []
-        for e in entries:
+        for i, e in enumerate(entries):
             kind = be.kind_of(e.comm.kind)
             axes = tuple(sorted(e.comm.axes, key=order.index))
             # where the walk meets it: an operator's own collective right after the operator (it
@@ -1255,34 +1292,87 @@ class CostModel:
                 pos = post[e.source] + 0.5
             else:
                 pos = post[e.user] - 0.5 if e.user < end else end
-            items.append((pos, kind, axes, e))
+            items.append((pos, kind, axes, i))
         items.sort(key=lambda t: t[0])
+        # what each collective's result reaches (nodes, as a bit set): an operator's own
+        # collective feeds the operator's users (not the operator), a reshard its user
+        reaches = []
+        for e in entries:
+            if not 0 <= e.user < end:
+                reaches.append(0)
+            elif e.user == e.source:
+                reaches.append(desc[e.user] & ~(1 << e.user))
+            else:
+                reaches.append(desc[e.user])
+        before: list[tuple[int, ...]] = []  # the collectives whose results each one reads, in turn
+        for e in entries:
+            chain = []
+            k = e.after
+            while k >= 0:
+                chain.append(k)
+                k = entries[k].after
+            before.append(tuple(chain))
+
+        def depends(i, nodes, comms):
+            """Whether collective ``i`` reads anything reached: a node or a collective."""
+            src = entries[i].source
+            return (src >= 0 and nodes >> src & 1) or any(k in comms for k in before[i])
+
+        combined: list[list[int]] = []  # the groups formed so far (of two or more)
+
+        def close(nodes, comms, merged):
+            """What is reached once every combined group that reads something reached is: it
+            reaches whatever any of its members' results reach."""
+            grew = True
+            while grew:
+                grew = False
+                for k, members in enumerate(combined):
+                    if k not in merged and any(depends(i, nodes, comms) for i in members):
+                        merged.add(k)
+                        grew = True
+                        for i in members:
+                            nodes |= reaches[i]
+                            comms.add(i)
+            return nodes
+
         out: list[tuple[str, tuple, int]] = []
         left = []
-        for _, kind, axes, e in items:
+        for _, kind, axes, i in items:
             if be.combines(kind):
-                left.append((kind, axes, e))
+                left.append((kind, axes, i))
             else:
-                out.append((kind, axes, e.comm.bytes))
+                out.append((kind, axes, entries[i].comm.bytes))
+        def read_by(i, members):
+            """Whether any of ``members`` depends on collective ``i``."""
+            comms, merged = {i}, set()
+            nodes = close(reaches[i], comms, merged)
+            return any(depends(t, nodes, comms) for t in members)
+
         while left:
             key = left[0][:2]
             threshold = be.combine_threshold[key[0]]
-            reach = 0
+            nodes, comms, merged = 0, set(), set()
             total = 0
             taken = []
-            for i, (kind, axes, e) in enumerate(left):
+            for j, (kind, axes, i) in enumerate(left):
                 if (kind, axes) != key:
                     continue
-                b = e.comm.bytes
-                if taken and (total + b > threshold or (e.source >= 0 and reach >> e.source & 1)):
+                b = entries[i].comm.bytes
+                # a dependency either way: XLA's walk of the combined program meets a
+                # collective that a member reads (through a group) before that member
+                if taken and (total + b > threshold or depends(i, nodes, comms)
+                              or (combined and read_by(i, [left[t][2] for t in taken]))):
                     break
-                taken.append(i)
+                taken.append(j)
                 total += b
-                if 0 <= e.user < end:
-                    reach |= desc[e.user]
+                nodes |= reaches[i]
+                comms.add(i)
+                nodes = close(nodes, comms, merged)
             out.append((key[0], key[1], total))
+            if len(taken) > 1:
+                combined.append([left[j][2] for j in taken])
             drop = set(taken)
-            left = [t for i, t in enumerate(left) if i not in drop]
+            left = [t for j, t in enumerate(left) if j not in drop]
         return out
 
     def program_summary(self, assignment, backend: str | Backend | None = None, *,
@@ -1430,8 +1520,8 @@ class CostModel:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
-                    moves.extend(Move(v, nid, gc, m)
-                                 for m in self._defer_shared(self.reshard(v, src, dst), nid))
+                    moves.extend(Move(v, nid, gc, m, step) for step, m in
+                                 enumerate(self._defer_shared(self.reshard(v, src, dst), nid)))
         return specs, compute, own, moves
 
     # ---- plan output ---------------------------------------------------------------------

@@ -73,7 +73,8 @@ class Resolution:
     Attributes:
       in_specs: the layout each operand must have (``None`` for literals).
       out_specs: the layout of each result.
-      comms: collectives the operator itself implies (partial sums).
+      comms: collectives the operator itself implies (partial sums), in the order they run:
+        each takes the previous one's result (the first, the operator's).
       shards: into how many pieces the work is split (1 = every device does all of it).
       label: a short human name (``"col"``, ``"batch:data"``, ...).
     """
@@ -497,8 +498,9 @@ def _combine(node, graph, mesh, in_shapes, out_shape, opts, *, per_dim_partials=
             ar = Comm("all-reduce", tuple(partial),
                       _local_bytes(graph, node.outputs[0], out_t, mesh))
             if per_dim_partials and len(partial_by_dim) > 1:
-                variants = [(out_t, tuple(Comm("all-reduce", axes, ar.bytes)
-                                          for _, axes in sorted(partial_by_dim.items())))]
+                # in the order they run (the last dimension's first), each reading the last
+                variants = [(out_t, tuple(Comm("all-reduce", axes, ar.bytes) for _, axes
+                                          in sorted(partial_by_dim.items(), reverse=True)))]
             else:
                 variants = [(out_t, (ar,))]
             for d in range(len(out_shape)):  # reduce-scatter onto result dim d
@@ -663,9 +665,10 @@ def _scatter_candidates(node, graph, mesh):
             # XLA's partitioner completes a scatter split along several update dimensions one
             # dimension at a time: one all-reduce per dimension, over the axes that split it
             # (T5's relative-position bias gradient, split over "fsdp" and "model", compiles to an
-            # all-reduce over each, combined with other all-reduces of the same axes).
+            # all-reduce over each, combined with other all-reduces of the same axes). Listed in
+            # the order they run, each reading the last: the last update dimension's first.
             variants = [(o, tuple(Comm("all-reduce", axes, ar.bytes)
-                                  for _, axes in sorted(partial_by_dim.items())))]
+                                  for _, axes in sorted(partial_by_dim.items(), reverse=True)))]
             for d in range(len(os_)):
                 rs = list(o)
                 rs[d] = (*rs[d], *partial)
