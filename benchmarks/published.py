@@ -8,6 +8,14 @@ slice, which is what ``expert`` writes on a TPU torus) on the TPU preset, and it
 time turned into MFU with MaxText's model-FLOPs formula. Nothing is tuned to the published
 numbers. Writes ``benchmarks/results/published.json`` and ``benchmarks/PUBLISHED.md``.
 
+Each recipe's row is followed by where the prediction comes from: the operators with the largest
+predicted compute time and the buffers live at the predicted peak of memory
+(``CostModel.breakdown`` of the planned program, per chip), so a gap to the published figure can
+be traced to the operators that make it. What is modelled as the zoo's code is written, not as
+the recipes run it: attention is the zoo's ``jnp`` softmax attention (scores materialized in HBM),
+not the recipes' flash kernel; the TPU presets are datasheet rooflines (no measured matmul or
+HBM efficiency, unlike the NVIDIA kinds).
+
     python benchmarks/published.py [--layers N]
 
 ``--layers N`` plans N layers instead of the model's own count and scales the per-layer time (the
@@ -27,6 +35,7 @@ import jax
 
 import hulkjax as hj
 from hulkjax import zoo
+from hulkjax.strategies import cost_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -85,12 +94,39 @@ def _plan(recipe: Recipe, topo, layers: int):
     return m, plan, t1 - t0, time.perf_counter() - t1
 
 
+def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
+    """The planned program's largest costs, from the cost model's per-operator breakdown: compute
+    seconds per operator (the biggest single nodes, with their result's shape, dtype and layout)
+    and the buffers live at the peak of memory, summed by (kind, producer, shape)."""
+    cm = cost_model(graph, topo)
+    b = cm.breakdown(plan.assignment)
+    nodes = sorted(range(len(graph.nodes)), key=lambda i: -b.compute[i])[:top]
+    compute = []
+    for i in nodes:
+        n = graph.nodes[i]
+        o = graph.values[n.outputs[0]] if n.outputs else None
+        compute.append({"primitive": n.primitive.name, "seconds": b.compute[i],
+                        "shape": None if o is None else list(o.shape),
+                        "dtype": None if o is None else o.dtype,
+                        "layout": None if o is None else str(b.specs.get(n.outputs[0]))})
+    held: dict[tuple, float] = {}
+    for u in b.memory:
+        n = None if u.node is None else graph.nodes[u.node]
+        shape = None if n is None or not n.outputs else tuple(graph.values[n.outputs[0]].shape)
+        key = (u.kind, None if n is None else n.primitive.name, shape)
+        held[key] = held.get(key, 0.0) + u.bytes
+    memory = [{"kind": k[0], "producer": k[1], "shape": None if k[2] is None else list(k[2]),
+               "gb": v / 1e9} for k, v in sorted(held.items(), key=lambda kv: -kv[1])[:top]]
+    return {"compute": compute, "memory": memory}
+
+
 def measure(recipe: Recipe, layers: int | None) -> dict:
     topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
     full = zoo.get("llama", size=recipe.size).config.n_layers
     n = full if layers is None or layers >= full else layers
     m, plan, trace_s, plan_s = _plan(recipe, topo, n)
     c = plan.cost
+    breakdown = where_it_goes(plan.graph, topo, plan)
     step, compute, comm = c.step_time, c.compute_time, c.comm_time
     if n != full:  # scale the per-layer time to the full depth
         _, one, _, _ = _plan(recipe, topo, 1)
@@ -118,6 +154,7 @@ def measure(recipe: Recipe, layers: int | None) -> dict:
         "peak_memory_gb": c.peak_memory / 1e9, "memory_gb": c.memory_capacity / 1e9,
         "fits": c.fits, "comm_by_axis_s": dict(c.comm_time_by_axis),
         "notes": plan.notes, "trace_s": trace_s, "plan_s": plan_s,
+        "breakdown": breakdown,
     }
 
 
@@ -145,6 +182,25 @@ def markdown(rows: list[dict], command: str) -> str:
             f"{'' if r['fits'] else ' (does not fit)'} |")
     out += ["", "Sources of the recipes (layout, batch, remat):", ""]
     out += [f"- {r['recipe']}: {r['source']}; remat {r['remat']}." for r in rows]
+    out += ["", "## Where the predicted time and memory go", "",
+            "Per recipe, from the cost model's per-operator breakdown of the planned program "
+            "(`CostModel.breakdown`; the layers planned, not scaled): the operators with the "
+            "largest predicted compute time, and the buffers live at the predicted peak of memory "
+            "summed by kind, producer and shape (per chip).", ""]
+    for r in rows:
+        bd = r.get("breakdown")
+        if not bd:
+            continue
+        out += [f"### {r['recipe']}", "", "| operator | result (global shape, dtype, layout) | "
+                "predicted s |", "|---|---|---:|"]
+        out += [f"| {c['primitive']} | {tuple(c['shape'] or ())} {c['dtype']} {c['layout']} | "
+                f"{c['seconds']:.3f} |" for c in bd["compute"]]
+        out += ["", "| held at the peak | producer | global shape | GB per chip |",
+                "|---|---|---|---:|"]
+        out += [f"| {m['kind']} | {m['producer'] or 'input'} | "
+                f"{'' if m['shape'] is None else tuple(m['shape'])} | {m['gb']:.2f} |"
+                for m in bd["memory"]]
+        out.append("")
     return "\n".join(out) + "\n"
 
 
