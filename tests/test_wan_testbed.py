@@ -97,3 +97,21 @@ def test_a_staged_plan_runs_between_namespaces(testbed):
     moved = {(tuple(t["from_processes"]), tuple(t["to_processes"])): t for t in run["transfers"]}
     assert moved[((0,), (1,))]["count"] >= 4 and moved[((1,), (0,))]["count"] >= 4
     assert run["check"]["match"], run["check"]
+
+
+def test_each_region_runs_on_cores_of_its_own(testbed):
+    cpus = sorted(os.sched_getaffinity(0))
+    for regions in range(1, len(cpus) + 1):
+        pins = testbed.pinning(regions)
+        flat = [c for p in pins for c in p]
+        assert len(pins) == regions and all(pins) and len(set(flat)) == len(flat)
+        assert set(flat) <= set(cpus)
+    assert testbed.pinning(len(cpus) + 1) is None  # fewer cores than regions: not pinned
+    net = testbed.Regions([100.0] * len(cpus), "p")
+    assert net.prefix(0)[4:7] == ["taskset", "-c", ",".join(map(str, net.cpus[0]))]
+    assert "taskset" not in testbed.Regions([100.0] * (len(cpus) + 1), "p").prefix(0)
+    # A pinned process runs where it is told (the command the workers start under).
+    out = subprocess.run(["taskset", "-c", str(cpus[-1]), "python3", "-c",
+                          "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str([cpus[-1]])

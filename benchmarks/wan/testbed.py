@@ -65,9 +65,10 @@ def _run(*cmd: str) -> str:
 class Regions:
     """``n`` region namespaces joined through a bridge in a core namespace, each uplink shaped."""
 
-    def __init__(self, rates_mbit, tag: str, subnet: str = "10.214.9"):
+    def __init__(self, rates_mbit, tag: str, subnet: str = "10.214.9", pin: bool = True):
         self.rates = list(rates_mbit)
         self.n = len(self.rates)
+        self.cpus = pinning(self.n) if pin else None
         self.core = f"hjw{tag}core"
         self.ns = [f"hjw{tag}r{i}" for i in range(self.n)]
         self.dev = [f"hjw{tag}v{i}" for i in range(self.n)]  # region end
@@ -113,8 +114,10 @@ class Regions:
                          "400ms")
 
     def prefix(self, i: int) -> list[str]:
-        """Run process ``i`` in region ``i`` with its IP as hostname (gloo binds it)."""
-        return ["ip", "netns", "exec", self.ns[i], "unshare", "--uts", "sh", "-c",
+        """Run process ``i`` in region ``i`` with its IP as hostname (gloo binds it), on its own
+        cores where there are enough (:func:`pinning`)."""
+        pin = ["taskset", "-c", ",".join(map(str, self.cpus[i]))] if self.cpus else []
+        return ["ip", "netns", "exec", self.ns[i], *pin, "unshare", "--uts", "sh", "-c",
                 f'hostname {self.ip[i]} && exec "$0" "$@"']
 
     def probe(self, a: int = 0, b: int = 1, megabytes: int = 4) -> tuple[float, float]:
@@ -165,6 +168,22 @@ c.shutdown(socket.SHUT_WR); c.recv(1)
 rtts.sort()
 print(rtts[len(rtts) // 2], n * len(buf) / (time.perf_counter() - t))
 """
+
+
+def pinning(regions: int) -> list[list[int]] | None:
+    """Per region, the cores its process runs on: the cores this process may use, split evenly
+    (``None`` when there are fewer cores than regions).
+
+    Fake CPU devices in different processes share the machine's cores, so unpinned a device
+    computes at twice its all-busy rate while the others wait (in a pipeline's bubble) and at
+    that rate when they compute: its speed depends on the plan. Pinned, each region's devices
+    have cores of their own, as the devices of a real cluster do, and the calibration measures
+    the rate they compute at in every plan."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < regions:
+        return None
+    per = len(cpus) // regions
+    return [cpus[i * per:(i + 1) * per] for i in range(regions)]
 
 
 def leftovers(tag: str) -> list[str]:
@@ -230,11 +249,12 @@ def main(argv=None) -> int:
               "jax": jax.__version__, "command": command.strip(), "regions": args.regions,
               "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model, "batch": batch,
               "overrides": overrides,
-              "steps": args.steps, "tbf_burst": BURST,
+              "steps": args.steps, "tbf_burst": BURST, "pinning": None,
               "latency": "modelled, not emulated (netem unavailable): the topology's latency is "
                          "the measured RTT / 2 of the veth links"}
     rows = []
     net = Regions(rates, tag)
+    result["pinning"] = net.cpus
     try:
         with net:
             net.shape(True)
@@ -242,7 +262,7 @@ def main(argv=None) -> int:
             print(f"{args.regions} regions at {rates} Mbit/s: RTT {rtt * 1e6:.0f} us, TCP "
                   f"goodput {goodput / 1e6:.3g} MB/s", flush=True)
             topo_cal, cal = calibrate(processes=args.regions, local_devices=args.devices,
-                                      matmul_size=512, memory_bytes=32 << 20,
+                                      memory_bytes=32 << 20,
                                       link_bytes=(1 << 18, 1 << 20, 1 << 22), repeats=5,
                                       out=os.path.join(args.run_dir, "calibrate"),
                                       host=net.ip[0], prefix=net.prefix, timeout=args.timeout)
@@ -401,6 +421,13 @@ def markdown(res: dict) -> str:
         f"{cal['link']['latency'] * 1e6:.0f} us (nominal tbf rate "
         f"{res['link_nominal'] / 1e6:.3g} MB/s). Plans and predictions use the calibrated numbers "
         f"(`benchmarks/wan/topology.json`).", "",
+        (f"**Cores**: each region's process runs on cores of its own (`taskset`: "
+         f"{'; '.join(f'region {i}: {c}' for i, c in enumerate(res['pinning']))}), so a "
+         f"device computes at the calibrated rate whatever the others do." if res.get("pinning")
+         else f"**Cores**: {res['cpus']} cores for {res['regions']} processes, not pinned"
+              f"{'' if 'pinning' in res else ' (runs before pinning existed)'}: a device "
+              f"computes faster while the others wait than while they compute, so its speed "
+              f"depends on the plan."), "",
         *([f"**More fake devices than cores**: {res['regions'] * res['devices_per_region']} "
            f"devices on {res['cpus']} cores. Plans whose program has collectives between the "
            f"devices of one process (including `auto`'s and `pipeline`'s in-stage ones) run far "
@@ -410,7 +437,7 @@ def markdown(res: dict) -> str:
           if res["regions"] * res["devices_per_region"] > res["cpus"]
           and res["devices_per_region"] > 1 else []),
         "Step quartiles: 25th-75th percentile of the shaped steps after the first (slowest "
-        "process), to show the noise of fake devices sharing the machine's cores. "
+        "process), to show the run-to-run noise. "
         "Measured comm = step shaped - step unshaped (same programs); a plan whose compiled "
         "program has no collective between regions and sends no value between them shows '-' (its "
         "processes do not wait for each other, and the difference is noise).", "",

@@ -17,12 +17,23 @@ Where this sits::
 What is measured, and how (every number is a median over ``repeats`` timed runs after a warm-up,
 with every device of every process running at once, as they do in a launch job):
 
-* **matmul throughput** per device: a jitted ``n x n`` float32 matmul on each local device at once
-  (one program over a process-local mesh, no communication), ``2 n^3`` FLOPs per device per run.
-  Fake CPU devices share the machine's cores, so this is each device's share when all of them
-  work, which is what a launch job on this machine gets.
+* **matmul throughput** per device: the three matmuls of a dense layer's training step on
+  ``n x n`` float32 activations and weights (forward ``y = x w``, input gradient ``y w^T``, weight
+  gradient ``x^T y``: two of three contract a transposed operand, as in every training step),
+  chained in one jitted program on each local device at once (a process-local mesh, no
+  communication) for :data:`BUSY_FLOPS` per run, ``6 n^3`` FLOPs per link of the chain. Fake CPU
+  devices share the machine's cores, so this is each device's share when all of them work,
+  which is what a launch job on this machine gets. Why a chain, and why these matmuls (measured
+  on 2 cores, one device in each of 2 processes): one 512 x 512 matmul per run gave 107
+  GFLOP/s per device, the rate of one device alone, because each run takes milliseconds and the
+  barrier releases the processes a fraction of that apart, so their runs barely overlap; a GPT
+  step running in both processes at once took 1.9x what that number predicted. On one core a
+  square matmul ran at 65-78 GFLOP/s and the training trio at 48-58 (XLA:CPU runs the
+  transposed-operand products slower), which is the pace of the step's matmuls.
 * **memory bandwidth** per device: ``y = x * a + b`` on a ``memory_bytes`` float32 array per
-  device: one read and one write, ``2 x memory_bytes`` per run.
+  device, one program per pass, each reading the previous pass's result and writing a fresh
+  buffer (as a step's elementwise kernels do), for :data:`BUSY_TRAFFIC` bytes per run: one read
+  and one write, ``2 x memory_bytes`` per pass.
 * **kernel overhead** per device: a jitted chain of ``KERNEL_CHAIN`` dependent ``16 x 16``
   matmuls (one kernel each) against a chain of one, on every local device at once:
   ``(t_chain - t_one) / (KERNEL_CHAIN - 1)`` is what each further kernel adds beyond its
@@ -68,6 +79,22 @@ CALIBRATION_FORMAT = 1
 
 KERNEL_CHAIN = 64
 """Dependent tiny matmuls in the kernel-overhead measurement."""
+
+BUSY_FLOPS = 2e10
+"""FLOPs per device in one timed run of the matmul measurement (a chain of dense-layer training
+matmuls): long enough that every device's run overlaps the others' (the module docstring)."""
+
+BUSY_TRAFFIC = 4e9
+"""Bytes read and written per device in one timed run of the memory measurement."""
+
+
+def chain_length(work: float, per_run: float) -> int:
+    """Repeats of a kernel doing ``per_run`` of work so that a chain does ``work`` (at least 1).
+
+    >>> chain_length(2e10, 6 * 512 ** 3), chain_length(1.0, 5.0)
+    (25, 1)
+    """
+    return max(1, round(work / per_run))
 
 
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], *,
@@ -162,20 +189,40 @@ def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
                  "platform": local[0].platform}
 
     n = int(matmul_size)
-    a = jax.make_array_from_callback((k * n, n), per_dev,
-                                     lambda idx: np.full((n, n), 1e-3, np.float32))
-    mm = jax.jit(jax.shard_map(lambda x: x @ x, mesh=local_mesh, in_specs=PartitionSpec("dev"),
-                               out_specs=PartitionSpec("dev")))
-    t = _median_time(lambda: mm(a), repeats, barrier)
-    out["matmul"] = {"n": n, "seconds": t, "flops_per_device": 2 * n ** 3}
+    reps = chain_length(BUSY_FLOPS, 6 * n ** 3)
+
+    def dense_layer(i, xw):
+        x, w = xw
+        y = x @ w  # forward
+        # input gradient (w transposed) and weight gradient (x transposed); filled with 1/n,
+        # x @ w == x and the chain stays finite
+        return y @ w.T, w + jnp.float32(1e-9) * (x.T @ y)
+
+    fill = lambda idx: np.full((n, n), 1.0 / n, np.float32)  # noqa: E731
+    xs = jax.make_array_from_callback((k * n, n), per_dev, fill)
+    ws = jax.make_array_from_callback((k * n, n), per_dev, fill)
+    mm = jax.jit(jax.shard_map(
+        lambda x, w: jax.lax.fori_loop(0, reps, dense_layer, (x, w)), mesh=local_mesh,
+        in_specs=(PartitionSpec("dev"),) * 2, out_specs=(PartitionSpec("dev"),) * 2))
+    t = _median_time(lambda: mm(xs, ws), repeats, barrier)
+    out["matmul"] = {"n": n, "chain": reps, "matmuls": "dense-layer training (x w, y w^T, x^T y)",
+                     "seconds": t, "flops_per_device": 6 * n ** 3 * reps}
 
     elems = max(1, int(memory_bytes) // 4)
+    passes = chain_length(BUSY_TRAFFIC, 2 * elems * 4)
     x = jax.make_array_from_callback((k * elems,), per_dev,
                                      lambda idx: np.ones(elems, np.float32))
     axpb = jax.jit(lambda v: v * jnp.float32(1.0001) + jnp.float32(1e-3))
-    t = _median_time(lambda: axpb(x), repeats, barrier)
-    out["memory"] = {"bytes_per_device": elems * 4, "seconds": t,
-                     "traffic_per_device": 2 * elems * 4}
+
+    def streams():
+        y = x
+        for _ in range(passes):
+            y = axpb(y)
+        return y
+
+    t = _median_time(streams, repeats, barrier)
+    out["memory"] = {"bytes_per_device": elems * 4, "chain": passes, "seconds": t,
+                     "traffic_per_device": 2 * elems * 4 * passes}
 
     def chain(links):
         def body(v):

@@ -9,7 +9,7 @@ import pytest
 import hulkjax as hj
 from hulkjax.cli import main
 from hulkjax.errors import HulkjaxError, WorkerFailedError
-from hulkjax.launch.calibrate import calibrate, fit_alpha_beta
+from hulkjax.launch.calibrate import BUSY_FLOPS, calibrate, chain_length, fit_alpha_beta
 from hulkjax.topology.specs import DEVICE_SPECS
 
 TIMEOUT = 180
@@ -26,7 +26,10 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     spec = loaded.slowest_device()
     # The device numbers are the measured work divided by the measured median times.
     mm, mem = meas["matmul"], meas["memory"]
-    assert mm["flops_per_device"] == 2 * 96 ** 3 and mm["seconds"] > 0
+    # A chain of matmuls per run, long enough that every device's runs overlap the others'.
+    assert mm["chain"] == chain_length(BUSY_FLOPS, 6 * 96 ** 3) > 1
+    assert mm["flops_per_device"] == 6 * 96 ** 3 * mm["chain"] and mm["seconds"] > 0
+    assert mem["traffic_per_device"] == 2 * mem["bytes_per_device"] * mem["chain"]
     assert spec.peak_flops == pytest.approx(mm["flops_per_device"] / mm["seconds"])
     assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / mem["seconds"])
     kern = rec["measurements"]["kernels"]
