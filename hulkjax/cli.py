@@ -591,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--processes", type=int, default=2, help="processes (default 2)")
     ca.add_argument("--local-devices", type=int, default=1,
                     help="fake CPU devices per process (default 1)")
-    ca.add_argument("--matmul-size", type=int, default=1024, help="n of the n x n matmul")
+    ca.add_argument("--matmul-size", type=int, default=1024,
+                    help="n of the n x n activations and weights of the dense-layer matmuls")
     ca.add_argument("--memory-mb", type=float, default=64.0,
                     help="MiB per device for the memory bandwidth (default 64)")
     ca.add_argument("--link-mb", type=float, nargs="+", default=[1.0, 8.0, 32.0],

@@ -311,7 +311,8 @@ def calibrate(*, processes: int = 2, local_devices: int = 1, matmul_size: int = 
     Args:
       processes: processes (>= 2 to measure a link between processes).
       local_devices: fake CPU devices per process (the devices of a launch on this machine).
-      matmul_size: ``n`` of the ``n x n`` float32 matmul.
+      matmul_size: ``n`` of the ``n x n`` float32 activations and weights of the dense-layer
+        training matmuls (the module docstring).
       memory_bytes: bytes per device of the memory-bandwidth array.
       link_bytes: all-reduce sizes (bytes per device) the link is fitted on (>= 2 sizes).
       repeats: timed runs per measurement (the median is kept).
