@@ -65,10 +65,10 @@ def _run(*cmd: str) -> str:
 class Regions:
     """``n`` region namespaces joined through a bridge in a core namespace, each uplink shaped."""
 
-    def __init__(self, rates_mbit, tag: str, subnet: str = "10.214.9", pin: bool = True):
+    def __init__(self, rates_mbit, tag: str, subnet: str = "10.214.9"):
         self.rates = list(rates_mbit)
         self.n = len(self.rates)
-        self.cpus = pinning(self.n) if pin else None
+        self.cpus = pinning(self.n)
         self.core = f"hjw{tag}core"
         self.ns = [f"hjw{tag}r{i}" for i in range(self.n)]
         self.dev = [f"hjw{tag}v{i}" for i in range(self.n)]  # region end
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
               "jax": jax.__version__, "command": command.strip(), "regions": args.regions,
               "rates_mbit": rates, "devices_per_region": args.devices, "model": args.model, "batch": batch,
               "overrides": overrides,
-              "steps": args.steps, "tbf_burst": BURST, "pinning": None,
+              "steps": args.steps, "tbf_burst": BURST,
               "latency": "modelled, not emulated (netem unavailable): the topology's latency is "
                          "the measured RTT / 2 of the veth links"}
     rows = []

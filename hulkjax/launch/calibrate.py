@@ -382,15 +382,21 @@ def _memory_capacity(devices: int) -> float:
     return float(total) / devices
 
 
-def _topology_from(meas: dict, *, processes: int, local_devices: int,
-                   name: str) -> tuple[Topology, dict]:
+def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
+    """The device of :func:`measure`'s timings: FLOP/s and memory bandwidth are the measured work
+    over the measured median time, the kernel overhead :func:`kernel_overhead`'s."""
     mm, mem = meas["matmul"], meas["memory"]
     flops = mm["flops_per_device"] / mm["seconds"]
-    hbm = mem["traffic_per_device"] / mem["seconds"]
-    overhead = kernel_overhead(meas["kernels"]) if "kernels" in meas else 0.0
-    spec = DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
-                      memory=_memory_capacity(processes * local_devices), hbm_bandwidth=hbm,
-                      kernel_overhead=overhead)
+    return DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
+                      memory=memory, hbm_bandwidth=mem["traffic_per_device"] / mem["seconds"],
+                      kernel_overhead=kernel_overhead(meas["kernels"]) if "kernels" in meas
+                      else 0.0)
+
+
+def _topology_from(meas: dict, *, processes: int, local_devices: int,
+                   name: str) -> tuple[Topology, dict]:
+    spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
+    flops, hbm, overhead = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
     link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                                        [x["seconds"] for x in meas["link"]],
                                        participants=processes)
