@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -35,7 +34,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 1)
 
-import numpy as np  # noqa: E402
+from gpu_measure import _median_time  # noqa: E402  (this directory: the same timer)
 
 import hulkjax as hj  # noqa: E402
 from hulkjax.cost.model import CostModel  # noqa: E402
@@ -44,16 +43,6 @@ from tests.realmodels import families  # noqa: E402
 
 JSON_PATH = os.path.join(HERE, "results", "compute_check.json")
 MD_PATH = os.path.join(HERE, "COMPUTE.md")
-
-
-def _median_time(fn, args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def main(argv=None) -> int:
@@ -74,7 +63,7 @@ def main(argv=None) -> int:
             print(f"  {name}: skipped ({families.FAMILIES[name].install})", flush=True)
             continue
         step, state, batch = families.build(name, args.size)
-        measured = _median_time(jax.jit(step), (state, batch), args.repeats)
+        measured, _ = _median_time(jax.jit(step), (state, batch), args.repeats)
         graph = hj.trace(step, state, batch)
         cm = CostModel(graph, topo)
         predicted = cm.evaluate(cm.replicated_assignment()).compute_time
