@@ -31,9 +31,6 @@ sys.path.insert(0, ROOT)  # the families live in tests/realmodels
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-
-jax.config.update("jax_num_cpu_devices", 1)
-
 from gpu_measure import _median_time  # noqa: E402  (this directory: the same timer)
 
 import hulkjax as hj  # noqa: E402
@@ -52,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="small")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
+    # One device (set here, not on import: importing must leave JAX's configuration alone).
+    jax.config.update("jax_num_cpu_devices", 1)
     meas = measure(matmul_size=1024, memory_bytes=32 << 20, link_bytes=(), repeats=args.repeats)
     spec = device_spec(meas, memory=16e9)
     topo = hj.Topology.grid((1,), ("d",), device=spec, name="calibrated-1")
