@@ -12,7 +12,10 @@ optimizer state). Every other operator follows one fixed operand, its *lead*: an
 result's shape that comes from state if there is one (optimizer updates follow their parameter),
 else the largest before broadcasting (a broadcast statistic is not the data path), never a
 constant-derived one (a mask) or a predicate when another exists. A follower belongs to the group its lead comes from and takes its layout from it
-through the per-primitive follow rules (:mod:`hulkjax.rules.sharding`).
+through the per-primitive follow rules (:mod:`hulkjax.rules.sharding`). What is computed from
+constants alone stays replicated in the *free* group, unless one group alone reads it: then it
+joins that group and is made in the layout its first reader needs (the zeros a scatter
+accumulates into, cut to the scatter's split, as XLA's partitioner makes them).
 
 **Cost of an assignment** (one candidate per group) is a sum, which is what makes the ILP exact:
 
@@ -37,8 +40,8 @@ layer that plans (:mod:`hulkjax.strategies.loops`) passes a loop planner in (``l
 each body is a graph planned by a cost model of its own, and a candidate's local cost is ``trip_count`` x (the body's compute at its local shapes + the collectives
 its plan implies, carry resharding included); its collectives appear, repeated ``trip_count``
 times, in the :class:`Cost` and in :meth:`program_collectives`. Its memory is the body's transient
-(saved activations inside the body and its largest value); what a scan stacks (``ys``) are outer
-values, costed as such.
+(the peak of the body's own liveness walk less its arguments; its collectives' buffers are in it);
+what a scan stacks (``ys``) are outer values, costed as such.
 
 **Records.** :meth:`CostModel.breakdown` returns where an assignment's time and memory go,
 operator by operator (:class:`Breakdown`), so an explanation reads the numbers the model summed
@@ -53,6 +56,7 @@ communication do not overlap.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -95,7 +99,8 @@ class Group:
     Attributes:
       id: index into ``CostModel.groups``.
       kind: ``"input"`` (a parameter with its optimizer state, or a data input), ``"leader"`` (an
-        operator with candidates), or ``"free"`` (constants and operators with no operand).
+        operator with candidates), or ``"free"`` (constants and what is computed from them alone,
+        unless one group alone reads it: see :class:`CostModel`).
       inputs: graph-input indices it owns (input groups).
       leader: the leader node id (leader groups).
       members: follower node ids, in execution order.
@@ -332,6 +337,7 @@ class CostModel:
                         state_origin.add(o)
                 else:
                     self.group_of_value[o] = self.group_of_node[node.id]
+        self._sink_constants(free)
         by_sig: dict[tuple, list] = {}
         for grp in self.groups:
             if grp.kind == LEADER:
@@ -346,6 +352,45 @@ class CostModel:
                 grp.signature = grp.signature + (tuple(self._node_sig(n) for n in grp.members),)
             else:
                 grp.candidates = [None]
+
+    def _sink_constants(self, free: Group) -> None:
+        """Move what is computed from constants alone and read by one group only (the zeros a
+        scatter accumulates into, a mask one attention reads) into that group, made in the layout
+        its first reader needs: a partitioner propagates the reader's sharding onto it, so each
+        device makes its own piece (XLA's SPMD partitioner cuts a broadcast of a constant to the
+        consumer's sharding). Left in the free group, it would be costed replicated: every device
+        writing the whole buffer (the (batch, sequence, vocabulary) zeros of a cross-entropy's
+        gradient cost a quarter of an 8B LLaMA's predicted step that way).
+
+        ``self.made_at[reader] = [(operand, maker), ...]`` and ``self.made_by[maker] = reader``;
+        the maker's resolution is built when its reader's is (:meth:`_build_local`)."""
+        g = self.graph
+        self.made_at: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.made_by: dict[int, int] = {}
+        self.made_values: set[int] = set()
+        outputs = {v for v in g.outputs if v is not None}
+        kept = []
+        for nid in free.members:
+            node = g.nodes[nid]
+            target = None
+            if len(node.outputs) == 1 and not node.subgraphs and node.outputs[0] not in outputs \
+                    and g.values[node.outputs[0]].shape:
+                readers = g.consumers(node.outputs[0])
+                gids = {self.group_of_node[c] for c, _ in readers}
+                if len(gids) == 1 and free.id not in gids and not any(
+                        g.nodes[c].primitive in PASSTHROUGH for c, _ in readers):
+                    target = gids.pop()
+            if target is None:
+                kept.append(nid)
+                continue
+            reader, k = min(g.consumers(node.outputs[0]))
+            bisect.insort(self.groups[target].members, nid)  # members stay in execution order
+            self.group_of_node[nid] = target
+            self.group_of_value[node.outputs[0]] = target
+            self.made_at[reader].append((k, nid))
+            self.made_by[nid] = reader
+            self.made_values.add(node.outputs[0])
+        free.members[:] = kept
 
     def _choose_lead(self, node, state_origin, data_origin) -> int | None:
         """The operand a follower takes its layout from.
@@ -696,6 +741,7 @@ class CostModel:
                 t = self.compute_time(node, r.shards)
             compute += t
             node_compute[node.id] = t
+            compute += self._make_in_place(node.id, r, specs, res, node_compute)
             own = self._defer(self._on_wire(r.comms, node), node.id)
             node_comms[node.id] = own
             comms.extend(own)
@@ -711,6 +757,8 @@ class CostModel:
                 specs[o] = src_spec if src_spec is not None else \
                     replicated(len(g.values[o].shape))
                 continue
+            if nid in self.made_by:  # made with its reader, in the layout the reader needs
+                continue
             node = g.nodes[nid]
             lead = self.lead[nid]
             if lead is None:
@@ -724,6 +772,7 @@ class CostModel:
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
+            compute += self._make_in_place(nid, r, specs, res, node_compute)
             own = self._defer(self._on_wire(r.comms, node), nid)
             node_comms[nid] = own
             comms.extend(own)
@@ -744,6 +793,27 @@ class CostModel:
         time = compute + sum(self.comm_time(cm) for cm in comms)
         return Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
                      comms if program is None else program, node_compute, node_comms, moves, uses)
+
+    def _make_in_place(self, reader: int, r: Resolution, specs, res, node_compute) -> float:
+        """Resolve the constant-made operands of ``reader`` (:meth:`_sink_constants`) in the
+        layout its resolution ``r`` needs them in; returns their compute time."""
+        t = 0.0
+        for k, maker in self.made_at.get(reader, ()):
+            need = r.in_specs[k]
+            if need is None:
+                continue
+            node = self.graph.nodes[maker]
+            shards = math.prod(self.sizes[a] for axes in need for a in axes)
+            rm = Resolution(
+                in_specs=tuple(None if v is None else replicated(len(self.graph.values[v].shape))
+                               for v in node.inputs),
+                out_specs=(need,), shards=shards, label="made in place")
+            res[maker] = rm
+            specs[node.outputs[0]] = need
+            tm = self.compute_time(node, shards)
+            node_compute[maker] = tm
+            t += tm
+        return t
 
     def _waiting_partial_sums(self, comms) -> list[float]:
         """Bytes of the partial sums among ``comms`` that the additive memory model must hold
@@ -909,7 +979,8 @@ class CostModel:
             src_gid = self.group_of_value[v]
             have = self.spec(src_gid, assignment[src_gid], v)
             arriving.append((v, have, None if have is None else self._spec_axes(have),
-                             src_gid == self._free and have is not None and not any(have)))
+                             (src_gid == self._free or v in self.made_values)
+                             and have is not None))
         out = []
         for c in cands:
             if grp.kind == LEADER and grp.leader == nid:

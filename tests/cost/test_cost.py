@@ -163,3 +163,36 @@ def test_estimate_matches_the_plans_cost():
     plan = hj.plan(m.step, state, batch, topology=TOPO, strategy="fsdp")
     assert hj.estimate(m.step, state, batch, plan=plan) == plan.cost
     assert hj.estimate(m.step, state, batch, topology=TOPO, strategy="fsdp") == plan.cost
+
+
+def test_zeros_a_scatter_accumulates_into_are_made_in_the_readers_layout():
+    """The gradient of a pick from the logits (a cross-entropy's label lookup) scatter-adds into
+    zeros of the logits' shape, made from a constant alone. XLA's partitioner cuts such a
+    broadcast to its reader's sharding, so each device writes its own piece. Costed replicated, the
+    (batch, sequence, vocabulary) zeros were a quarter of an 8B LLaMA's predicted step. Here the
+    zeros are costed at the batch split ``dp`` gives the scatter, and the emitted program (which
+    pins them there) computes what the unsharded gradient does."""
+    import jax
+
+    def loss(w, x, labels):
+        logp = jax.nn.log_softmax(x @ w)
+        return -jnp.take_along_axis(logp, labels[:, None], axis=-1).mean()
+
+    step = jax.grad(loss)
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(64, 512)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(256, 64)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 512, size=(256,)), jnp.int32)
+    topo = hj.Topology.grid((8,), ("data",))
+    g = hj.trace(step, w, x, labels)
+    cm = CostModel(g, topo)
+    [zeros] = [n for n in g.nodes if n.primitive.name == "broadcast_in_dim"
+               and all(v is None for v in n.inputs) and g.values[n.outputs[0]].shape == (256, 512)]
+    assert cm.group_of_node[zeros.id] != cm.free_group
+    plan = hj.plan(step, w, x, labels, topology=topo, strategy="dp")
+    b = cm.breakdown(plan.assignment, memory=False)
+    assert b.specs[zeros.outputs[0]] == (("data",), ())
+    assert b.compute[zeros.id] == pytest.approx(cm.compute_time(zeros, 8))
+    assert b.compute[zeros.id] < cm.compute_time(zeros, 1) / 4
+    np.testing.assert_allclose(hj.emit(step, plan)(w, x, labels), step(w, x, labels),
+                               rtol=1e-5, atol=1e-6)
