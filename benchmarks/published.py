@@ -2,7 +2,9 @@
 
 For each configuration that public recipes let us rebuild (MaxText's tiering table; see
 ``/work/shared/reference/anchors.md``), the zoo's ``llama`` model is built at the recipe's shapes
-(bf16, every layer rematerialized), traced with abstract arguments, planned with
+as MaxText runs them: bf16, the decoder layers as one scan over parameters stacked on a layer
+axis (``scan_layers=True``, MaxText's default), every layer rematerialized inside the scan body;
+traced with abstract arguments, planned with
 ``strategy="expert"`` (the recipe's own layout: MaxText's TPU recipes are FSDP over the whole
 slice, which is what ``expert`` writes on a TPU torus) on the TPU preset, and its predicted step
 time turned into MFU with MaxText's model-FLOPs formula. Nothing is tuned to the published
@@ -16,15 +18,17 @@ the recipes run it: attention is the zoo's ``jnp`` softmax attention (scores mat
 not the recipes' flash kernel; the TPU presets are datasheet rooflines (no measured matmul or
 HBM efficiency, unlike the NVIDIA kinds).
 
-    python benchmarks/published.py [--layers N]
+Scanned, each iteration gathers its layer's FSDP-sharded weights inside the body (forward, and
+again in the backward scan), so no gathered weight is held across layers; the unrolled program,
+where XLA gathers each weight once for its forward and backward uses, holds every layer's.
+Tracing and planning a scan costs the same at any depth (one body, costed x trip count), so the
+whole model is always planned (the former ``--layers N`` extrapolation is gone).
 
-``--layers N`` plans N layers instead of the model's own count and scales the per-layer time (the
-difference between an N-layer and a 1-layer plan) to the full depth; the table says so.
+    python benchmarks/published.py
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -83,9 +87,10 @@ def model_flops(cfg, batch: int) -> float:
     return 3 * ((ffn + qkv + proj) * cfg.n_layers + embed) + 3 * attention * cfg.n_layers
 
 
-def _plan(recipe: Recipe, topo, layers: int):
-    m = zoo.get("llama", size=recipe.size, n_layers=layers, seq_len=recipe.seq_len,
-                batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16", remat=True)
+def _plan(recipe: Recipe, topo):
+    m = zoo.get("llama", size=recipe.size, seq_len=recipe.seq_len,
+                batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16", remat=True,
+                scan_layers=True)
     state, batch = m.abstract()
     t0 = time.perf_counter()
     g = hj.trace(m.step, state, batch)
@@ -120,31 +125,23 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
     return {"compute": compute, "memory": memory}
 
 
-def measure(recipe: Recipe, layers: int | None) -> dict:
+def measure(recipe: Recipe) -> dict:
     topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
-    full = zoo.get("llama", size=recipe.size).config.n_layers
-    n = full if layers is None or layers >= full else layers
-    m, plan, trace_s, plan_s = _plan(recipe, topo, n)
+    m, plan, trace_s, plan_s = _plan(recipe, topo)
     c = plan.cost
     breakdown = where_it_goes(plan.graph, topo, plan)
     step, compute, comm = c.step_time, c.compute_time, c.comm_time
-    if n != full:  # scale the per-layer time to the full depth
-        _, one, _, _ = _plan(recipe, topo, 1)
-        per = [(x - y) / (n - 1) for x, y in ((step, one.cost.step_time),
-                                               (compute, one.cost.compute_time),
-                                               (comm, one.cost.comm_time))]
-        step, compute, comm = (y + p * (full - 1) for y, p in zip(
-            (one.cost.step_time, one.cost.compute_time, one.cost.comm_time), per))
-    cfg = dataclasses.replace(m.config, n_layers=full)
+    cfg = m.config
     batch = recipe.per_device_batch * topo.num_devices
     flops = model_flops(cfg, batch)
     peak = topo.num_devices * topo.slowest_device().peak_flops
     mfu = flops / (step * peak)
-    graph_flops = c.ideal_time * peak * (full / n)  # the traced program's FLOPs (remat included)
+    graph_flops = c.ideal_time * peak  # the traced program's FLOPs (remat included)
     return {
         "recipe": recipe.name, "model": recipe.size, "topology": topo.name,
         "chips": topo.num_devices, "global_batch": batch, "seq_len": recipe.seq_len,
-        "layers_planned": n, "layers": full, "remat": recipe.remat, "source": recipe.source,
+        "layers": cfg.n_layers, "scan_layers": cfg.scan_layers, "remat": recipe.remat,
+        "source": recipe.source,
         "published_mfu": recipe.published_mfu, "predicted_mfu": mfu,
         "ratio": mfu / recipe.published_mfu,
         "step_s": step, "compute_s": compute, "comm_s": comm,
@@ -164,14 +161,15 @@ def markdown(rows: list[dict], command: str) -> str:
            "FLOPs (MaxText's formula: weights and non-causal attention, x3 for training, "
            "rematerialization not counted) / (predicted step time x chips x bf16 peak). The layout "
            "is `strategy=\"expert\"`, which on a TPU torus is FSDP over every axis, as the "
-           "recipes are.", "",
-           "| recipe | chips | global batch x seq | layers planned | published MFU | predicted "
+           "recipes are. The layers are one scan (MaxText's `scan_layers=True`), each "
+           "rematerialized inside the scan body, so each layer's weights are gathered inside "
+           "the body, forward and backward, and none is held across layers.", "",
+           "| recipe | chips | global batch x seq | layers (scanned) | published MFU | predicted "
            "MFU | ratio | step (s) | compute (s) | comm (s) | MFU, compute only | MFU, comm "
            "hidden | traced / model FLOPs | peak memory (GB) |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        layers = (f"{r['layers']}" if r["layers_planned"] == r["layers"] else
-                  f"{r['layers_planned']} of {r['layers']} (scaled)")
+        layers = f"{r['layers']}" + (" (scan)" if r.get("scan_layers") else "")
         out.append(
             f"| {r['recipe']} | {r['chips']} | {r['global_batch']} x {r['seq_len']} | {layers} | "
             f"{r['published_mfu']:.1%} | {r['predicted_mfu']:.1%} | {r['ratio']:.2f} | "
@@ -184,7 +182,9 @@ def markdown(rows: list[dict], command: str) -> str:
     out += [f"- {r['recipe']}: {r['source']}; remat {r['remat']}." for r in rows]
     out += ["", "## Where the predicted time and memory go", "",
             "Per recipe, from the cost model's per-operator breakdown of the planned program "
-            "(`CostModel.breakdown`; the layers planned, not scaled): the operators with the "
+            "(`CostModel.breakdown`; a loop's time and memory are its node's: the scan's body "
+            "costed x its trip count, and the body's peak as a transient at the scan): the "
+            "operators with the "
             "largest predicted compute time, and the buffers live at the predicted peak of memory "
             "summed by kind, producer and shape (per chip).", ""]
     for r in rows:
@@ -205,18 +205,14 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--layers", type=int, default=None,
-                    help="plan this many layers and scale the per-layer time to the full depth")
-    args = ap.parse_args()
     rows = []
     for recipe in RECIPES:
-        r = measure(recipe, args.layers)
+        r = measure(recipe)
         print(f"{r['recipe']}: predicted MFU {r['predicted_mfu']:.1%} vs published "
               f"{r['published_mfu']:.1%} (ratio {r['ratio']:.2f}); trace {r['trace_s']:.1f} s, "
               f"plan {r['plan_s']:.1f} s", flush=True)
         rows.append(r)
-    command = "python benchmarks/published.py" + (f" --layers {args.layers}" if args.layers else "")
+    command = "python benchmarks/published.py"
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "published.json"), "w") as f:
         json.dump({"command": command, "machine": platform.processor() or platform.machine(),

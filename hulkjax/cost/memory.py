@@ -143,7 +143,10 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     # the sweep has a slot for the step's end). Its partial sums wait for it; its results exist
     # from then on, so operands and results are live together there, unless the backend reduces
     # in place.
-    own = {nid: comms for nid, comms in b.own.items() if mine is None or nid in mine}
+    # A loop's collectives run inside its body, once per iteration: their buffers are part of the
+    # body's own walk (the loop's transient below), not held across the step.
+    own = {nid: comms for nid, comms in b.own.items()
+           if (mine is None or nid in mine) and not g.nodes[nid].subgraphs}
     reductions = ("all-reduce", "reduce-scatter")
     pending: dict[tuple, list] = {}  # (kind, axes) -> [(nid, comm), ...] of the open group
     runs_at: dict[int, int] = {}  # id(comm) -> where its group runs

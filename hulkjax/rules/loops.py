@@ -87,8 +87,9 @@ class LoopResolution(Resolution):
     Attributes (besides :class:`~hulkjax.rules.sharding.Resolution`'s; ``comms`` are the body's
     collectives, repeated ``trip_count`` times, as the cost charges them):
       compute: seconds of compute per step on the slowest device: ``trip_count`` x the body's.
-      memory: per-device bytes the body keeps while it runs (its saved activations and its
-        largest value); what it stacks (``ys``) are outer values, costed by the outer model.
+      memory: per-device bytes the body keeps while it runs (the peak of its own liveness walk
+        less its arguments, the loop's operands held outside it); what it stacks (``ys``) are
+        outer values, costed by the outer model.
       program_comms: the collectives the compiled program should contain (a value brought to a
         layout once per iteration), repeated ``trip_count`` times.
       iteration_comms: those of one iteration (a ``cond``: of every branch).

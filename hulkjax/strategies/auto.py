@@ -28,6 +28,7 @@ from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load
 from hulkjax.plan.records import Plan
 from hulkjax.plan.specs import to_pspec
+from hulkjax.rules.loops import LoopResolution
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.ilp import solve
@@ -74,7 +75,11 @@ def shortlist(cm, logp: np.ndarray | None, *, top_k: int = TOP_K, seed: int = 0,
         chosen = {0, *[int(c) for c in order[:top_k]]}
         for a in (seeds or {}).values():
             chosen.add(a[grp.id])
-        if grp.kind == LEADER:
+        if grp.kind == LEADER and isinstance(grp.candidates[0], LoopResolution):
+            # A loop's candidates are whole body plans, few, and they pair across loops (a
+            # backward scan mirrors its forward one), which no per-group score sees: all kept.
+            chosen.update(range(n))
+        elif grp.kind == LEADER:
             # With a split, every way of finishing it: all-reduce, or reduce-scatter along any
             # result dimension (candidates with the same operand layouts). Which is best depends
             # on where the result goes, which the search sees and a per-group score does not.

@@ -46,6 +46,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import INPUT, LEADER, CostModel
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.records import BodyPlan
@@ -53,7 +54,7 @@ from hulkjax.plan.specs import Spec, divides, from_pspec, local_shape, replicate
 from hulkjax.rules.loops import Boundary, LoopBody, LoopResolution, boundary
 from hulkjax.rules.sharding import Mesh, Resolution
 from hulkjax.strategies.layouts import InputLayouts, shard_parameters, split_batch, tensor_parallel
-from hulkjax.strategies.search import coordinate_descent, propagate
+from hulkjax.strategies.search import coordinate_descent, local_cost, neighbours, propagate
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, dtype_size
 from hulkjax.trace.primitives import VIEWS
 
@@ -184,6 +185,56 @@ def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool) -> list
     return a
 
 
+def _gradients(node: Node, graph: OpGraph, b: Boundary, state: list[bool]) -> dict[int, list[int]]:
+    """``{body output: [operand, ...]}``: a backward scan's ``ys`` that are the per-layer
+    gradients of stacked parameters, each with the stacked state operands of its per-iteration
+    shape and dtype (the parameters it can be the gradient of)."""
+    if b.kind != "scan" or not node.backward:
+        return {}
+    view = node.subgraphs[b.main]
+    params: dict[tuple, list[int]] = {}
+    for k, v in enumerate(node.inputs):
+        if v is not None and state[k] and b.stacked[k] and b.slots[k]:
+            params.setdefault((b.slots[k], graph.values[v].dtype), []).append(k)
+    out = {}
+    for kind, idx in b.results:
+        vid = view.outputs[idx] if kind == "out" else None
+        if vid is not None:
+            val = view.values[vid]
+            ks = params.get((tuple(val.shape), val.dtype))
+            if ks:
+                out[idx] = ks
+    return out
+
+
+def _to_exits(bcm, a: list[int], exits: dict[int, Spec]) -> list[int]:
+    """Each result with an exit layout produced in it where that is cheaper than producing it
+    otherwise and resharding after (a gradient reduce-scattered to its parameter's layout rather
+    than all-reduced, as a partitioner does on request): the producing group takes, among its
+    candidates that make the result in its exit layout, the one cheapest with its neighbours."""
+    view = bcm.graph
+    nb = None
+    for i, spec in exits.items():
+        vid = view.outputs[i]
+        gid = None if vid is None else bcm.group_of_value.get(vid)
+        if gid is None or bcm.groups[gid].kind != LEADER:
+            continue
+        now = bcm.spec(gid, a[gid], vid)
+        if now is None or now == spec:
+            continue
+        nb = nb if nb is not None else neighbours(bcm)
+        best = local_cost(bcm, nb, gid, a[gid], a) + \
+            sum(bcm.comm_time(cm) for cm in bcm.reshard(vid, now, spec))
+        choice = a[gid]
+        for c in range(len(bcm.groups[gid].candidates)):
+            if c != a[gid] and bcm.spec(gid, c, vid) == spec:
+                t = local_cost(bcm, nb, gid, c, a)
+                if t < best - 1e-15:
+                    best, choice = t, c
+        a[gid] = choice
+    return a
+
+
 def _nbytes(graph: OpGraph, vid: int, spec: Spec, sizes) -> float:
     v = graph.values[vid]
     n = 1.0
@@ -217,27 +268,40 @@ def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
         extra = bcm.reshard(vid, specs[vid], spec)
         comms.extend(extra)
         program.extend(extra)
-    inputs = set(view.inputs)
-    sizes = bcm.sizes
-    saved = sum(_nbytes(view, v, s, sizes) for v, s in specs.items()
-                if v in bcm.saved_activations)
-    peak = max((_nbytes(view, v, s, sizes) for v, s in specs.items() if v not in inputs),
-               default=0.0)
+    # One iteration's transient: the body's own liveness walk (the parameters it gathers, what
+    # its backward part reads, fused chains as one buffer, values made from constants in the
+    # layout their readers need) less the body's arguments, which are the loop's operands and
+    # carry: held outside the loop, and counted there.
+    walk = liveness(bcm, a)
+    memory = walk.peak - sum(buf.bytes for buf in walk.live if buf.node is None)
     time = compute + sum(bcm.comm_time(cm) for cm in comms)
-    return _BodyCost(compute, comms, program, saved + peak, time, specs)
+    return _BodyCost(compute, comms, program, memory, time, specs)
 
 
 def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms: list,
              slot_specs: list[Spec | None], param_use: str, label: str, mesh: Mesh,
-             rep_compute: float | None, improve: bool = False) -> LoopResolution | None:
+             rep_compute: float | None, improve: bool = False,
+             grads: dict[int, list[int]] | None = None) -> LoopResolution | None:
     if not all(s is None or divides(shape, s, mesh.sizes)
                for shape, s in zip(b.slots, slot_specs)):
         return None
+    # A backward scan's parameter gradients leave the body in their parameters' layouts (where
+    # every parameter of that shape has one, and it is split): the body reduce-scatters them as
+    # its forward counterpart gathers the parameters, and the stacked gradients come out split
+    # like them.
+    to_params: dict[int, Spec] = {}
+    for idx, ks in (grads or {}).items():
+        found = {slot_specs[k] for k in ks if slot_specs[k] is not None}
+        if len(found) == 1 and any(spec := found.pop()):  # replicated: as produced
+            to_params[idx] = spec
     plans = []
     for bi, bcm in enumerate(bcms):
         ins = [slot_specs[k] if slot_specs[k] is not None else replicated(len(b.slots[k] or ()))
                for k in b.inputs[bi]]
-        plans.append((ins, _complete(bcm, ins, param_use, improve)))
+        a = _complete(bcm, ins, param_use, improve)
+        if bi == b.main and to_params:
+            a = _to_exits(bcm, a, to_params)
+        plans.append((ins, a))
     # Results: carries keep the carry-in layout; scan ys and cond results come out as produced
     # (a cond's: as its main branch produces them).
     specs = [bcm.value_specs(a) for bcm, (_, a) in zip(bcms, plans)]
@@ -256,6 +320,8 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
         main_vid = views[b.main].outputs[idx]
         s = specs[b.main].get(main_vid) if main_vid is not None else None
         if b.kind == "scan":
+            if idx in to_params:
+                s = to_params[idx]
             spec = ((),) + s if s is not None else replicated(rank)
             exits[0][idx] = spec[1:]
         else:
@@ -377,6 +443,7 @@ def _loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[R
     mirrors = _mirrors(node, graph, b, {label: (slots, use) for label, slots, use in hyps},
                        mesh, topology)
     tries += [(h, improve) for h in mirrors for improve in (False, True)]
+    grads = _gradients(node, graph, b, state)
     own = 0  # candidates of this loop's own hypotheses (mirrors have a budget of their own)
     for (label, slots, param_use), improve in tries:
         if improve and label == "replicated":
@@ -385,7 +452,7 @@ def _loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[R
         if not mirror and own >= MAX_LOOP_CANDIDATES:
             continue
         r = _resolve(node, graph, b, views, bcms, slots, param_use,
-                     label + ("+search" if improve else ""), mesh, rep_compute, improve)
+                     label + ("+search" if improve else ""), mesh, rep_compute, improve, grads)
         if r is None:
             continue
         if rep_compute is None:  # the first hypothesis is the replicated body

@@ -1,4 +1,5 @@
-"""Linen building blocks shared by the zoo's transformers (transformer-block, gpt2, bert, vit, moe).
+"""Linen building blocks shared by the zoo's transformers (transformer-block, gpt2, llama, bert, vit,
+moe).
 
 Attention is explicit einsum softmax attention (no fused or backend-specific kernels), so it traces
 to plain ``dot_general`` / ``reduce`` / elementwise equations. Parameters and compute use the
@@ -128,3 +129,36 @@ class TransformerBlock(nn.Module):
             return x + mlp(norm("ln_2")(x))
         x = norm("ln_1")(x + attn(x))
         return norm("ln_2")(x + mlp(x))
+
+
+class ScanCell(nn.Module):
+    """``(carry, _) -> (block(carry), None)``: the body ``nn.scan`` repeats (see :func:`blocks`)."""
+
+    block: Any  # the block's module class
+    block_kwargs: dict
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _) -> tuple[jax.Array, None]:
+        return self.block(**self.block_kwargs, name="block")(x), None
+
+
+def blocks(x: jax.Array, block: Any, block_kwargs: dict, *, n_layers: int, scan: bool,
+           remat: bool, name: str) -> jax.Array:
+    """``n_layers`` blocks ``block(**block_kwargs)`` applied in turn to ``x``; call it inside a
+    compact method.
+
+    Unrolled (``scan=False``) the blocks are submodules ``{name}_0 .. {name}_{n-1}``. With ``scan``
+    they are one ``nn.scan`` named ``name`` whose parameters have a leading layer axis of length
+    ``n_layers`` (the block's parameters under ``{name}/block``). With ``remat`` each block is
+    ``nn.remat``'d (inside the scan body when scanned).
+    """
+    if scan:
+        cell = nn.remat(ScanCell, prevent_cse=False) if remat else ScanCell
+        stack = nn.scan(cell, variable_axes={"params": 0}, split_rngs={"params": True},
+                        length=n_layers)
+        x, _ = stack(block, block_kwargs, name=name)(x, None)
+        return x
+    block_cls = nn.remat(block) if remat else block
+    for i in range(n_layers):
+        x = block_cls(**block_kwargs, name=f"{name}_{i}")(x)
+    return x

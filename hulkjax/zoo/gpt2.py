@@ -29,7 +29,7 @@ from hulkjax.zoo._base import (
     positive,
     register_model,
 )
-from hulkjax.zoo._layers import TransformerBlock, default_kernel_init
+from hulkjax.zoo._layers import TransformerBlock, blocks, default_kernel_init
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,16 +78,6 @@ GPT2_PRESETS = {
 }
 
 
-class _ScanCell(nn.Module):
-    """``(carry, _) -> (block(carry), None)``: the body ``nn.scan`` repeats."""
-
-    block_kwargs: dict
-
-    @nn.compact
-    def __call__(self, x: jax.Array, _) -> tuple[jax.Array, None]:
-        return TransformerBlock(**self.block_kwargs, name="block")(x), None
-
-
 class GPT2(nn.Module):
     config: GPT2Config
 
@@ -114,19 +104,8 @@ class GPT2(nn.Module):
             # GPT-2 scales the residual projections' init by 1/sqrt(2 * n_layers).
             out_init=nn.initializers.normal(stddev=0.02 / (2 * cfg.n_layers) ** 0.5),
         )
-        if cfg.scan_layers:
-            cell = nn.remat(_ScanCell, prevent_cse=False) if cfg.remat else _ScanCell
-            stack = nn.scan(
-                cell,
-                variable_axes={"params": 0},
-                split_rngs={"params": True},
-                length=cfg.n_layers,
-            )
-            x, _ = stack(block_kwargs, name="h")(x, None)
-        else:
-            block_cls = nn.remat(TransformerBlock) if cfg.remat else TransformerBlock
-            for i in range(cfg.n_layers):
-                x = block_cls(**block_kwargs, name=f"h_{i}")(x)
+        x = blocks(x, TransformerBlock, block_kwargs, n_layers=cfg.n_layers,
+                   scan=cfg.scan_layers, remat=cfg.remat, name="h")
         x = nn.LayerNorm(epsilon=1e-5, dtype=dt, param_dtype=dt, name="ln_f")(x)
         return wte.attend(x)  # tied LM head: x @ wte.T
 

@@ -5,7 +5,11 @@ pre-norm blocks of RMSNorm, causal self-attention with rotary position embedding
 grouped-query attention (``n_kv_heads`` key/value heads, each shared by ``n_heads / n_kv_heads``
 query heads through ``jnp.repeat``), RMSNorm, a SwiGLU MLP (``down(silu(gate(x)) * up(x))``), a
 final RMSNorm and an untied LM head. No biases. With ``remat`` each block is ``nn.remat``'d
-(MaxText's ``remat_policy=full``).
+(MaxText's ``remat_policy=full``). With ``scan_layers`` the blocks are one ``nn.scan`` over
+parameters stacked on a leading layer axis of length ``n_layers`` (``params["layer"]["block"]``;
+MaxText's default ``scan_layers=True``), the ``nn.remat`` inside the scan body; unrolled, they are
+``params["layer_0"]`` .. ``params["layer_{n-1}"]``. Neither changes the parameter count or the
+numerics.
 
 Batch: ``{"tokens": (batch, seq_len) int32, "targets": (batch, seq_len) int32}``.
 
@@ -32,7 +36,7 @@ from hulkjax.zoo._base import (
     positive,
     register_model,
 )
-from hulkjax.zoo._layers import causal_mask, default_kernel_init
+from hulkjax.zoo._layers import blocks, causal_mask, default_kernel_init
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +54,7 @@ class LlamaConfig(TrainConfig):
     batch: int = 8
     rope_theta: float = 10000.0  # RoPE base (Llama 3: 500000)
     norm_eps: float = 1e-5
+    scan_layers: bool = False  # nn.scan over the blocks (stacked parameters), as MaxText does
     remat: bool = False  # nn.remat (full rematerialization) on each block
 
     def _check(self) -> None:
@@ -144,9 +149,8 @@ class Llama(nn.Module):
         cfg, dt = self.config, self.config.jnp_dtype
         x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dt, param_dtype=dt,
                      embedding_init=default_kernel_init, name="embed")(tokens)
-        block_cls = nn.remat(LlamaBlock) if cfg.remat else LlamaBlock
-        for i in range(cfg.n_layers):
-            x = block_cls(cfg, name=f"layer_{i}")(x)
+        x = blocks(x, LlamaBlock, {"config": cfg}, n_layers=cfg.n_layers, scan=cfg.scan_layers,
+                   remat=cfg.remat, name="layer")
         x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
         return nn.Dense(cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt,
                         kernel_init=default_kernel_init, name="lm_head")(x)

@@ -66,6 +66,25 @@ def test_plans_rank_by_memory_as_compiled(measured):
     assert order == sorted(measured, key=lambda s: measured[s][1])
 
 
+@pytest.mark.parametrize("remat", [False, True], ids=["saved", "remat"])
+def test_a_scanned_models_peak_memory_is_close_to_the_compiled_program(remat):
+    """GPT-2 with its blocks in one ``scan``: a loop body's memory is its own liveness walk (the
+    gathered parameters, fused chains as one buffer, what its backward part reads) less its
+    arguments, which the outer walk holds, and the loop's collectives run inside it. Measured
+    (jax 0.10, 8 CPU devices) within 0.92-1.13 of the compiled peak for replicate / dp / fsdp;
+    saved activations plus the body's largest
+    value, as before, gave 0.40 of it for the rematerialized replicated step."""
+    m = zoo.get("gpt2", size="tiny", scan_layers=True, n_layers=4, d_model=128, seq_len=128,
+                n_positions=128, batch=32, remat=remat)
+    state, batch = m.init(0)
+    g = hj.trace(m.step, state, batch)
+    for s in ("replicate", "dp", "fsdp"):
+        p = hj.plan(m.step, state, batch, topology=D8, strategy=s, graph=g)
+        compiled = _compiled_bytes(m.step, p, state, batch)
+        assert 0.88 * compiled <= p.cost.peak_memory <= 1.15 * compiled, (s, p.cost.peak_memory,
+                                                                          compiled)
+
+
 def test_a_fused_elementwise_chain_is_one_buffer():
     """``tanh(x) * 2 + 1`` fuses into one loop: only its result is a buffer, never the tanh or
     the product (forward only, nothing saved for a backward pass)."""

@@ -208,3 +208,33 @@ def test_body_layouts_survive_json_and_emit_from_a_loaded_plan(tmp_path):
     assert body.inputs and body.outputs and body.operand_specs
     out = hj.emit(step, loaded, donate=False)(w, x)
     assert jnp.allclose(out[1], step(w, x)[1], rtol=1e-5)
+
+
+def test_fsdp_backward_scan_reduce_scatters_gradients_to_their_parameters_layouts():
+    """Issue 14: under FSDP the backward scan body produces each layer's weight gradient in its
+    stacked parameter's layout (reduce-scattered, as the forward body gathers the weights), so the
+    scan's stacked gradients come out split like the parameters, not replicated; and the scanned
+    plan's predicted peak memory is not above the unrolled one's (measured, llama3-8b at 4 layers
+    on a v6e 4 x 4: scanned 58.7 GB, unrolled 80.1 GB; replicated gradients made it 80.4 GB)."""
+    topo = hj.Topology.preset("tpu-v6e", shape=(4, 4))
+    peaks = {}
+    for scan in (True, False):
+        m = zoo.get("llama", size="llama3-8b", n_layers=4, scan_layers=scan, remat=True)
+        plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy="fsdp")
+        peaks[scan] = plan.cost.peak_memory
+        if not scan:
+            continue
+        g = plan.graph
+        specs = cost_model(g, topo).breakdown(plan.assignment).specs
+        index = {v: i for i, v in enumerate(g.inputs)}
+        params = {(g.values[v].shape, g.values[v].dtype): v for v, i in index.items()
+                  if g.input_roles[i] == PARAMETER and len(g.values[v].shape) >= 2
+                  and g.values[v].shape[0] == 4}
+        bwd = next(n for n in g.nodes if n.name == "scan" and n.backward)
+        grads = [v for v in bwd.outputs if v is not None
+                 and (g.values[v].shape, g.values[v].dtype) in params]
+        assert len(grads) >= 7  # the block's matrices (and norm scales)
+        for v in grads:
+            assert any(specs[v][1:]), (g.values[v].shape, specs[v])  # split, not replicated
+            assert specs[v][0] == ()  # not over the layers
+    assert peaks[True] <= peaks[False], peaks

@@ -182,6 +182,39 @@ def test_gpt2_scan_and_remat():
     assert "remat2" in primitives or "checkpoint" in primitives
 
 
+def _stacked(params: dict, prefix: str) -> dict:
+    """The unrolled blocks' parameters ``{prefix}_0 .. {prefix}_{n-1}`` stacked on a leading layer
+    axis, as ``scan_layers=True`` holds them (``{prefix}/block``); other parameters as they are."""
+    layers = sorted(
+        (k for k in params if k.startswith(f"{prefix}_")), key=lambda k: int(k[len(prefix) + 1 :])
+    )
+    out = {k: v for k, v in params.items() if k not in layers}
+    out[prefix] = {"block": jax.tree.map(lambda *xs: jnp.stack(xs), *(params[k] for k in layers))}
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, prefix, remat",
+    [("gpt2", "h", True), ("llama", "layer", True), ("llama", "layer", False)],
+)
+def test_scan_layers_matches_unrolled(name, prefix, remat):
+    """The scanned model is the unrolled one with its blocks' parameters stacked: the same loss,
+    and the same updated parameters after one step (so the same gradients), for the same params."""
+    flat = zoo.get(name, size="tiny", remat=remat, optimizer="sgd")
+    scanned = zoo.get(name, size="tiny", remat=remat, scan_layers=True, optimizer="sgd")
+    state, batch = flat.init(seed=0)
+    scan_state = dict(scanned.init(seed=0)[0], params=_stacked(state["params"], prefix))
+    assert _shapes(scan_state) == _shapes(scanned.abstract()[0])
+    new_flat, metrics_flat = jax.jit(flat.step)(state, batch)
+    new_scan, metrics_scan = jax.jit(scanned.step)(scan_state, batch)
+    np.testing.assert_allclose(metrics_scan["loss"], metrics_flat["loss"], rtol=1e-5)
+    # The updates (learning rate x gradients), compared relative to their own size.
+    step_scan = jax.tree.map(jnp.subtract, new_scan["params"], scan_state["params"])
+    step_flat = _stacked(jax.tree.map(jnp.subtract, new_flat["params"], state["params"]), prefix)
+    for a, b in zip(jax.tree.leaves(step_scan), jax.tree.leaves(step_flat), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * float(np.abs(b).max()))
+
+
 @pytest.mark.parametrize("name", ["mlp-nnx", "transformer-block-nnx"])
 def test_nnx_state_is_a_pytree_and_traces(name):
     m, state0, *_ = _trained(name)
