@@ -799,10 +799,10 @@ class CostModel:
         layout its resolution ``r`` needs them in; returns their compute time."""
         t = 0.0
         for k, maker in self.made_at.get(reader, ()):
-            need = r.in_specs[k]
-            if need is None:
-                continue
             node = self.graph.nodes[maker]
+            need = r.in_specs[k]
+            if need is None:  # the reader states no layout for it: made replicated
+                need = replicated(len(self.graph.values[node.outputs[0]].shape))
             shards = math.prod(self.sizes[a] for axes in need for a in axes)
             rm = Resolution(
                 in_specs=tuple(None if v is None else replicated(len(self.graph.values[v].shape))

@@ -114,7 +114,7 @@ class AutoOptions:
 
     Attributes:
       top_k: candidates per group the network shortlists (plus the replicated one and the
-        baselines' choices).  # int
+        baselines' choices; a loop keeps all its candidates).  # int
       sweeps: coordinate-descent passes after the exact solve (or from each start without it).
       prior_kind: ``"gnn"`` (the shipped network) or ``"uniform"`` (ablation: no learned prior).
       weights: a directory with other trained weights (``hulkjax train-gnn --out``).  # str | None

@@ -50,12 +50,12 @@ from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import INPUT, LEADER, CostModel
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.records import BodyPlan
-from hulkjax.plan.specs import Spec, divides, from_pspec, local_shape, replicated, to_pspec
+from hulkjax.plan.specs import Spec, divides, from_pspec, replicated, to_pspec
 from hulkjax.rules.loops import Boundary, LoopBody, LoopResolution, boundary
 from hulkjax.rules.sharding import Mesh, Resolution
 from hulkjax.strategies.layouts import InputLayouts, shard_parameters, split_batch, tensor_parallel
 from hulkjax.strategies.search import coordinate_descent, local_cost, neighbours, propagate
-from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, dtype_size
+from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph
 from hulkjax.trace.primitives import VIEWS
 
 MAX_LOOP_CANDIDATES = 32  # per loop node from its own hypotheses (the replicated one included)
@@ -233,14 +233,6 @@ def _to_exits(bcm, a: list[int], exits: dict[int, Spec]) -> list[int]:
                     best, choice = t, c
         a[gid] = choice
     return a
-
-
-def _nbytes(graph: OpGraph, vid: int, spec: Spec, sizes) -> float:
-    v = graph.values[vid]
-    n = 1.0
-    for d in local_shape(v.shape, spec, sizes):
-        n *= d
-    return n * dtype_size(v.dtype)
 
 
 @dataclass
