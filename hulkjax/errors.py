@@ -97,6 +97,10 @@ class ProcessLayoutError(HulkjaxError, ValueError):
     one of its nodes across processes (``hulkjax launch``)."""
 
 
+class NotCompiledError(HulkjaxError, RuntimeError):
+    """A compiled program was asked for (its HLO, its collectives) before the step was compiled."""
+
+
 class WorkerFailedError(HulkjaxError, RuntimeError):
     """A process of a multi-process job failed or timed out; the message carries its stderr.
 

@@ -76,6 +76,7 @@ from hulkjax.emit.spmd import bind_graph, body_hooks, check_args, node_hooks
 from hulkjax.errors import (
     DonatedArgumentError,
     InvalidPlanError,
+    NotCompiledError,
     NotEnoughDevicesError,
     PlanMismatchError,
     ProcessLayoutError,
@@ -799,7 +800,10 @@ class StagedStep:
         microbatch program's collectives run once per microbatch. In a multi-process job: the
         programs of the stages this process holds."""
         if not self._built:
-            raise RuntimeError("not compiled yet: call the step or .compile(*args) first")
+            raise NotCompiledError(
+                f"{type(self).__name__}.program_collectives(): the step is not compiled yet (it compiles "
+                "on its first call). Call it once, step(*args), or compile it without running "
+                "it: step.compile(*args).")
         out = {}
         for p in self._compiled():
             mesh = self.meshes[p.stage]

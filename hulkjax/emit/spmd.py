@@ -24,7 +24,12 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hulkjax.emit.hlo import Collective, collectives_from_hlo
-from hulkjax.errors import DonatedArgumentError, InvalidPlanError, PlanMismatchError
+from hulkjax.errors import (
+    DonatedArgumentError,
+    InvalidPlanError,
+    NotCompiledError,
+    PlanMismatchError,
+)
 from hulkjax.plan.records import BodyPlan, Plan
 from hulkjax.trace.graph import OpGraph, dtype_name
 from hulkjax.trace.interpret import BodyHooks, interpret
@@ -335,7 +340,10 @@ class ShardedStep:
     def hlo_text(self) -> str:
         """The compiled program after SPMD partitioning (``compiled.as_text()``)."""
         if self.compiled is None:
-            raise RuntimeError("not compiled yet: call the step or .compile(*args) first")
+            raise NotCompiledError(
+                f"{type(self).__name__}.hlo_text(): the step is not compiled yet (it compiles "
+                "on its first call). Call it once, step(*args), or compile it without running "
+                "it: step.compile(*args).")
         return self.compiled.as_text()
 
     def collectives(self) -> list[Collective]:

@@ -26,6 +26,7 @@ from hulkjax.errors import (
     HulkjaxError,
     InvalidPlanError,
     InvalidTopologyError,
+    NotCompiledError,
     NotEnoughDevicesError,
     PlanMismatchError,
     StrategyNotApplicableError,
@@ -150,6 +151,16 @@ def test_a_topology_larger_than_the_machine_plans_but_does_not_run(mlp):
     with pytest.raises(NotEnoughDevicesError, match=hint):
         step(state, batch)
     assert not any(x.is_deleted() for x in jax.tree.leaves((state, batch)))
+
+
+def test_reading_the_program_before_it_is_compiled_says_how_to_compile_it(mlp):
+    m, state, batch = mlp
+    plan = hj.plan(m.step, state, batch, topology=TOPO, strategy="dp")
+    step = hj.emit(m.step, plan)
+    with pytest.raises(NotCompiledError, match=r"ShardedStep.hlo_text\(\).*step.compile\(\*args\)"):
+        step.collectives()
+    step.compile(state, batch)
+    assert step.collectives()
 
 
 # ---- the step's arguments -----------------------------------------------------------------
