@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hulkjax.plan.specs import local_shape
+from hulkjax.plan.specs import local_shape, num_shards
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, dtype_size
 from hulkjax.trace.primitives import FUSIBLE, PASSTHROUGH, SCATTERS, handles
@@ -107,7 +107,8 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
         r = cm.resolution(gid, assignment[gid], nid)
         need = r.in_specs[k] if r is not None else None
         have = specs.get(v)
-        if need is not None and have is not None and _shards(need, sizes) > _shards(have, sizes):
+        if need is not None and have is not None \
+                and num_shards(need, sizes) > num_shards(have, sizes):
             specs[v] = need
 
     wire = cm.backend.wire_factor
@@ -390,13 +391,6 @@ def _graph_facts(g):
             known.update(n.outputs)
     return carried, outputs, fusible, buffers, frozenset(from_arguments)
 
-
-def _shards(spec, sizes) -> int:
-    n = 1
-    for axes in spec:
-        for a in axes:
-            n *= sizes[a]
-    return n
 
 
 def _operand(g, nid: int, vid: int) -> int:

@@ -69,7 +69,7 @@ from hulkjax.cost.memory import liveness
 from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
-from hulkjax.plan.specs import Spec, local_shape, replicated
+from hulkjax.plan.specs import Spec, local_shape, num_shards, replicated
 from hulkjax.rules.leaders import LoopPlanner, is_leader, leader_candidates
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.rules.sharding import (
@@ -367,7 +367,6 @@ class CostModel:
         g = self.graph
         self.made_at: dict[int, list[tuple[int, int]]] = defaultdict(list)
         self.made_by: dict[int, int] = {}
-        self.made_values: set[int] = set()
         outputs = {v for v in g.outputs if v is not None}
         kept = []
         for nid in free.members:
@@ -383,13 +382,12 @@ class CostModel:
             if target is None:
                 kept.append(nid)
                 continue
-            reader, k = min(g.consumers(node.outputs[0]))
+            reader, k = min(readers)  # the first reader: the layout it is made in
             bisect.insort(self.groups[target].members, nid)  # members stay in execution order
             self.group_of_node[nid] = target
             self.group_of_value[node.outputs[0]] = target
             self.made_at[reader].append((k, nid))
             self.made_by[nid] = reader
-            self.made_values.add(node.outputs[0])
         free.members[:] = kept
 
     def _choose_lead(self, node, state_origin, data_origin) -> int | None:
@@ -803,7 +801,7 @@ class CostModel:
             need = r.in_specs[k]
             if need is None:  # the reader states no layout for it: made replicated
                 need = replicated(len(self.graph.values[node.outputs[0]].shape))
-            shards = math.prod(self.sizes[a] for axes in need for a in axes)
+            shards = num_shards(need, self.sizes)
             rm = Resolution(
                 in_specs=tuple(None if v is None else replicated(len(self.graph.values[v].shape))
                                for v in node.inputs),
@@ -979,7 +977,7 @@ class CostModel:
             src_gid = self.group_of_value[v]
             have = self.spec(src_gid, assignment[src_gid], v)
             arriving.append((v, have, None if have is None else self._spec_axes(have),
-                             (src_gid == self._free or v in self.made_values)
+                             (src_gid == self._free or g.values[v].producer in self.made_by)
                              and have is not None))
         out = []
         for c in cands:

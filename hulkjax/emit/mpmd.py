@@ -801,9 +801,9 @@ class StagedStep:
         programs of the stages this process holds."""
         if not self._built:
             raise NotCompiledError(
-                f"{type(self).__name__}.program_collectives(): the step is not compiled yet (it compiles "
-                "on its first call). Call it once, step(*args), or compile it without running "
-                "it: step.compile(*args).")
+                f"{type(self).__name__}.program_collectives(): the step is not compiled yet (it "
+                "compiles on its first call). Call it once, step(*args), or compile it without "
+                "running it: step.compile(*args).")
         out = {}
         for p in self._compiled():
             mesh = self.meshes[p.stage]
