@@ -3,8 +3,9 @@
 For each configuration that public recipes let us rebuild (MaxText's tiering table; see
 ``/work/shared/reference/anchors.md``), the zoo's ``llama`` model is built at the recipe's shapes
 as MaxText runs them: bf16, the decoder layers as one scan over parameters stacked on a layer
-axis (``scan_layers=True``, MaxText's default), every layer rematerialized inside the scan body;
-traced with abstract arguments, planned with
+axis (``scan_layers=True``, MaxText's default), every layer rematerialized inside the scan body,
+causal attention by a flash-attention kernel (``attention="flash"``: JAX's Pallas kernel, where
+the recipes run MaxText's splash kernel); traced with abstract arguments, planned with
 ``strategy="expert"`` (the recipe's own layout: MaxText's TPU recipes are FSDP over the whole
 slice, which is what ``expert`` writes on a TPU torus) on the TPU preset, and its predicted step
 time turned into MFU with MaxText's model-FLOPs formula. Nothing is tuned to the published
@@ -14,9 +15,14 @@ Each recipe's row is followed by where the prediction comes from: the operators 
 predicted compute time and the buffers live at the predicted peak of memory
 (``CostModel.breakdown`` of the planned program, per chip), so a gap to the published figure can
 be traced to the operators that make it. What is modelled as the zoo's code is written, not as
-the recipes run it: attention is the zoo's ``jnp`` softmax attention (scores materialized in HBM),
-not the recipes' flash kernel; the TPU presets are datasheet rooflines (no measured matmul or
-HBM efficiency, unlike the NVIDIA kinds).
+the recipes run it: the attention kernel is JAX's GPU flash-attention kernel, costed from its own
+body and block schedule (:mod:`hulkjax.trace.kernels`: its FLOPs with the causal mask's skipped
+blocks, its HBM reads of keys and values per query block), not the TPU splash kernel; the
+grouped key/value heads are repeated before it (``jnp.repeat``), where splash reads them shared;
+the recipes' host offloading and custom remat policies are not modelled (whole layers are
+rematerialized); the TPU presets are datasheet rooflines (no measured matmul or HBM efficiency,
+unlike the NVIDIA kinds). ``--attention softmax`` plans the ``jnp`` softmax attention instead
+(the T x T scores in HBM), the comparison that shows what the kernel changes.
 
 Scanned, each iteration gathers its layer's FSDP-sharded weights inside the body (forward, and
 again in the backward scan), so no gathered weight is held across layers; the unrolled program,
@@ -24,11 +30,12 @@ where XLA gathers each weight once for its forward and backward uses, holds ever
 Tracing and planning a scan costs the same at any depth (one body, costed x trip count), so the
 whole model is always planned (the former ``--layers N`` extrapolation is gone).
 
-    python benchmarks/published.py
+    python benchmarks/published.py [--attention softmax --out ... --md ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -87,10 +94,10 @@ def model_flops(cfg, batch: int) -> float:
     return 3 * ((ffn + qkv + proj) * cfg.n_layers + embed) + 3 * attention * cfg.n_layers
 
 
-def _plan(recipe: Recipe, topo):
+def _plan(recipe: Recipe, topo, attention: str = "flash"):
     m = zoo.get("llama", size=recipe.size, seq_len=recipe.seq_len,
                 batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16", remat=True,
-                scan_layers=True)
+                scan_layers=True, attention=attention)
     state, batch = m.abstract()
     t0 = time.perf_counter()
     g = hj.trace(m.step, state, batch)
@@ -125,9 +132,9 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
     return {"compute": compute, "memory": memory}
 
 
-def measure(recipe: Recipe) -> dict:
+def measure(recipe: Recipe, attention: str = "flash") -> dict:
     topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
-    m, plan, trace_s, plan_s = _plan(recipe, topo)
+    m, plan, trace_s, plan_s = _plan(recipe, topo, attention)
     c = plan.cost
     breakdown = where_it_goes(plan.graph, topo, plan)
     step, compute, comm = c.step_time, c.compute_time, c.comm_time
@@ -141,6 +148,7 @@ def measure(recipe: Recipe) -> dict:
         "recipe": recipe.name, "model": recipe.size, "topology": topo.name,
         "chips": topo.num_devices, "global_batch": batch, "seq_len": recipe.seq_len,
         "layers": cfg.n_layers, "scan_layers": cfg.scan_layers, "remat": recipe.remat,
+        "attention": attention,
         "source": recipe.source,
         "published_mfu": recipe.published_mfu, "predicted_mfu": mfu,
         "ratio": mfu / recipe.published_mfu,
@@ -163,7 +171,11 @@ def markdown(rows: list[dict], command: str) -> str:
            "is `strategy=\"expert\"`, which on a TPU torus is FSDP over every axis, as the "
            "recipes are. The layers are one scan (MaxText's `scan_layers=True`), each "
            "rematerialized inside the scan body, so each layer's weights are gathered inside "
-           "the body, forward and backward, and none is held across layers.", "",
+           "the body, forward and backward, and none is held across layers. Attention: "
+           + ("a flash-attention kernel (JAX's Pallas kernel, costed as one operator from its "
+              "body and block schedule), as the recipes run a flash kernel."
+              if rows and rows[0].get("attention") == "flash" else
+              "`jnp` softmax, the T x T scores in HBM (the recipes run a flash kernel)."), "",
            "| recipe | chips | global batch x seq | layers (scanned) | published MFU | predicted "
            "MFU | ratio | step (s) | compute (s) | comm (s) | MFU, compute only | MFU, comm "
            "hidden | traced / model FLOPs | peak memory (GB) |",
@@ -205,19 +217,27 @@ def markdown(rows: list[dict], command: str) -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--attention", choices=("flash", "softmax"), default="flash",
+                    help="the zoo llama's attention: JAX's Pallas flash-attention kernel, as the "
+                         "recipes run theirs (default), or jnp softmax with the scores in memory")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "published.json"))
+    ap.add_argument("--md", default=os.path.join(HERE, "PUBLISHED.md"))
+    args = ap.parse_args()
     rows = []
     for recipe in RECIPES:
-        r = measure(recipe)
+        r = measure(recipe, args.attention)
         print(f"{r['recipe']}: predicted MFU {r['predicted_mfu']:.1%} vs published "
               f"{r['published_mfu']:.1%} (ratio {r['ratio']:.2f}); trace {r['trace_s']:.1f} s, "
               f"plan {r['plan_s']:.1f} s", flush=True)
         rows.append(r)
-    command = "python benchmarks/published.py"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "published.json"), "w") as f:
+    command = "python benchmarks/published.py" + (
+        "" if args.attention == "flash" else f" --attention {args.attention}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump({"command": command, "machine": platform.processor() or platform.machine(),
                    "cpus": os.cpu_count(), "jax": jax.__version__, "rows": rows}, f, indent=1)
-    with open(os.path.join(HERE, "PUBLISHED.md"), "w") as f:
+    with open(args.md, "w") as f:
         f.write(markdown(rows, command))
 
 

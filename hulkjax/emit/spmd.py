@@ -18,6 +18,7 @@ any argument is touched: if anything fails, the caller's arrays are untouched.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import jax
@@ -33,7 +34,9 @@ from hulkjax.errors import (
 from hulkjax.plan.records import BodyPlan, Plan
 from hulkjax.trace.graph import OpGraph, dtype_name
 from hulkjax.trace.interpret import BodyHooks, interpret
-from hulkjax.trace.primitives import TOP_K
+from hulkjax.trace.kernels import describe as describe_kernel
+from hulkjax.trace.kernels import localize as localize_kernel
+from hulkjax.trace.primitives import KERNELS, TOP_K
 from hulkjax.trace.tracer import leaf_aval, trace
 
 log = logging.getLogger("hulkjax.emit")
@@ -113,16 +116,31 @@ def node_hooks(mesh, operand_specs, result_specs):
 
 
 def local_binds(mesh, operand_specs, result_specs):
-    """``on_bind`` for :func:`interpret`: a top-k whose operand is planned split runs per shard
-    (``jax.shard_map`` over the planned layouts). XLA's SPMD partitioner does not split top-k
-    along the dimensions it leaves alone: it all-gathers the operand (a Mixture-of-Experts
-    router's logits, every step). ``None`` where the plan has none."""
-    local = {nid for (nid, k), s in operand_specs.items() if k == 0 and any(e for e in s)}
-    if not local:
+    """``on_bind`` for :func:`interpret`: operators XLA's SPMD partitioner would gather run per
+    shard instead (``jax.shard_map`` over the planned layouts). ``None`` where the plan has none.
+
+    * A top-k whose operand is planned split: the partitioner does not split top-k along the
+      dimensions it leaves alone and all-gathers the operand (a Mixture-of-Experts router's
+      logits, every step).
+    * A Pallas kernel planned split along grid axes it may be split along
+      (:attr:`hulkjax.trace.kernels.Kernel.parallel`): a kernel is a custom call, which the
+      partitioner cannot split at all. Each device runs the kernel on its piece, with the grid
+      and the arrays cut alike (:func:`hulkjax.trace.kernels.localize`), as MaxText wraps its
+      attention kernels in ``shard_map``.
+    """
+    split = {nid for (nid, k), s in [*operand_specs.items(), *result_specs.items()]
+             if any(e for e in s)}
+    if not split:
         return None
 
     def on_bind(nid, prim, invals, params):
-        if nid not in local or prim not in TOP_K or len(invals) != 1:
+        if nid not in split:
+            return None
+        if prim in KERNELS:
+            return _kernel_per_shard(mesh, nid, prim, invals, params, operand_specs,
+                                     result_specs)
+        if prim not in TOP_K or len(invals) != 1 or not any(
+                e for e in operand_specs.get((nid, 0), ())):
             return None
         in_spec = operand_specs[(nid, 0)]
         out_specs = tuple(result_specs.get((nid, k), in_spec) for k in range(2))
@@ -134,6 +152,34 @@ def local_binds(mesh, operand_specs, result_specs):
                                   out_specs=out_specs, check_vma=False)(*invals))
 
     return on_bind
+
+
+def _kernel_per_shard(mesh, nid, prim, invals, params, operand_specs, result_specs):
+    """Run a Pallas kernel once per device on its piece (see :func:`local_binds`); ``None``
+    (bind it whole) when the plan splits it along no grid axis it may be split along."""
+    kernel = describe_kernel(params, [tuple(x.shape) for x in invals])
+    mesh_axes: dict[int, tuple] = {}  # grid axis -> the mesh axes it is split over
+    specs = [(kernel.operand_axes[k], s) for (n, k), s in operand_specs.items() if n == nid]
+    specs += [(kernel.result_axes[k], s) for (n, k), s in result_specs.items() if n == nid]
+    for axes, spec in specs:
+        for d, e in enumerate(spec):
+            g = axes[d] if d < len(axes) else None
+            if e and g in kernel.parallel:
+                mesh_axes[g] = tuple(e) if isinstance(e, tuple) else (e,)
+    if not mesh_axes:
+        return None
+    splits = {g: math.prod(mesh.shape[a] for a in ax) for g, ax in mesh_axes.items()}
+    local = localize_kernel(params, splits)
+
+    def spec(axes):
+        return PartitionSpec(*(mesh_axes.get(g) if g is not None else None for g in axes))
+
+    def per_shard(*xs):
+        return tuple(prim.bind(*xs, **prim.get_bind_params(local)))
+
+    return list(jax.shard_map(
+        per_shard, mesh=mesh, in_specs=tuple(spec(a) for a in kernel.operand_axes),
+        out_specs=tuple(spec(a) for a in kernel.result_axes), check_vma=False)(*invals))
 
 
 def body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):

@@ -30,6 +30,7 @@ from hulkjax.trace.primitives import (
     COMBINING_SCATTERS,
     CUMULATIVE,
     ELEMENTWISE,
+    KERNELS,
     PASSTHROUGH,
     PER_INPUT_ELEMENT,
     POOLING,
@@ -90,6 +91,8 @@ def map_dim_results(node: Node, graph: OpGraph, operand: int,
     """
     if node.primitive in PASSTHROUGH:
         return [(operand, dim)] if operand < len(node.outputs) else None
+    if node.primitive in KERNELS:
+        return _kernel_results(node, operand, dim)
     r = map_dim(node, graph, operand, dim)
     if r is None or r == CONTRACTED:
         return r
@@ -97,6 +100,26 @@ def map_dim_results(node: Node, graph: OpGraph, operand: int,
             or node.primitive is P.sort_p):
         return [(k, r) for k in range(len(node.outputs))]
     return [(0, r)]
+
+
+def _kernel_results(node: Node, operand: int, dim: int) -> list[tuple[int, int]] | None:
+    """The results' dimensions a Pallas kernel carries an operand dimension into: those the same
+    grid axis indexes, when the kernel may be split along it (:mod:`hulkjax.trace.kernels`)."""
+    k = node.kernel
+    if k is None or operand >= len(k.operand_axes) or dim >= len(k.operand_axes[operand]):
+        return None
+    g = k.operand_axes[operand][dim]
+    if g is None or g not in k.parallel:
+        return None
+    _, results = k.split_dims(g)
+    return [(r, d) for r, d in enumerate(results) if d is not None] or None
+
+
+@register_dim_rule(*KERNELS)
+def _kernel_dims(node, graph, operand, dim):
+    """A Pallas kernel: into its first result (see :func:`_kernel_results`)."""
+    found = _kernel_results(node, operand, dim)
+    return next((d for r, d in found or () if r == 0), None)
 
 
 def _shape(graph: OpGraph, node: Node, operand: int) -> tuple[int, ...]:

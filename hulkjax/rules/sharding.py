@@ -25,6 +25,7 @@ planner makes (:mod:`hulkjax.rules.leaders`).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from hulkjax.trace.primitives import (
     CASTS,
     COMBINING_SCATTERS,
     ELEMENTWISE,
+    KERNELS,
     PASSTHROUGH,
     PER_INPUT_ELEMENT,
     POOLING,
@@ -424,6 +426,33 @@ def _window_follow(node, graph, lead, lead_spec, mesh):
 
 
 register_follow_rule(*POOLING, *WINDOW_GRADIENTS)(_window_follow)
+
+
+@register_follow_rule(*KERNELS)
+def _kernel_follow(node, graph, lead, lead_spec, mesh):
+    """A Pallas kernel (:class:`hulkjax.trace.kernels.Kernel`) runs as one piece per device
+    along the grid axes it may be split along: a dimension of the lead operand whose block index
+    is such an axis keeps its mesh axes (when they divide the grid there), and so does every
+    operand and result dimension that axis indexes; the rest is gathered. Operands the axis does
+    not index are read whole by every piece (replicated over its mesh axes). Attention kernels
+    split by batch and heads, not by the query blocks a causal mask reads. The emitter runs the
+    kernel per shard (``jax.shard_map``): XLA's partitioner cannot split a custom call."""
+    k = node.kernel
+    if k is None or lead >= len(k.operand_axes):
+        return replicated_resolution(node, graph)
+    keep: dict[int, tuple[str, ...]] = {}
+    for d, ax in enumerate(lead_spec):
+        g = k.operand_axes[lead][d] if d < len(k.operand_axes[lead]) else None
+        if ax and g is not None and g in k.parallel and k.grid[g] % _axes_size(ax, mesh) == 0:
+            keep[g] = ax
+
+    def spec(axes):
+        return tuple(keep.get(g, ()) if g is not None else () for g in axes)
+
+    ins = tuple(None if v is None else spec(k.operand_axes[i]) for i, v in enumerate(node.inputs))
+    shards = math.prod(_axes_size(ax, mesh) for ax in keep.values())
+    return Resolution(ins, tuple(spec(a) for a in k.result_axes), shards=shards,
+                      label="kernel:" + ",".join(a for ax in keep.values() for a in ax))
 
 
 # ---- leaders ---------------------------------------------------------------------------------

@@ -80,6 +80,8 @@ class Node:
       trip_count: how many times the body runs (``scan``: its length; ``while``: 1 when unknown).
       traceback: source tracebacks of the equation and of the calls it was inlined from,
         innermost first (see :attr:`source`).
+      kernel: for a Pallas kernel (``pallas_call``), what it computes, moves and can be split
+        along (:class:`hulkjax.trace.kernels.Kernel`); ``None`` for other operators.
     """
 
     id: int
@@ -94,6 +96,7 @@ class Node:
     subgraphs: tuple[OpGraph, ...] = ()
     trip_count: int = 1
     traceback: Any = field(default=None, repr=False)
+    kernel: Any = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

@@ -107,6 +107,19 @@ PASSTHROUGH = handles("device_put", "sharding_constraint", "optimization_barrier
 LOOPS = handles("scan", "while", "cond")
 """Control flow kept as one graph node whose bodies are sub-graphs, costed by trip count."""
 
+
+def _kernel_primitives() -> frozenset:
+    try:
+        from jax.experimental.pallas import pallas_call_p
+    except ImportError:  # pragma: no cover - Pallas ships with JAX
+        return frozenset()
+    return frozenset({pallas_call_p})
+
+
+KERNELS = _kernel_primitives()
+"""Pallas kernels (``pallas_call``): one node each, not inlined (their bodies run on chip), read
+by :mod:`hulkjax.trace.kernels`."""
+
 INLINED_BODIES = {P.jit_p: "jaxpr", P.closed_call_p: "call_jaxpr",
                   P.custom_jvp_call_p: "call_jaxpr", P.custom_vjp_call_p: "call_jaxpr",
                   P.remat_p: "jaxpr"}

@@ -21,7 +21,8 @@ from jax.interpreters import partial_eval as pe
 from hulkjax.errors import UnsupportedStepError
 from hulkjax.trace.flops import flops_of
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, Value, dtype_name
-from hulkjax.trace.primitives import PASS_THROUGH, SAME_SHAPE_UPDATES
+from hulkjax.trace.kernels import describe as describe_kernel
+from hulkjax.trace.primitives import KERNELS, PASS_THROUGH, SAME_SHAPE_UPDATES
 from hulkjax.trace.walk import inlined_body, sub_jaxprs
 
 
@@ -158,6 +159,9 @@ class _Builder:
             subs = sub_jaxprs(eqn)
             if subs:
                 _cost_control_flow(node, eqn, subs)
+            elif eqn.primitive in KERNELS:
+                node.kernel = describe_kernel(eqn.params, in_shapes)
+                node.flops, node.bytes = node.kernel.flops, node.kernel.bytes
             else:
                 node.flops = flops_of(eqn.primitive, in_shapes, out_shapes, eqn.params)
                 node.bytes = float(sum(_aval_bytes(a) for a in in_avals)

@@ -4,7 +4,10 @@ The LLaMA 2 / 3 architecture as MaxText and the Meta reference code write it: to
 pre-norm blocks of RMSNorm, causal self-attention with rotary position embeddings (RoPE) and
 grouped-query attention (``n_kv_heads`` key/value heads, each shared by ``n_heads / n_kv_heads``
 query heads through ``jnp.repeat``), RMSNorm, a SwiGLU MLP (``down(silu(gate(x)) * up(x))``), a
-final RMSNorm and an untied LM head. No biases. With ``remat`` each block is ``nn.remat``'d
+final RMSNorm and an untied LM head. No biases. ``attention="flash"`` computes attention with
+JAX's Pallas flash-attention kernel instead of ``jnp`` softmax (as MaxText's recipes run theirs):
+one kernel that never writes the scores, which hulkjax plans and costs as a kernel
+(:mod:`hulkjax.trace.kernels`). With ``remat`` each block is ``nn.remat``'d
 (MaxText's ``remat_policy=full``). With ``scan_layers`` the blocks are one ``nn.scan`` over
 parameters stacked on a leading layer axis of length ``n_layers`` (``params["layer"]["block"]``;
 MaxText's default ``scan_layers=True``), the ``nn.remat`` inside the scan body; unrolled, they are
@@ -56,6 +59,7 @@ class LlamaConfig(TrainConfig):
     norm_eps: float = 1e-5
     scan_layers: bool = False  # nn.scan over the blocks (stacked parameters), as MaxText does
     remat: bool = False  # nn.remat (full rematerialization) on each block
+    attention: str = "softmax"  # "softmax" (jnp, scores in memory) | "flash" (a Pallas kernel)
 
     def _check(self) -> None:
         positive(self, "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
@@ -70,6 +74,32 @@ class LlamaConfig(TrainConfig):
             raise InvalidModelConfigError(
                 f"LlamaConfig: the head size d_model / n_heads = {self.d_model // self.n_heads} "
                 "must be even for rotary embeddings.")
+        if self.attention not in ATTENTION:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: attention={self.attention!r} is not one of {ATTENTION}.")
+        if self.attention == "flash" and self.seq_len % min(FLASH_BLOCK, self.seq_len):
+            raise InvalidModelConfigError(
+                f"LlamaConfig: attention='flash' runs in blocks of {FLASH_BLOCK} positions; "
+                f"seq_len={self.seq_len} is not a multiple of it. Use a seq_len that is, or "
+                "attention='softmax'.")
+
+
+ATTENTION = ("softmax", "flash")
+FLASH_BLOCK = 128  # the kernel's query and key block (JAX's default), or the whole sequence
+
+
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal attention by JAX's Pallas flash-attention kernel
+    (``jax.experimental.pallas.ops.gpu.attention.mha``, with its own backward kernels):
+    ``(batch, seq, heads, head_dim)`` in and out, the scores never in memory. It compiles for
+    NVIDIA GPUs; elsewhere it runs interpreted (same numerics, for tests and planning)."""
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+    block = min(FLASH_BLOCK, q.shape[1])
+    sizes = pallas_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=block,
+                                        block_kv_dkv=block, block_q_dq=block, block_kv_dq=block)
+    return pallas_attention.mha(q, k, v, None, sm_scale=q.shape[-1] ** -0.5, causal=True,
+                                block_sizes=sizes, interpret=jax.default_backend() != "gpu")
 
 
 LLAMA_PRESETS = {
@@ -130,11 +160,14 @@ class LlamaBlock(nn.Module):
         group = cfg.n_heads // cfg.n_kv_heads
         if group > 1:
             k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-        q = q * jnp.asarray(hd**-0.5, dt)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        scores = jnp.where(causal_mask(x.shape[1]), scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(dt)
-        attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        if cfg.attention == "flash":
+            attn = flash_attention(q, k, v)
+        else:
+            q = q * jnp.asarray(hd**-0.5, dt)
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+            scores = jnp.where(causal_mask(x.shape[1]), scores, jnp.finfo(jnp.float32).min)
+            weights = jax.nn.softmax(scores, axis=-1).astype(dt)
+            attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         x = x + dense(cfg.d_model, "out", axis=(-2, -1))(attn)
         h = RMSNorm(cfg.norm_eps, dt, name="mlp_norm")(x)
         gated = nn.silu(dense(cfg.d_ff, "gate")(h)) * dense(cfg.d_ff, "up")(h)
