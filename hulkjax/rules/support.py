@@ -26,7 +26,7 @@ from hulkjax.rules.dims import dim_rules, register_dim_rule
 from hulkjax.rules.loops import loop_rules
 from hulkjax.rules.sharding import candidate_rules, follow_rules
 from hulkjax.trace.graph import OpGraph
-from hulkjax.trace.primitives import NO_DATA
+from hulkjax.trace.primitives import KERNELS, NO_DATA
 
 _TABLES = (dim_rules, follow_rules, candidate_rules, loop_rules)
 
@@ -123,7 +123,7 @@ def _check(graph: OpGraph, operand_specs, result_specs, bodies, strict: bool, fo
             _check(sub, lazy_specs("operand_specs"), lazy_specs("result_specs"),
                    _LazyBodies(lambda body_plan=body_plan: body_plan().bodies), strict, found,
                    inner)
-        if is_supported(node.primitive):
+        if is_supported(node.primitive) and not (node.primitive in KERNELS and node.kernel is None):
             continue
         if strict:
             raise UnsupportedPrimitiveError(

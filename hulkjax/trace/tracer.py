@@ -159,14 +159,24 @@ class _Builder:
             subs = sub_jaxprs(eqn)
             if subs:
                 _cost_control_flow(node, eqn, subs)
-            elif eqn.primitive in KERNELS:
-                node.kernel = describe_kernel(eqn.params, in_shapes)
-                node.flops, node.bytes = node.kernel.flops, node.kernel.bytes
+            elif eqn.primitive in KERNELS and (kernel := _kernel(eqn, in_shapes)) is not None:
+                node.kernel = kernel
+                node.flops, node.bytes = kernel.flops, kernel.bytes
             else:
                 node.flops = flops_of(eqn.primitive, in_shapes, out_shapes, eqn.params)
                 node.bytes = float(sum(_aval_bytes(a) for a in in_avals)
                                    + sum(_aval_bytes(ov.aval) for ov in eqn.outvars))
             self.nodes.append(node)
+
+
+def _kernel(eqn, in_shapes):
+    """The kernel's description, or ``None`` for a kernel whose parameters this JAX lays out in a
+    way :mod:`hulkjax.trace.kernels` does not read (it is then an operator without a rule:
+    replicated, with the warning)."""
+    try:
+        return describe_kernel(eqn.params, in_shapes)
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+        return None
 
 
 def _cost_control_flow(node: Node, eqn, subs) -> None:

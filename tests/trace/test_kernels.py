@@ -154,3 +154,29 @@ def test_tpu_flash_attention_costs_what_its_authors_estimate_less_what_a_causal_
     qkv = b * h * t * d * 4
     streamed = 2 * n * qkv * share + 2 * qkv
     assert kernel.bytes == pytest.approx(streamed, rel=0.15)
+
+
+def test_a_kernel_hulkjax_cannot_read_is_replicated_with_the_warning(monkeypatch):
+    from hulkjax.errors import UnsupportedPrimitiveWarning
+    from hulkjax.trace import tracer
+
+    def unreadable(params, shapes):
+        raise AttributeError("grid_mapping laid out differently")
+
+    def double(x_ref, o_ref):
+        o_ref[...] = 2 * x_ref[...]
+
+    kernel = _kernel((8,), pl.BlockSpec((2, 16), lambda i: (i, 0)),
+                     pl.BlockSpec((2, 16), lambda i: (i, 0)), (16, 16), double)
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum((kernel(x) @ w) ** 2))(w)
+
+    w, x = jnp.ones((16, 4)), jnp.ones((16, 16))
+    topo = hj.Topology.grid((8,), ("d",))
+    plan = hj.plan(step, w, x, topology=topo, strategy="dp")
+    assert not plan.notes  # readable: the kernel splits with the batch, nothing to say
+    monkeypatch.setattr(tracer, "describe_kernel", unreadable)
+    with pytest.warns(UnsupportedPrimitiveWarning, match="pallas_call"):
+        plan = hj.plan(step, w, x, topology=topo, strategy="dp")
+    assert any("pallas_call" in n for n in plan.notes)
