@@ -142,12 +142,16 @@ class ProgramComm:
     ``source``'s (-1: none): an operator's own collectives run in sequence (a partial sum over two
     dimensions is two all-reduces, the second reading the first's result), so do the steps of
     one layout change, and a layout change of an operator's result reads its last own
-    collective's."""
+    collective's. ``value``: the value a layout change moves (-1: an operator's own collective);
+    ``readers``: on the last step of a layout change, the other nodes that read its result (XLA
+    computes the same layout change of a value once, however many operators read it)."""
 
     comm: Comm
     source: int
     user: int
     after: int = -1
+    value: int = -1
+    readers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,8 @@ class Breakdown:
 
 
 _BREAKDOWNS_KEPT = 8  # assignments whose breakdown a cost model keeps (CostModel.breakdown)
+_COMBINER_ORDER = ("all-gather", "all-reduce", "reduce-scatter")
+"""The order XLA runs its combiners in (its "post-fusion optimization" pipeline)."""
 
 
 class CostModel:
@@ -1257,16 +1263,22 @@ class CostModel:
         # Every value's layout is pinned (:meth:`pinned_layouts`), so a layout change is one
         # reshard of one value; XLA computes the same reshard of a value once (CSE) however many
         # operators read it.
-        seen = set()
+        end = len(g.nodes)
+        seen: dict[tuple, int] = {}  # (value, target) -> index of its layout change's last step
+        readers: dict[int, list[int]] = defaultdict(list)
         for v, nid, dst, comms in moves:
             if (v, dst) in seen:
+                if seen[(v, dst)] >= 0:
+                    readers[seen[(v, dst)]].append(nid if nid >= 0 else end)
                 continue
-            seen.add((v, dst))
             src = self._producer(v)
             prev = last.get(src, -1)
             for cm in comms:
-                out.append(ProgramComm(cm, src, nid if nid >= 0 else len(g.nodes), prev))
+                out.append(ProgramComm(cm, src, nid if nid >= 0 else end, prev, v))
                 prev = len(out) - 1
+            seen[(v, dst)] = prev if comms else -1
+        for i, rs in readers.items():
+            out[i] = replace(out[i], readers=tuple(rs))
         return out
 
     def _producer(self, vid: int) -> int:
@@ -1274,174 +1286,156 @@ class CostModel:
         p = self.graph.values[vid].producer
         return -1 if p is None else p
 
-    def _post_order(self) -> list[int]:
-        """Per node, its place in the order XLA's combiners walk a computation
-        (``HloComputation::MakeInstructionPostOrder``): a depth-first post-order from the step's
-        results, in their order, that visits a node's operands in their order. It is not the
-        jaxpr's order: an encoder-decoder's decoder layers come before the encoder's last ones
-        where the decoder's first operator reads none of them. Nodes no result depends on come
-        last, in graph order."""
-        post = self.graph.memo.get("post_order")
-        if post is None:
-            g = self.graph
-            post = [-1] * len(g.nodes)
-            t = 0
-            for out in g.outputs:
-                root = None if out is None else g.values[out].producer
-                if root is None or post[root] != -1:
-                    continue
-                post[root] = -2  # on the stack
-                stack = [(root, 0)]
-                while stack:
-                    nid, k = stack[-1]
-                    inputs = g.nodes[nid].inputs
-                    if k < len(inputs):
-                        stack[-1] = (nid, k + 1)
-                        p = None if inputs[k] is None else g.values[inputs[k]].producer
-                        if p is not None and post[p] == -1:
-                            post[p] = -2
-                            stack.append((p, 0))
-                    else:
-                        stack.pop()
-                        post[nid] = t
-                        t += 1
-            for n in g.nodes:
-                if post[n.id] < 0:
-                    post[n.id] = t
-                    t += 1
-            g.memo["post_order"] = post
-        return post
+    def _program_operands(self, entries: list[ProgramComm]) -> list[list[int]]:
+        """The program with its collectives as XLA's combiners see it: per instruction, its
+        operands in order. Instructions are the nodes (``0 .. n-1``), the collectives of
+        ``entries`` (``n + i``) and the step's result (``n + len(entries)``, its operands the
+        step's outputs). A node reads a value through the layout change made for it, else through
+        its producer's last own collective, else from its producer; a collective reads the
+        collective before it (``after``), else its source node."""
+        g = self.graph
+        n = len(g.nodes)
+        own: dict[int, int] = {}  # node -> its last own collective
+        moved: dict[tuple[int, int], int] = {}  # (value, reader) -> its layout change's last step
+        for i, e in enumerate(entries):
+            if e.value < 0:
+                own[e.source] = i
+            else:
+                for r in (e.user, *e.readers):
+                    moved[(e.value, r)] = i
 
-    def _descendants(self) -> list[int]:
-        """Per node, a bit set of the nodes reachable from it (itself included)."""
-        d = self.graph.memo.get("descendants")
-        if d is None:
-            g = self.graph
-            d = [0] * len(g.nodes)
-            for n in reversed(g.nodes):
-                bits = 1 << n.id
-                for o in n.outputs:
-                    for c, _ in g.consumers(o):
-                        bits |= d[c]
-                d[n.id] = bits
-            g.memo["descendants"] = d
-        return d
+        def read(v: int | None, reader: int) -> list[int]:
+            if v is None:
+                return []
+            if (v, reader) in moved:
+                return [n + moved[(v, reader)]]
+            p = g.values[v].producer
+            if p is None:
+                return []
+            return [n + own[p]] if p in own else [p]
+
+        ops = [[x for v in node.inputs for x in read(v, node.id)] for node in g.nodes]
+        ops += [[n + e.after] if e.after >= 0 else [e.source] if e.source >= 0 else []
+                for e in entries]
+        ops.append([x for v in g.outputs for x in read(v, n)])
+        return ops
+
+    @staticmethod
+    def _post_order(ops: list[list[int]], live: list[bool]) -> list[int]:
+        """XLA's ``HloComputation::MakeInstructionPostOrder`` of a program given as operand lists
+        (the last instruction: the result): a depth-first post-order that visits an instruction's
+        operands in their order, from the result, then from every other instruction no one uses
+        (in order). Instructions not ``live`` (replaced by a combined one) are left out."""
+        m = len(ops)
+        used = [False] * m
+        for x in range(m):
+            if live[x]:
+                for o in ops[x]:
+                    used[o] = True
+        state = [0] * m  # 0: new, 1: its operands on the stack, 2: visited
+        order: list[int] = []
+        for start in [m - 1] + [x for x in range(m - 1) if live[x] and not used[x]]:
+            stack = [start]
+            while stack:
+                x = stack[-1]
+                if state[x] == 0:
+                    state[x] = 1
+                    stack.extend(o for o in reversed(ops[x]) if state[o] != 2)
+                    continue
+                stack.pop()
+                if state[x] == 1:
+                    state[x] = 2
+                    order.append(x)
+        return order
 
     def _combine(self, entries: list[ProgramComm], be: Backend) -> list[tuple[str, tuple, int]]:
         """The collectives of one computation after the backend's combiners, as
-        ``(kind, axes, bytes)``. XLA's ``CombineInstructionsByKey``: in the computation's
-        post-order (:meth:`_post_order`), the first collective left opens a group; later ones of
-        its kind and devices join it until one depends on a member (or a threshold is reached);
-        the group becomes one collective, and the walk repeats with what is left. Kinds the
-        backend does not combine stay one collective each.
+        ``(kind, axes, bytes)``, found by running XLA's ``CombineInstructionsByKey`` on the program
+        with its collectives (:meth:`_program_operands`), one combiner (kind) after another:
 
-        Dependencies are those of the program as combined so far (XLA rebuilds its reachability
-        map after every group): a combined collective takes all its members' operands and feeds
-        all their users, so a collective that reads one member of an earlier group depends on
-        everything every member reads. T5's embedding gradient, reduced over "data" then
-        "model": its "data" all-reduce joins the position-bias pieces' (which read their "model"
-        all-reduces), so its "model" all-reduce depends on theirs and cannot join them.
+        * walk the program in post-order (:meth:`_post_order`); the first collective left opens a
+          group, and later ones of its kind and devices join it until one is reachable from a
+          member (or the size threshold is reached); one larger than the threshold alone is left
+          as it is without ending the group;
+        * a group of two or more becomes one collective that takes all its members' operands
+          and feeds all their users, and the walk starts again on the changed program, with its
+          post-order and reachability rebuilt.
 
-        The walk's order is the uncombined program's post-order, while XLA walks the combined
-        program again, which visits all of a group's operands where its first member is used. So
-        a collective that a member reads through an earlier group also ends the group here (XLA
-        meets it first, then stops at the member); which kind opens the next group is the
-        approximation's (the first collective left in the uncombined order)."""
-        order = self.mesh.axis_names
-        desc = self._descendants()
-        post = self._post_order()
-        end = len(self.graph.nodes)
-        items = []
-        for i, e in enumerate(entries):
-            kind = be.kind_of(e.comm.kind)
-            axes = tuple(sorted(e.comm.axes, key=order.index))
-            # where the walk meets it: an operator's own collective right after the operator (it
-            # is the operator's only user), a reshard just before the operator that uses it
-            if e.user == e.source:
-                pos = post[e.source] + 0.5
-            else:
-                pos = post[e.user] - 0.5 if e.user < end else end
-            items.append((pos, kind, axes, i))
-        items.sort(key=lambda t: t[0])
-        # what each collective's result reaches (nodes, as a bit set): an operator's own
-        # collective feeds the operator's users (not the operator), a reshard its user
-        reaches = []
-        for e in entries:
-            if not 0 <= e.user < end:
-                reaches.append(0)
-            elif e.user == e.source:
-                reaches.append(desc[e.user] & ~(1 << e.user))
-            else:
-                reaches.append(desc[e.user])
-        before: list[tuple[int, ...]] = []  # the collectives whose results each one reads, in turn
-        for e in entries:
-            chain = []
-            k = e.after
-            while k >= 0:
-                chain.append(k)
-                k = entries[k].after
-            before.append(tuple(chain))
+        The changed program's post-order is what decides the next group: it visits all of a
+        combined collective's operands where the first of its members' users is. T5's position
+        bias gradients (each reduced over "model", then scattered into its table, reduced over
+        "data" then "model"): once the two "data" all-reduces are combined, the walk meets the
+        decoder's bias all-reduce (which the combined one reads) before any other "model"
+        all-reduce; it opens a group, which the next one (reading the combined "data" all-reduce)
+        ends at once, and every other "model" all-reduce then combines into one."""
+        g = self.graph
+        n, k = len(g.nodes), len(entries)
+        root = n + k
+        axis_order = self.mesh.axis_names
+        keys = [(be.kind_of(e.comm.kind), tuple(sorted(e.comm.axes, key=axis_order.index)))
+                for e in entries]
+        out = [(kind, axes, entries[i].comm.bytes) for i, (kind, axes) in enumerate(keys)
+               if not be.combines(kind)]
+        base = self._program_operands(entries)
+        into = list(range(root + 1))  # the instruction that took each one's place
+        members: dict[int, list[int]] = {}  # a combined collective -> its collectives
 
-        def depends(i, nodes, comms):
-            """Whether collective ``i`` reads anything reached: a node or a collective."""
-            src = entries[i].source
-            return (src >= 0 and nodes >> src & 1) or any(k in comms for k in before[i])
+        def rebuild():
+            """The post-order of the program as combined so far, and per instruction the
+            collectives reachable from it (a bit set, itself included)."""
+            live = [into[x] == x for x in range(root + 1)]
+            ops = [[into[o] for o in (base[x] if x not in members else
+                                      [o for i in members[x] for o in base[n + i]])]
+                   if live[x] else [] for x in range(root + 1)]
+            post = self._post_order(ops, live)
+            users: list[list[int]] = [[] for _ in range(root + 1)]
+            for x in post:
+                for o in ops[x]:
+                    users[o].append(x)
+            reach = [0] * (root + 1)
+            for x in reversed(post):
+                bits = 1 << (x - n) if n <= x < root else 0
+                for u in users[x]:
+                    bits |= reach[u]
+                reach[x] = bits
+            return post, reach
 
-        combined: list[list[int]] = []  # the groups formed so far (of two or more)
-
-        def close(nodes, comms, merged):
-            """What is reached once every combined group that reads something reached is: it
-            reaches whatever any of its members' results reach."""
-            grew = True
-            while grew:
-                grew = False
-                for k, members in enumerate(combined):
-                    if k not in merged and any(depends(i, nodes, comms) for i in members):
-                        merged.add(k)
-                        grew = True
-                        for i in members:
-                            nodes |= reaches[i]
-                            comms.add(i)
-            return nodes
-
-        out: list[tuple[str, tuple, int]] = []
-        left = []
-        for _, kind, axes, i in items:
-            if be.combines(kind):
-                left.append((kind, axes, i))
-            else:
-                out.append((kind, axes, entries[i].comm.bytes))
-        def read_by(i, members):
-            """Whether any of ``members`` depends on collective ``i``."""
-            comms, merged = {i}, set()
-            nodes = close(reaches[i], comms, merged)
-            return any(depends(t, nodes, comms) for t in members)
-
-        while left:
-            key = left[0][:2]
-            threshold = be.combine_threshold[key[0]]
-            nodes, comms, merged = 0, set(), set()
-            total = 0
-            taken = []
-            for j, (kind, axes, i) in enumerate(left):
-                if (kind, axes) != key:
-                    continue
-                b = entries[i].comm.bytes
-                # a dependency either way: XLA's walk of the combined program meets a
-                # collective that a member reads (through a group) before that member
-                if taken and (total + b > threshold or depends(i, nodes, comms)
-                              or (combined and read_by(i, [left[t][2] for t in taken]))):
-                    break
-                taken.append(j)
-                total += b
-                nodes |= reaches[i]
-                comms.add(i)
-                nodes = close(nodes, comms, merged)
-            out.append((key[0], key[1], total))
-            if len(taken) > 1:
-                combined.append([left[j][2] for j in taken])
-            drop = set(taken)
-            left = [t for j, t in enumerate(left) if j not in drop]
+        passes = sorted({kind for kind, _ in keys if be.combines(kind)},
+                        key=lambda kind: (_COMBINER_ORDER.index(kind)
+                                          if kind in _COMBINER_ORDER else len(_COMBINER_ORDER),
+                                          kind))
+        post, reach = rebuild()
+        for kind in passes:
+            threshold = be.combine_threshold[kind]
+            left = {i for i, (kd, _) in enumerate(keys) if kd == kind}
+            while left:
+                walk = [x - n for x in post if n <= x < root and x - n in left]
+                taken: list[int] = []
+                total, key, reached = 0, None, 0
+                for i in walk:
+                    if not taken:
+                        key = keys[i]
+                    if keys[i] != key:
+                        continue
+                    b = entries[i].comm.bytes
+                    if b > threshold:  # never combined
+                        left.discard(i)
+                        out.append((*keys[i], b))
+                        continue
+                    if total + b > threshold or reached >> i & 1:
+                        break
+                    taken.append(i)
+                    total += b
+                    reached |= reach[n + i]
+                    left.discard(i)
+                if taken:
+                    out.append((*key, total))
+                if len(taken) > 1:
+                    head = n + taken[0]
+                    members[head] = taken
+                    for i in taken[1:]:
+                        into[n + i] = head
+                    post, reach = rebuild()
         return out
 
     def program_summary(self, assignment, backend: str | Backend | None = None, *,

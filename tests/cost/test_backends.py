@@ -445,3 +445,64 @@ def test_all_reduces_combine_in_the_post_order_xla_walks(strategy, topology):
     key = ("all-reduce", ("d",) if topology is D8 else ("model",))
     assert compiled[key]["count"] == 8
     assert predicted == compiled
+
+
+def _two_biased_towers():
+    """Two one-layer residual towers (an encoder and a decoder: the decoder reads the encoder's
+    result), each adding a position-bias-like ``(buckets, heads)`` table read by an ``(S, S)``
+    grid of buckets: T5's relative position biases in miniature."""
+    S, H, F, B, NB = 16, 4, 32, 8, 8
+
+    def step(p, x, y, buckets):
+        def tower(p, h, t):
+            h = h + p[f"table_{t}"][buckets][None]  # (B, S, S, H)
+            return h + jnp.tanh(h @ p[f"{t}_in"]) @ p[f"{t}_out"]
+
+        def loss(p):
+            return jnp.mean(tower(p, y + tower(p, x, "1_enc"), "2_dec") ** 2)
+
+        return jax.tree_util.tree_map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p))
+
+    p = {}
+    for t in ("1_enc", "2_dec"):
+        p |= {f"table_{t}": jnp.full((NB, H), 0.01, jnp.float32),
+              f"{t}_in": jnp.full((H, F), 0.01, jnp.float32),
+              f"{t}_out": jnp.full((F, H), 0.01, jnp.float32)}
+    x, y = jnp.ones((B, S, S, H), jnp.float32), jnp.ones((B, S, S, H), jnp.float32)
+    buckets = (jnp.arange(S)[:, None] - jnp.arange(S)[None, :]) % NB
+    return step, (p, x, y, buckets)
+
+
+def test_the_combiner_walks_the_combined_program_again_after_each_group():
+    """XLA's combiner walks the program as combined so far. Under ``dp_tp`` each bias's gradient
+    is summed over the batch (a "data" all-reduce), then scattered into its table with the
+    updates split (data, model): each partial table is completed over "model", then over "data".
+    XLA:CPU combines the weights' and the encoder bias's "data" all-reduces (the encoder table's
+    reads that group and ends it), then the two tables' "model" all-reduces. That combined one
+    takes both scatters as operands, so the post-order of the changed program meets the decoder
+    bias's "data" all-reduce (read by the decoder's scatter) before the encoder table's: it opens
+    a group that the encoder table's all-reduce ends at once, and the two tables' "data"
+    all-reduces combine next, 3 "data" all-reduces in all. A walk in the uncombined program's
+    order opened that group at the encoder table's all-reduce and ended it at the decoder bias's:
+    4 (T5 under ``auto`` on 2 x 4 and 2 x 2 x 2, issue 11, with the axes the other way round).
+    The parameters' names set the order of the step's results, and so the walk's."""
+    step, args = _two_biased_towers()
+    plan = hj.plan(step, *args, topology=D2x4, strategy="dp_tp")
+    cm = cost_model(plan.graph, D2x4)
+    assignment = list(plan.assignment)
+    scatters = [n for n in plan.graph.nodes if n.primitive.name == "scatter-add"]
+    assert len(scatters) == 2
+    for n in scatters:
+        gid = cm.group_of_node[n.id]
+        split = [c for c, r in enumerate(cm.groups[gid].candidates)
+                 if r.in_specs[2][:2] == (("data",), ("model",)) and not any(r.out_specs[0])]
+        assert split, "no candidate splits the updates over (data, model)"
+        assignment[gid] = split[0]
+        assert [c.axes for c in cm.groups[gid].candidates[split[0]].comms] == [("model",),
+                                                                                ("data",)]
+    plan = plan_from_assignment(cm, assignment, "test")
+    plan.topology = D2x4
+    predicted = cm.program_summary(assignment, "cpu")
+    compiled = _compiled_summary(step, plan, *args)
+    assert compiled[("all-reduce", ("data",))]["count"] == 3
+    assert predicted == compiled
