@@ -1439,18 +1439,20 @@ class CostModel:
         return out
 
     def program_summary(self, assignment, backend: str | Backend | None = None, *,
-                        min_bytes: float = 0) -> dict:
+                        min_bytes: float = 0, exits=None) -> dict:
         """The collectives the compiled program should contain, as a backend compiles them:
         ``{(kind, axes): {"count": int, "bytes": int}}``.
 
         Each use is counted as :meth:`program_collectives` does; then the backend's treatment
         applies (:mod:`hulkjax.cost.backends`): reduce-scatters become all-reduces where it forms
-        none, and deferred collectives of a kind it combines are merged into
-        ``ceil(bytes / threshold)`` collectives per (kind, axes). ``backend``: a name
-        (``"cpu"``, ``"gpu"``, ``"tpu"``) or a :class:`Backend`; default: the topology's. Compare
-        with the HLO of a program compiled on that backend (loop bodies: per iteration, weighted by
-        ``trip_count``). Collectives of at most ``min_bytes`` each are left out (scalar metrics,
-        which XLA folds into other reductions).
+        none, and its combiners merge the collectives of each computation (:meth:`_combine`): the
+        step's, and each loop body's per iteration, with the layout changes of its results on
+        exit (``exits``: per body result, its exit layout; the loop's caller passes them),
+        repeated ``trip_count`` times. ``backend``: a name (``"cpu"``, ``"gpu"``, ``"tpu"``) or a
+        :class:`Backend`; default: the topology's. Compare with the HLO of a program compiled on
+        that backend (loop bodies: per iteration, weighted by ``trip_count``). Collectives of at
+        most ``min_bytes`` each are left out (scalar metrics, which XLA folds into other
+        reductions).
 
         >>> import jax, jax.numpy as jnp, hulkjax as hj
         >>> def step(ws, x):
@@ -1465,38 +1467,50 @@ class CostModel:
 
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
-        order = self.mesh.axis_names
         out: dict[tuple, dict] = {}
-        # A combiner merges collectives of one computation: the step's (where the graph says which
-        # depend on which), and each loop body's per iteration (then repeated trip_count times;
-        # its deferred collectives merged).
-        for kind, axes, nbytes in self._combine(self.program_entries(assignment, loops=False), be):
+        # A combiner merges collectives of one computation: the step's, and each loop body's per
+        # iteration (its own program, its results' layout changes on exit included), repeated
+        # trip_count times.
+        entries = self.program_entries(assignment, loops=False)
+        entries += self._exit_entries(assignment, exits or ())
+        for kind, axes, nbytes in self._combine(entries, be):
             if nbytes <= min_bytes:
                 continue
             entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
             entry["count"] += 1
             entry["bytes"] += nbytes
-        scopes: list[tuple[list[Comm], int]] = []
         for gid, c in enumerate(assignment):
             r = self.groups[gid].candidates[c] if self.groups[gid].kind == LEADER else None
-            if isinstance(r, LoopResolution):
-                scopes.append((list(r.iteration_comms), r.trips))
-        for comms, trips in scopes:
-            groups: dict[tuple, list] = defaultdict(lambda: [0, 0])
-            for cm in comms:
-                if cm.bytes <= min_bytes:
-                    continue
-                kind = be.kind_of(cm.kind)
-                axes = tuple(sorted(cm.axes, key=order.index))
-                entry = groups[(kind, axes, cm.deferred and be.combines(kind))]
-                entry[0] += 1
-                entry[1] += cm.bytes
-            for (kind, axes, combined), (count, nbytes) in groups.items():
-                if combined:
-                    count = self._combined_count(kind, nbytes, be)
-                entry = out.setdefault((kind, axes), {"count": 0, "bytes": 0})
-                entry["count"] += count * trips
-                entry["bytes"] += nbytes * trips
+            if not isinstance(r, LoopResolution):
+                continue
+            for body in r.bodies:
+                inner = body.cost_model.program_summary(body.assignment, be, min_bytes=min_bytes,
+                                                        exits=body.outputs)
+                for key, e in inner.items():
+                    entry = out.setdefault(key, {"count": 0, "bytes": 0})
+                    entry["count"] += e["count"] * r.trips
+                    entry["bytes"] += e["bytes"] * r.trips
+        return out
+
+    def _exit_entries(self, assignment, exits) -> list[ProgramComm]:
+        """A loop body's results brought to their exit layouts (``exits``: per body result, the
+        layout it leaves in, ``None``: as produced), as the body's last collectives; carried
+        results are changed by the body's carried edges already."""
+        if not exits:
+            return []
+        g = self.graph
+        specs = self.value_specs(assignment)
+        carried = set(g.carried.values())
+        out: list[ProgramComm] = []
+        for i, spec in enumerate(exits):
+            vid = g.outputs[i] if i < len(g.outputs) else None
+            if spec is None or vid is None or i in carried or specs.get(vid) is None:
+                continue
+            src = self._producer(vid)
+            prev = -1
+            for cm in self.reshard(vid, specs[vid], spec):
+                out.append(ProgramComm(cm, src, len(g.nodes), prev, vid))
+                prev = len(out) - 1
         return out
 
     def _move_target(self, loc: Local, mv: Move) -> Spec | None:

@@ -506,3 +506,24 @@ def test_the_combiner_walks_the_combined_program_again_after_each_group():
     compiled = _compiled_summary(step, plan, *args)
     assert compiled[("all-reduce", ("data",))]["count"] == 3
     assert predicted == compiled
+
+
+def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
+    """A scanned, rematerialized LLaMA under ``fsdp`` on 2x4: the backward scan's body reduces
+    weight gradients over "model"; XLA combines those of each iteration as it combines the
+    step's, by its combiner's walk over the body's program: 4 all-reduces per iteration (8 over
+    the two layers), where the model once grouped a body's collectives by whether they were
+    deferred (12)."""
+    from hulkjax import zoo
+    from tests.helpers import TWO_D_TOPOLOGY
+
+    m = zoo.get("llama", size="tiny", scan_layers=True, remat=True, seq_len=32)
+    state, batch = m.abstract()
+    plan = hj.plan(m.step, state, batch, topology=TWO_D_TOPOLOGY, strategy="fsdp")
+    predicted = cost_model(plan.graph, TWO_D_TOPOLOGY).program_summary(
+        plan.assignment, "cpu", min_bytes=64)
+    compiled = _compiled_summary(m.step, plan, *m.init(seed=0))
+    key = ("all-reduce", ("model",))
+    assert predicted[key] == compiled[key] == {"count": 8, "bytes": 688128}
+    key = ("all-reduce", ("data", "model"))  # the compiled one also carries the 256 B loss
+    assert predicted[key]["count"] == compiled[key]["count"]
