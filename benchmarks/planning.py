@@ -184,7 +184,9 @@ def worker(case: str, strategy: str, profile: bool) -> dict:
            "rss_after_trace_mb": rss_traced, "rss_peak_mb": _rss_mb(),
            "load_average": os.getloadavg()[0],
            "step_time": plan.cost.step_time, "peak_memory": plan.cost.peak_memory,
-           "staged": plan.stages is not None, "digest": _digest(plan)}
+           "staged": plan.stages is not None, "digest": _digest(plan),
+           # what the staged search says of itself (its winner, or why no staged plan won)
+           "staged_notes": [n for n in plan.notes if n.startswith("staged")]}
     if prof is not None:
         stats = pstats.Stats(prof)
         out["phases"] = _phase_table(stats)
@@ -307,6 +309,17 @@ def report(doc: dict) -> str:
                               and r["case"] == case and r["strategy"] == strategy})
             if digests:
                 lines.append(f"- {case} `{strategy}`: " + ", ".join(f"`{d}`" for d in digests))
+    notes = [(case, n) for case in doc["cases"] if (r := _row(rows, case, "auto")) is not None
+             for n in r.get("staged_notes", [])]
+    if notes:
+        lines += ["", "What the staged search says (`auto`'s plan notes). It leaves out "
+                  "microbatch counts and layouts whose lower bound is no faster than the best "
+                  "SPMD plan (less 2%; see `staged_lower_bound` in "
+                  "`hulkjax/strategies/stages.py`); a count the bound cannot rule out is searched "
+                  "in full (per-stage SPMD plans, dynamic programs, exact costs): a sound bound "
+                  "that left it out would have to lie above that cutoff and below the best "
+                  "staged plan found with it.", ""]
+        lines += [f"- {case}: {n}" for case, n in notes]
     for case in doc["cases"]:
         p = _row(rows, case, "auto", profiled=True)
         if p is None:
@@ -340,8 +353,11 @@ def report(doc: dict) -> str:
                   f"{x['cumulative_seconds']:.2f} |" for x in p["functions"]]
     before = doc.get("before")
     if before:
+        label = before.get("label") or (
+            f"{before['machine'].get('git_commit')}"
+            f"{' (dirty)' if before['machine'].get('hulkjax_dirty') else ''}")
         lines += ["", "## Before and after", "",
-                  f"`before`: {before['machine'].get('git_commit')} ({before['machine']['date']}), "
+                  f"`before`: {label} ({before['machine']['date']}), "
                   f"same machine and command (`--compare`). Equal digests mean equal plans; where "
                   "the cost model changed between the two commits, plans (and predicted steps) "
                   "differ for that reason.", ""]
@@ -411,6 +427,9 @@ def main() -> None:
                     help="a planning.json made with --compare on another tree (the planner of "
                          "this commit on the cost model of the compared one): PLANNING.md shows "
                          "its before/after table too")
+    ap.add_argument("--before-label", metavar="TEXT",
+                    help="with --compare: what the earlier results were run on (default: its "
+                         "commit), e.g. a working tree without the change measured")
     ap.add_argument("--out", default=OUT_JSON)
     ap.add_argument("--md", default=OUT_MD)
     args = ap.parse_args()
@@ -447,6 +466,8 @@ def main() -> None:
             with open(args.compare) as f:
                 doc["before"] = {k: v for k, v in json.load(f).items()
                                  if k not in ("before", "same_model")}
+            if args.before_label:
+                doc["before"]["label"] = args.before_label
         if args.same_model:
             with open(args.same_model) as f:
                 doc["same_model"] = {k: v for k, v in json.load(f).items() if k != "same_model"}

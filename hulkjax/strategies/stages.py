@@ -38,11 +38,17 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
   that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
 * where ``ilp`` and ``auto`` already have an SPMD plan, microbatch counts whose
-  :func:`staged_lower_bound` (every operator's roofline and kernel launches spread perfectly over
-  the largest group, collectives and transfers free, the pipeline's fill and drain) is no faster
-  than it are not searched, and a layout is costed exactly only if its floor (its unit tables'
-  pipeline without transfers) could still make it the best: the plan is the one the full search
-  finds, or a faster one;
+  :func:`staged_lower_bound` is no faster than it (less :data:`STAGED_MIN_GAIN`) are not
+  searched: every operator's roofline and kernel launches spread perfectly over the largest
+  group, collectives inside stages free, the pipeline's fill and drain (no interleaving where
+  the microbatches are not a multiple of the groups, so one microbatch is plain 1F1B: the
+  whole step's work in turn), and the activations and gradients every chunk boundary must send
+  (:func:`_crossing`) at the cheapest link; a layout is costed exactly only if its floor (its
+  unit tables' pipeline with those transfers at its own links) could still make it the best:
+  the plan is the one the full search finds, or a faster one (``tests/strategies/
+  test_staged_bound.py`` holds the bounds under the exact costs of many layouts, and the plans
+  equal with and without them). Where every staged plan is left out, ``best_staged`` says so
+  in a note with the SPMD time and the least bound;
 * the interleaved schedule (``v`` in :data:`VIRTUAL_STAGES`, 2 and 4 chunks of layers per group,
   where the units allow ``groups x v`` non-empty chunks and ``M`` is a multiple of the groups) is
   searched on prefixes of each chain of at least two groups, every group of the prefix used
@@ -225,6 +231,7 @@ class _Context:
     plans: dict = field(default_factory=dict)  # (M, sub, name) -> assignment
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
     floor: object = None  # _NodeFloor of staged_lower_bound, made on first use
+    link_floors: dict = field(default_factory=dict)  # groups -> _link_floor
 
     def micro(self, M: int) -> OpGraph:
         return self.graph if M == 1 else planning_graph(self.graph, M)
@@ -596,6 +603,13 @@ class _NodeFloor:
     ``launch``: kernel overheads; ``fixed``: roofline seconds on one device of nodes whose sizes
     do not depend on the batch; ``scaled``: the same at the full batch, of nodes whose sizes are
     proportional to it (``1 / M`` of it at ``M`` microbatches).
+
+    ``cross_fixed`` / ``cross_scaled``: ``[2, U + 1]`` bytes (whole values, at the full batch;
+    ``scaled`` ones are ``1 / M`` of it at ``M`` microbatches) that a stage boundary before unit
+    ``j`` must carry per microbatch whatever the layouts: row 0, forward values made in unit
+    ``j - 1`` and read in unit ``j`` (none read by the update); row 1, backward values made in
+    unit ``j`` and read in unit ``j - 1`` (read by the backward pass only). See
+    :func:`_crossing`.
     """
 
     mb_launch: float
@@ -605,6 +619,8 @@ class _NodeFloor:
     up_fixed: float
     up_scaled: float
     micro_ok: bool  # whether the scaling was checked against a microbatch trace (else M = 1 only)
+    cross_fixed: np.ndarray | None = None
+    cross_scaled: np.ndarray | None = None
 
 
 def _node_floor(ctx: _Context) -> _NodeFloor:
@@ -638,9 +654,69 @@ def _node_floor(ctx: _Context) -> _NodeFloor:
         sums[f"{ph}_{scaling}"] += t
         if cm.launches[n.id]:
             sums[f"{ph}_launch"] += overhead
-    out = _NodeFloor(**sums, micro_ok=micro is not None)
+    cross_fixed, cross_scaled = _crossing(g, part, micro, k)
+    out = _NodeFloor(**sums, micro_ok=micro is not None, cross_fixed=cross_fixed,
+                     cross_scaled=cross_scaled)
     ctx.floor = out
     return out
+
+
+def _crossing(g: OpGraph, part: Partition, micro: OpGraph | None, k: int | None):
+    """``(fixed, scaled)`` bytes of :class:`_NodeFloor`'s ``cross_*``.
+
+    A boundary of a staged layout before unit ``j`` puts unit ``j - 1`` and unit ``j`` on
+    different device groups (stages are non-empty contiguous unit ranges, consecutive ones on
+    different groups). A forward value made in unit ``j - 1``, read in unit ``j`` and by no
+    update operator is then sent by the stage holding unit ``j - 1`` to the one holding unit
+    ``j`` as a per-microbatch forward transfer
+    (:func:`~hulkjax.cost.pipeline.pipeline_cost`'s ``fwd``); a backward value made in unit
+    ``j`` and read only by backward operators, one of them in unit ``j - 1``, goes back as a
+    ``bwd`` transfer. Each receiving device gets at least ``1 / n`` of it (``n`` devices in its
+    group). A value's size at ``M`` microbatches: its size at the full batch where the
+    microbatch trace has its shape, ``1 / M`` of it where one dimension is ``k`` times smaller
+    there; other values are left out (``0``: the sum stays a lower bound)."""
+    U = len(part.units)
+    fixed, scaled = np.zeros((2, U + 1)), np.zeros((2, U + 1))
+    for n in g.nodes:
+        ph = part.phase[n.id]
+        if ph == UPDATE:
+            continue
+        here = part.unit[n.id]
+        for o in n.outputs:
+            if o is None:
+                continue
+            uses = g.consumers(o)
+            if not uses or any(part.phase[c] == UPDATE for c, _ in uses):
+                continue
+            if ph == FORWARD:
+                row, j = 0, here + 1
+                if j >= U or not any(part.unit[c] == here + 1 for c, _ in uses):
+                    continue
+            else:
+                row, j = 1, here
+                if j < 1 or any(part.phase[c] != BACKWARD for c, _ in uses) \
+                        or not any(part.unit[c] == here - 1 for c, _ in uses):
+                    continue
+            size = _value_scaling(g, micro, k, o)
+            if size == "fixed":
+                fixed[row, j] += g.values[o].nbytes
+            elif size == "scaled":
+                scaled[row, j] += g.values[o].nbytes
+    return fixed, scaled
+
+
+def _value_scaling(g: OpGraph, micro: OpGraph | None, k: int | None, v: int) -> str | None:
+    """``"fixed"`` (the same shape in the microbatch trace, or no trace: ``M = 1`` only),
+    ``"scaled"`` (one dimension ``k`` times smaller there), or ``None``."""
+    if micro is None:
+        return "fixed"
+    a, c = g.values[v].shape, micro.values[v].shape
+    if a == c:
+        return "fixed"
+    if len(a) != len(c) or g.values[v].dtype != micro.values[v].dtype:
+        return None
+    diff = [(x, y) for x, y in zip(a, c) if x != y]
+    return "scaled" if len(diff) == 1 and diff[0][0] == k * diff[0][1] else None
 
 
 def _batch_scaling(g: OpGraph, micro: OpGraph, k: int, n) -> str | None:
@@ -672,10 +748,11 @@ def _batch_scaling(g: OpGraph, micro: OpGraph, k: int, n) -> str | None:
 
 
 def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
-    """A lower bound on :func:`layout_cost`'s step time: its pipeline's closed form without
-    transfers, plus the slowest group's update without the state's layout changes (each
-    stage's forward, backward and update operators from the unit tables the search built: the
-    sums the exact cost makes); ``0`` where a table is missing."""
+    """A lower bound on :func:`layout_cost`'s step time: its pipeline's closed form with the
+    transfers every chunk boundary must make in the fill and drain (:func:`_boundary_floor`)
+    and none in the steady state, plus the slowest group's update without the state's layout
+    changes (each stage's forward, backward and update operators from the unit tables the search
+    built: the sums the exact cost makes); ``0`` where a table is missing."""
     f, b, u = [], [], []
     for devs, (lo, hi), name in zip(layout.groups, layout.ranges, layout.plans):
         t = ctx.tables.get((layout.microbatches, group_topology(ctx.topology, devs), name))
@@ -694,7 +771,51 @@ def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
         t = sum(f) + (M - 1) * max(f) + sum(b) + (M - 1) * max(b)
     else:
         t = (sum(w) - max(w)) / v + M * max(w)
+    t += _boundary_floor(ctx, layout)
     return (t + max(ug)) * (1 - 1e-9)  # sums in another order: a rounding's margin
+
+
+def _boundary_floor(ctx: _Context, layout: StagedLayout) -> float:
+    """Seconds the fill and drain of ``layout`` spend at least on transfers: at each boundary
+    between consecutive stages (chunks) on different devices, :func:`_crossing`'s bytes per
+    receiving device over the link between the two groups, forward and backward, each with the
+    link's latency (:func:`~hulkjax.cost.pipeline.pipeline_cost` sends them on distinct links,
+    one per pair of stages and direction, and adds every link's time to the fill and drain).
+    ``0`` where the ranges are not consecutive non-empty unit ranges, or the step's sizes at
+    ``M > 1`` microbatches are not known."""
+    fl = _node_floor(ctx)
+    M = layout.microbatches
+    if M > 1 and not fl.micro_ok:
+        return 0.0
+    ranges = layout.ranges
+    if any(lo >= hi for lo, hi in ranges) or any(
+            ranges[p][0] != ranges[p - 1][1] for p in range(1, len(ranges))):
+        return 0.0
+    cross = fl.cross_fixed + fl.cross_scaled / M
+    total = 0.0
+    for p in range(1, len(ranges)):
+        src, dst, j = layout.groups[p - 1], layout.groups[p], ranges[p][0]
+        if tuple(src) == tuple(dst):
+            continue  # chunks of one group: nothing is sent
+        if cross[0, j] > 0:
+            link = stage_link(ctx.topology, src, dst)
+            total += link.latency + cross[0, j] / len(dst) / link.bandwidth
+        if cross[1, j] > 0:
+            link = stage_link(ctx.topology, dst, src)
+            total += link.latency + cross[1, j] / len(src) / link.bandwidth
+    return total
+
+
+def _link_floor(ctx: _Context, groups) -> tuple[float, float]:
+    """``(latency, bandwidth)``: the least latency and the most bandwidth of the links
+    (:func:`~hulkjax.cost.pipeline.stage_link`) between two different groups of ``groups``."""
+    cache = ctx.link_floors
+    key = tuple(groups)
+    if key not in cache:
+        links = [stage_link(ctx.topology, a, b) for a in groups for b in groups if a != b]
+        cache[key] = (min((ln.latency for ln in links), default=0.0),
+                      max((ln.bandwidth for ln in links), default=math.inf))
+    return cache[key]
 
 
 def staged_lower_bound(ctx: _Context, groups, M: int, *, schedule: str = "1f1b",
@@ -705,24 +826,52 @@ def staged_lower_bound(ctx: _Context, groups, M: int, *, schedule: str = "1f1b",
 
     Every node runs on one stage of at most ``n`` devices (the largest group), so it takes at
     least :meth:`~hulkjax.cost.model.CostModel.compute_time` split ``n`` ways on the fastest
-    device (the best FLOP/s, HBM bandwidth and kernel overhead of any device), collectives and
-    transfers taken as free. With ``W`` the forward and backward nodes' floor per microbatch (the
-    ``1 / M`` batch scaled from the full step where its sizes are checked to be proportional to
-    the batch), ``U`` the update's and ``G`` the groups: the pipeline's fill, drain and steady
-    state take at least ``W / v + (M - 1 / v) W / G`` (``v`` chunks per group; 1 unless
-    interleaved; the busiest group does at least ``W / G`` per microbatch) and the slowest
-    group's update at least ``U / G``. ``0`` for ``M > 1`` where the step has no microbatch
-    trace to check its scaling against.
+    device (the best FLOP/s, HBM bandwidth and kernel overhead of any device), collectives taken
+    as free. With ``W`` the forward and backward nodes' floor per microbatch (the ``1 / M`` batch
+    scaled from the full step where its sizes are checked to be proportional to the batch), ``U``
+    the update's, ``S`` the groups a plan uses (``1 <= S <= G``) and ``v`` its chunks per group
+    (1 unless interleaved), the schedule's closed form is at least:
+
+    * one stage (``S = 1``): ``M W + U`` (it runs everything, with no transfers);
+    * ``S >= 2``: ``W / v + (M - 1 / v) W / S + (S v - 1) X + U / S``: the fill and drain run
+      every chunk once, ``1 / v`` of it exposed, the busiest group does at least ``W / S`` per
+      microbatch and the slowest group's update at least ``U / S``; each of the ``S v - 1``
+      chunk boundaries sends forward and backward once in the fill and drain, at least ``X``
+      (:func:`_crossing`'s bytes at the cheapest boundary, per receiving device, at the fastest
+      link's bandwidth, plus the least latency per direction that has bytes). Interleaving
+      (``v > 1``) needs ``M`` to be a multiple of ``S >= 2`` and ``S v`` units at most
+      (Megatron-LM's condition, which every interleaved layout of the search and of the
+      ``pipeline`` baseline meets): it is not counted where it cannot be built, so one
+      microbatch is plain 1F1B.
+
+    The bound is the least of these over ``S`` and ``v``. Collectives inside stages, the
+    per-step transfers and the stalls the discrete-event schedule adds only make plans slower.
+    ``0`` for ``M > 1`` where the step has no microbatch trace to check its scaling against.
     """
     fl = _node_floor(ctx)
     if M > 1 and not fl.micro_ok:
         return 0.0
     n = max(len(grp) for grp in groups)
     G = len(groups)
+    units = len(ctx.part.units)
     W = fl.mb_launch + (fl.mb_fixed + fl.mb_scaled / M) / n
     U = fl.up_launch + (fl.up_fixed + fl.up_scaled / M) / n
-    vs = {1, *(virtual_stages if schedule == "1f1b" else ())}
-    return min(W / v + (M - 1.0 / v) * W / G for v in vs) + U / G
+    best = M * W + U  # one stage on one group
+    if units < 2 or G < 2:
+        return best
+    lat, bw = _link_floor(ctx, groups)
+    cross = (fl.cross_fixed + fl.cross_scaled / M)[:, 1:units] / n  # per receiving device
+    X = float(np.min(np.where(cross > 0, lat + cross / bw, 0.0).sum(axis=0)))
+    vs = {1, *(virtual_stages if schedule in ("1f1b", "interleaved") else ())}
+    if schedule == "interleaved":
+        vs.discard(1)
+        vs = vs or {1}
+    for S in range(2, G + 1):
+        for v in vs:
+            if S * v > units or (v > 1 and M % S):
+                continue
+            best = min(best, W / v + (M - 1.0 / v) * W / S + (S * v - 1) * X + U / S)
+    return best * (1 - 1e-9)  # sums in another order: a rounding's margin
 
 
 # ---- the dynamic program -------------------------------------------------------------------------
@@ -811,21 +960,24 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       microbatches: counts to try (default: see :func:`microbatch_counts`).
       keep: how many layouts to return.
       shortlist: how many of the dynamic programs' best layouts are costed exactly (default
-        ``max(3 * keep, 6)``); a layout whose pipeline without transfers is slower than the
-        ``keep``-th best so far is passed over (it would not be returned).
+        ``max(3 * keep, 6)``); a layout whose floor (:func:`_pipeline_floor`) is slower than
+        the ``keep``-th best so far is passed over (it would not be returned).
       progress: a callable told what is being searched (a string).
       virtual_stages: chunks per group to try with ``schedule="1f1b"`` (1: plain 1F1B;
         ``v > 1``: the interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
       cutoff: a step time a staged plan must beat to be of use (``best_staged``: the best SPMD
-        plan's, less :data:`STAGED_MIN_GAIN`). The local search over microbatch counts then
-        skips a count whose :func:`staged_lower_bound` is at least the cutoff and at least the
-        count it is compared with: the comparison goes as it would have (the count's dynamic
-        programs predict at least the bound), and its layouts could not beat the cutoff. Its
-        layouts are not returned, so the best layout returned is the same, or (where they
-        would have pushed a layout out of the exactly costed shortlist) one that is faster.
-        A found layout whose floor (:func:`_pipeline_floor`) is at least the cutoff is not
-        costed exactly either: it could not beat the cutoff, so the best layout returned, where
-        one beats the cutoff, is the same.
+        plan's, less :data:`STAGED_MIN_GAIN`). A count whose :func:`staged_lower_bound` is at
+        least the cutoff is then not searched (its layouts could not beat the cutoff). The
+        local search over the counts compares a count left out by its bound (a lower bound on
+        its dynamic programs' predictions): where that settles the comparison, the search goes
+        as it would have; where it does not, both ways are followed. The counts searched are
+        then those the search without the cutoff reaches, less those left out (or, where a
+        comparison was unsettled, a superset of them, and every layout found is a candidate
+        for the exact costs, not only the shortlist). The best layout returned is the same, or
+        (where the left-out layouts would have pushed a layout out of the exactly costed
+        shortlist) one that is faster. A found layout whose floor (:func:`_pipeline_floor`) is
+        at least the cutoff is not costed exactly either: it could not beat the cutoff, so the
+        best layout returned, where one beats the cutoff, is the same.
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -840,7 +992,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         return SearchResult([])
     found: list[tuple[float, StagedLayout]] = []
     searched = 0
-    pruned = False  # whether the cutoff skipped microbatch counts
+    widened = False  # whether counts left out made the local search follow both ways
     beyond = math.inf  # the least lower bound of what the cutoff left out
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
@@ -882,51 +1034,77 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             return tried[M]
 
         Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
+        bounds: dict[int, float] = {}
+        hopeless: set[int] = set()
         if cutoff is not None:
-            # Counts no staged plan of which can beat the cutoff are not searched; the others
-            # all are (a superset of what the local search below would reach without them).
+            # Counts no staged plan of which can beat the cutoff are not searched.
             bounds = {M: staged_lower_bound(ctx, groups, M, schedule=schedule,
                                             virtual_stages=virtual_stages) for M in Ms}
-            hopeless = [M for M in Ms if bounds[M] >= cutoff]
+            hopeless = {M for M in Ms if bounds[M] >= cutoff}
             if hopeless:
                 log.info("%s: skipping %s microbatch(es): no staged plan with them is within "
-                         "the cutoff %s (lower bounds %s)", level, hopeless, format_time(cutoff),
-                         ", ".join(format_time(bounds[M]) for M in hopeless))
-                pruned = True
+                         "the cutoff %s (lower bounds %s)", level, sorted(hopeless),
+                         format_time(cutoff),
+                         ", ".join(format_time(bounds[M]) for M in sorted(hopeless)))
                 beyond = min(beyond, *(bounds[M] for M in hopeless))
-                for M in Ms:
-                    if M not in hopeless:
-                        attempt(M)
-                continue
+
+        def value(M: int, hopeless=hopeless, attempt=attempt) -> float | None:
+            """The count's best prediction; ``None`` for a count left out (not searched)."""
+            return None if M in hopeless else attempt(M)
+
+        def less(a: int, b: int, bounds=bounds, value=value) -> bool | None:
+            """Whether count ``a`` predicts less than ``b``, as the search without the cutoff
+            finds it; ``None`` where a count left out makes it unknown (its bound is a lower
+            bound on its prediction)."""
+            va, vb = value(a), value(b)
+            if va is not None and vb is not None:
+                return va < vb
+            if va is None and vb is not None and bounds[a] >= vb:
+                return False
+            if vb is None and va is not None and va < bounds[b]:
+                return True
+            return None
+
         if microbatches is not None or len(Ms) <= 3:
             for M in Ms:
-                attempt(M)
+                value(M)
             continue
         # One and two microbatches are cheap (their traces exist); the rest is a local search
-        # over the powers of two, from about four per group, assuming one best count.
+        # over the powers of two, from about four per group, assuming one best count. A move the
+        # counts left out leave unknown is followed both ways: the counts searched include every
+        # one the search without the cutoff reaches (and are exactly those where no move was
+        # unknown, its path the same).
         for M in Ms[:2]:
-            attempt(M)
+            value(M)
         rest = Ms[2:]
-        i = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
-        while True:
-            here = attempt(rest[i])
-            up = attempt(rest[i + 1]) if i + 1 < len(rest) else math.inf
-            down = attempt(rest[i - 1]) if i > 0 and up >= here else math.inf
-            if up < here:
-                i += 1
-            elif down < here:
-                i -= 1
-            else:
-                break
-    # Exact costs of the dynamic program's best per (level, M, chain) (of all of them where
-    # counts were skipped: every layout the search without the cutoff would cost is then
-    # costed). A layout whose pipeline without transfers and updates is already slower than
-    # the keep-th best so far is not costed: it would not be returned.
+        i0 = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
+        todo, seen = [i0], {i0}
+        while todo:
+            i = todo.pop()
+            value(rest[i])
+            moves = []
+            up = less(rest[i + 1], rest[i]) if i + 1 < len(rest) else False
+            if up is not False:
+                moves.append(i + 1)
+            if up is not True:
+                down = less(rest[i - 1], rest[i]) if i > 0 else False
+                if down is not False:
+                    moves.append(i - 1)
+                widened |= down is None
+            widened |= up is None
+            for j in moves:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+    # Exact costs of the dynamic program's best per (level, M, chain): the shortlist (of all of
+    # them where the local search followed both ways: every layout the search without the
+    # cutoff would cost is then costed). A layout whose floor is already slower than the
+    # keep-th best so far is not costed: it would not be returned.
     exact: list[tuple[float, StagedLayout, object]] = []
     unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
     if shortlist is None:
         shortlist = max(keep * 3, 6)
-    for layout in (unique if pruned else unique[:shortlist]):
+    for layout in (unique if widened else unique[:shortlist]):
         floor = _pipeline_floor(ctx, layout) if cutoff is not None or len(exact) >= keep \
             else 0.0
         if cutoff is not None and floor >= cutoff:  # it cannot beat the cutoff: not costed
@@ -1203,9 +1381,13 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         step, chosen = best[0], best[1]
         stages_, micro = len(chosen.groups), chosen.microbatches
     if spmd_time is not None and step >= cutoff:
-        notes.append(f"staged: the best staged plan ({format_time(step)}, "
+        left_out = (f"; the staged plans the search leaves out take at least "
+                    f"{format_time(beyond)}" if math.isfinite(beyond) else "")
+        found = " found" if left_out else ""
+        notes.append(f"staged: the best staged plan{found} ({format_time(step)}, "
                      f"{stages_} stage(s) x {micro} microbatch(es)) is not "
-                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})")
+                     f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})"
+                     f"{left_out}")
         return None, notes
     if isinstance(chosen, Plan):
         plan = chosen

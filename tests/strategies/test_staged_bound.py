@@ -22,6 +22,7 @@ from hulkjax.strategies.stages import (
 from hulkjax.topology.specs import LinkSpec
 
 TWO_NODES = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+FOUR_NODES = hj.Topology.preset("dgx-h100", nodes=4, gpus_per_node=2)
 # tests/strategies/test_stages.py's regional cluster, where staged plans win
 REGIONAL = hj.Topology.preset("regional", regions=2, gpus_per_node=4, device="V100",
                               metro=LinkSpec(bandwidth=5e9 / 8, latency=2e-3))
@@ -54,10 +55,11 @@ def _candidates(g, topology, level):
                     out.append(StagedLayout(groups=tuple(groups[k] for k in order),
                                             ranges=tuple(uniform_ranges(ctx.part, S)),
                                             plans=(plan,) * S, microbatches=M))
-        out.append(StagedLayout(groups=tuple(groups) * 2,
-                                ranges=tuple(uniform_ranges(ctx.part, 2 * len(groups))),
-                                plans=("dp_tp",) * (2 * len(groups)), microbatches=max(M, 2),
-                                schedule="interleaved", virtual_stages=2))
+        if max(M, 2) % len(groups) == 0:  # Megatron-LM's condition, as the search builds them
+            out.append(StagedLayout(groups=tuple(groups) * 2,
+                                    ranges=tuple(uniform_ranges(ctx.part, 2 * len(groups))),
+                                    plans=("dp_tp",) * (2 * len(groups)), microbatches=max(M, 2),
+                                    schedule="interleaved", virtual_stages=2))
         out.append(StagedLayout(groups=tuple(groups), ranges=tuple(uniform_ranges(ctx.part, 2)),
                                 plans=("fsdp",) * 2, microbatches=M, schedule="gpipe"))
     return ctx, groups, list(dict.fromkeys(out))
@@ -65,6 +67,7 @@ def _candidates(g, topology, level):
 
 @pytest.mark.parametrize("model,kw,topology,level", [
     ("gpt2", {"size": "tiny"}, TWO_NODES, "node"),
+    ("gpt2", {"size": "tiny"}, FOUR_NODES, "node"),
     ("transformer-block", {"size": "small", "n_layers": 8, "batch": 64}, REGIONAL, "region"),
 ])
 def test_lower_bounds_are_at_most_the_exact_pipeline_cost(model, kw, topology, level):
@@ -98,7 +101,8 @@ def test_pruning_leaves_the_plan_as_it_was(monkeypatch, model, kw, topology, str
     m = zoo.get(model, **kw)
     state, batch = m.abstract()
     runs, costed = {}, {"pruned": 0, "full": 0}
-    real_cost = stages.layout_cost
+    counts = {"pruned": set(), "full": set()}  # microbatch counts whose tables were built
+    real_cost, real_table = stages.layout_cost, stages._Context.table
     for label in ("pruned", "full"):
         if label == "full":
             monkeypatch.setattr(stages, "staged_lower_bound", lambda *a, **k: 0.0)
@@ -108,11 +112,17 @@ def test_pruning_leaves_the_plan_as_it_was(monkeypatch, model, kw, topology, str
             costed[label] += 1
             return real_cost(ctx, layout)
 
+        def table(self, M, sub, name, label=label):
+            counts[label].add(M)
+            return real_table(self, M, sub, name)
+
         monkeypatch.setattr(stages, "layout_cost", counted)
+        monkeypatch.setattr(stages._Context, "table", table)
         g = hj.trace(m.step, state, batch)  # a fresh graph: staged contexts are cached on it
         runs[label] = _record(hj.plan(m.step, state, batch, topology=topology,
                                       strategy=strategy, graph=g))
     assert runs["pruned"] == runs["full"]
+    assert counts["pruned"] <= counts["full"], counts  # no count the search would not reach
     if topology is REGIONAL:
         assert runs["full"][2] is not None  # a staged plan won: the pruning kept it
         assert costed["pruned"] <= costed["full"], costed
@@ -171,3 +181,23 @@ def test_a_search_left_out_by_the_cutoff_says_so():
                                      solver=solve)
     assert plan is None
     assert len(notes) == 1 and "no staged plan can be" in notes[0], notes
+
+
+def test_every_block_boundary_carries_activations_both_ways():
+    """The bound's transfers: each boundary inside the transformer blocks sends activations
+    forward and their gradients back (batch-sized), and one microbatch gets no credit for
+    interleaving (it needs a multiple of the groups): the bound is plain 1F1B's there."""
+    m = zoo.get("gpt2", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    ctx = _context(g, TWO_NODES)
+    fl = stages._node_floor(ctx)
+    labels = [u.label for u in ctx.part.units]
+    blocks = [j for j in range(1, len(labels)) if "/h_" in labels[j - 1] and "/h_" in labels[j]]
+    assert blocks, labels
+    for j in blocks:
+        assert fl.cross_scaled[0, j] > 0 and fl.cross_scaled[1, j] > 0, (j, labels)
+    groups = TWO_NODES.groups("node")
+    assert staged_lower_bound(ctx, groups, 1) == staged_lower_bound(ctx, groups, 1,
+                                                                    virtual_stages=(1,))
+    assert staged_lower_bound(ctx, groups, 2) < staged_lower_bound(ctx, groups, 2,
+                                                                   virtual_stages=(1,))
