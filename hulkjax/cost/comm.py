@@ -20,12 +20,15 @@ ring moves:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from functools import lru_cache
 
 import numpy as np
 
+from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
-from hulkjax.plan.specs import Spec, dim_of, local_shape
+from hulkjax.plan.specs import Spec
 from hulkjax.trace.graph import dtype_size
 
 
@@ -136,164 +139,685 @@ def axis_bytes(kind: str, nbytes: float, axes, topology, *,
     return out
 
 
-def _tiles(spec: Spec, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """Blocks per dimension."""
-    return tuple(int(np.prod([sizes[a] for a in axes], dtype=np.int64)) for axes in spec)
+# ------------------------------------------------------------------------------------------------
+# XLA's SPMD partitioner, replayed on tile assignments (PartitionedHlo::ReshardNoCache)
+# ------------------------------------------------------------------------------------------------
+
+class _Sh:
+    """An ``HloSharding``: a device array, one dimension per array dimension plus, when
+    ``partial``, a last dimension of replicas; ``tile is None``: replicated."""
+
+    __slots__ = ("tile", "partial")
+
+    def __init__(self, tile, partial=False):
+        if tile is not None and partial and tile.shape[-1] == 1:
+            tile, partial = tile.reshape(tile.shape[:-1]), False
+        if tile is not None and partial and tile.shape[-1] == tile.size:
+            tile, partial = None, False
+        self.tile, self.partial = tile, partial
+
+    @property
+    def rep(self):
+        return self.tile is None
+
+    def dims(self, rank):
+        return (1,) * rank if self.tile is None else tuple(self.tile.shape[:rank])
+
+    def __eq__(self, other):
+        if self.tile is None or other.tile is None:
+            return self.tile is None and other.tile is None
+        return self.partial == other.partial and self.tile.shape == other.tile.shape \
+            and bool((self.tile == other.tile).all())
 
 
-def _tile_coords(spec: Spec, sizes: Mapping[str, int]) -> dict[tuple[int, ...], tuple[int, ...]]:
-    """``{device coordinates: (block per dimension..., replica index)}`` as XLA numbers a
-    ``NamedSharding``'s tiles: the axes on a dimension major to minor, the unused axes (the
-    replicated ones) in mesh order."""
-    names = list(sizes)
-    used = [a for axes in spec for a in axes]
-    rest = [a for a in names if a not in used]
-    out = {}
-    for coords in np.ndindex(*[sizes[a] for a in names]):
-        at = dict(zip(names, coords))
-        index = []
-        for axes in (*spec, rest):
-            k = 0
-            for a in axes:
-                k = k * sizes[a] + at[a]
-            index.append(k)
-        out[tuple(coords)] = tuple(index)
+class _Replay:
+    """What the partitioner emits: ``(kind, device sets, bytes)``; ``trans`` maps the ids of
+    the current (per-group) partitioning to real devices, one table per group."""
+
+    def __init__(self, n, item):
+        self.ops, self.item = [], item
+        self.trans = [np.arange(n)]
+
+    def emit(self, kind, sets, nbytes):
+        real = [[int(t[i]) for i in s] for t in self.trans for s in sets]
+        self.ops.append((kind, real, int(nbytes)))
+
+
+def _local(base, sh):
+    rank = len(base)
+    return tuple(-(-b // t) for b, t in zip(base, sh.dims(rank)))
+
+
+def _nbytes(shape, item):
+    return math.prod(int(x) for x in shape) * item
+
+
+def _can_cp(s, t):
+    return not s.rep and not t.rep and s.tile.shape == t.tile.shape and s.partial == t.partial \
+        and not (s.tile == t.tile).all()
+
+
+def _cp(s, t, base, rp):
+    if s == t:
+        return t
+    pairs = list(zip(s.tile.ravel().tolist(), t.tile.ravel().tolist()))
+    rp.emit("collective-permute", pairs, _nbytes(_local(base, s), rp.item))
+    return t
+
+
+def _num_tiles(sh, rank):
+    return math.prod(sh.dims(rank))
+
+
+def _a2a_dims(s, t, rank):
+    """GetReshardAllToAllSourceTargetDims."""
+    if s.rep or t.rep or s.tile.ndim != t.tile.ndim or _num_tiles(s, rank) != _num_tiles(t, rank):
+        return None
+    src, tgt = {}, {}
+    for i in range(s.tile.ndim):
+        if s.tile.shape[i] != t.tile.shape[i]:
+            src.setdefault(s.tile.shape[i], []).append(i)
+            tgt.setdefault(t.tile.shape[i], []).append(i)
+    if not src or len(src) != len(tgt) or any(len(tgt.get(k, ())) != len(v) for k, v in src.items()):
+        return None
+
+    def remove(size, dim, table):
+        table[size] = [a for a in table[size] if a != dim]
+        if not table[size]:
+            del table[size]
+
+    out = []
+    while src:
+        size = min(src)
+        i = src[size][-1]
+        ti = t.tile.shape[i]
+        if ti == size:
+            remove(size, i, src)
+            remove(size, i, tgt)
+            continue
+        cands = src[ti]
+        k = 0
+        if size == 1:
+            while t.tile.shape[cands[k]] == 1 and k + 1 < len(cands):
+                k += 1
+        elif ti % size == 0:
+            while t.tile.shape[cands[k]] != size and k + 1 < len(cands):
+                k += 1
+        else:
+            return None
+        j = cands[k]
+        out.append((j, i))
+        remove(ti, i, tgt)
+        src[size][-1] = j
+        remove(ti, j, src)
     return out
 
 
-def _permute_axes(src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[str, ...]:
-    """The mesh axes along which a collective-permute from ``src`` to ``dst`` moves blocks.
+def _a2a_sharding(s, sdims, tdims):
+    """GetAllToAllSharding."""
+    tile = s.tile
+    for sd, td in zip(sdims, tdims):
+        shape1, added_s, added_t = [], 0, 0
+        for i, n in enumerate(tile.shape):
+            if i == sd:
+                shape1 += [tile.shape[td], n // tile.shape[td]]
+                added_s = len(shape1) - 1
+            elif i == td:
+                shape1 += [n, 1]
+                added_t = len(shape1) - 1
+            else:
+                shape1.append(n)
+        perm = list(range(len(shape1)))
+        perm[added_s], perm[added_t] = perm[added_t], perm[added_s]
+        shape2 = list(tile.shape)
+        shape2[sd], shape2[td] = shape2[td], shape2[sd]
+        tile = tile.reshape(shape1).transpose(perm).reshape(shape2)
+    return _Sh(tile, s.partial)
 
-    With the same blocks per dimension on both sides, XLA pairs the device at each tile index of
-    ``dst`` with the device at the same index of ``src`` (replicas included): the axes are those
-    along which a pair's coordinates differ. Otherwise (``dst`` refines ``src``): the axes on the
-    dimensions that change."""
-    names = list(sizes)
-    if _tiles(src, sizes) == _tiles(dst, sizes):
-        by_index = {i: c for c, i in _tile_coords(src, sizes).items()}
-        moved: set[str] = set()
-        for c, i in _tile_coords(dst, sizes).items():
-            moved.update(a for a, x, y in zip(names, c, by_index[i]) if x != y)
-    else:
-        moved = {a for s, d in zip(src, dst) if s != d for a in (*s, *d)}
-    return tuple(sorted(moved))
+
+def _a2a_groups(temp, tdims, sizes):
+    groups = {}
+    for idx in np.ndindex(*temp.tile.shape):
+        gid = 0
+        for d, k in enumerate(idx):
+            if d in tdims:
+                g = sizes[tdims.index(d)]
+                gid = gid * (temp.tile.shape[d] // g) + k // g
+            else:
+                gid = gid * temp.tile.shape[d] + k
+        groups.setdefault(gid, []).append(int(temp.tile[idx]))
+    return [groups[g] for g in sorted(groups)]
 
 
-def _move_and_fill(src: Spec, dst: Spec) -> tuple[int, int, str, tuple[str, ...]] | None:
-    """``(i, j, a, fill)`` when ``dst`` is ``src`` with the one axis ``a`` of dimension ``i`` moved
-    to the unsharded dimension ``j`` and axes ``fill`` (none of them in ``src``) taking dimension
-    ``i``; otherwise None."""
-    changed = [d for d in range(len(src)) if src[d] != dst[d]]
-    if len(changed) != 2:
+def _a2a(s, t, pairs, base, rp, multi=True):
+    """ReshardWithAllToAll (with TryMultipleSourceTargetDims)."""
+    if s == t:
+        return t
+    if not pairs:
+        return _cp(s, t, base, rp)
+    rank = len(base)
+    if multi:
+        seen, src, tgt, sizes, rest = set(), [], [], [], []
+        for sd, td in sorted(pairs, key=lambda p: p[1]):
+            ok = sd not in seen and td not in seen and base[sd] % s.tile.shape[sd] == 0 \
+                and base[td] % t.tile.shape[td] == 0
+            if ok:
+                src.append(sd)
+                tgt.append(td)
+                sizes.append(s.tile.shape[sd] // s.tile.shape[td])
+                seen |= {sd, td}
+            else:
+                rest.append((sd, td))
+        if len(src) >= 2:
+            temp = _a2a_sharding(s, src, tgt)
+            rp.emit("all-to-all", _a2a_groups(temp, tgt, sizes), _nbytes(_local(base, s), rp.item))
+            return _a2a(temp, t, rest, base, rp, multi=False)
+        return _a2a(s, t, pairs, base, rp, multi=False)
+    sd, td = pairs[0]
+    temp = _a2a_sharding(s, [sd], [td])
+    size = s.tile.shape[sd] // s.tile.shape[td]
+    rp.emit("all-to-all", _a2a_groups(temp, [td], [size]), _nbytes(_local(base, s), rp.item))
+    del rank
+    return _a2a(temp, t, pairs[1:], base, rp)
+
+
+def _block_of(sh, rank, device_index):
+    """Per data dimension, the (start, stop) fraction of the array a device's tile covers."""
+    out = []
+    for d in range(rank):
+        n = sh.tile.shape[d]
+        out.append((device_index[d], n))
+    return out
+
+
+def _is_subtiling(sub, sh, rank):
+    """IsSubTilingOrEqualSharding: every device's ``sub`` tile lies inside its ``sh`` tile."""
+    where = {}
+    for idx in np.ndindex(*sh.tile.shape):
+        where[int(sh.tile[idx])] = idx
+    for idx in np.ndindex(*sub.tile.shape):
+        j = where[int(sub.tile[idx])]
+        for d in range(rank):
+            a, n = idx[d], sub.tile.shape[d]
+            b, m = j[d], sh.tile.shape[d]
+            if n % m or a * m // n != b:
+                return False
+    return True
+
+
+def _compatible(partial, target, rank):
+    """PartialReplicateReshardCompatibleSharding."""
+    if partial.rep or not partial.partial or target.rep:
         return None
-    for i, j in (changed, changed[::-1]):
-        if len(src[i]) == 1 and not src[j] and dst[j] == src[i] and dst[i] \
-                and src[i][0] not in dst[i] and not set(dst[i]) & {x for axes in src for x in axes}:
-            return i, j, src[i][0], dst[i]
+    if partial.tile.size != target.tile.size:
+        return None
+    expand, sizes = [-1] * rank, []
+    for d in range(rank):
+        p, q = partial.tile.shape[d], target.tile.shape[d]
+        if q % p:
+            return None
+        if q > p:
+            expand[d] = len(sizes)
+            sizes.append(q // p)
+    if _is_subtiling(target, partial, rank):
+        return target
+    reshape = list(partial.tile.shape[:rank]) + sizes
+    perm = []
+    for d in range(rank):
+        perm.append(d)
+        if expand[d] > -1:
+            perm.append(expand[d] + rank)
+    if target.partial:
+        reshape.append(target.tile.shape[-1])
+        perm.append(len(reshape) - 1)
+    tile = partial.tile.reshape(reshape).transpose(perm).reshape(target.tile.shape)
+    return _Sh(tile, target.partial)
+
+
+def _replication_groups(sh, dims):
+    """GetPartitionGroupsForReplication: devices that differ only in their index on ``dims``."""
+    tile = sh.tile
+    keep = [d for d in range(tile.ndim) if d not in dims]
+    moved = np.moveaxis(tile, list(dims), list(range(tile.ndim - len(dims), tile.ndim)))
+    del keep
+    return moved.reshape(-1, math.prod(tile.shape[d] for d in dims)).tolist()
+
+
+def _gather_dims(sh, dims, shape, rp):
+    """ReplicatePartial's all-gathers: one per dimension, the last first."""
+    shape = list(shape)
+    for d in reversed(dims):
+        n = sh.tile.shape[d]
+        if n == 1:
+            continue
+        shape[d] *= n
+        rp.emit("all-gather", _replication_groups(sh, [d]), _nbytes(shape, rp.item))
+
+
+def _replicate(s, base, rp):
+    rank = len(base)
+    local = _local(base, s)
+    dims = [d for d in range(rank) if s.tile.shape[d] > 1 and base[d] != local[d]]
+    _gather_dims(s, dims, local, rp)
+    return _Sh(None)
+
+
+def _group(sh, dims, shards=None):
+    """GroupShardingOnDims: ``(device groups, in-group sharding)``."""
+    tile = sh.tile
+    shards = shards or [1] * len(dims)
+    inner = list(tile.shape)
+    gsizes = []
+    for d, k in zip(dims, shards):
+        gsizes.append(tile.shape[d] // k)
+        inner[d] = k
+    reshape, where = list(inner), {}
+    for i, d in enumerate(sorted(dims)):
+        where[d] = d + i
+        reshape.insert(d + i, gsizes[dims.index(d)])
+    perm = list(range(len(reshape)))
+    for i, d in enumerate(dims):
+        perm.remove(where[d])
+        perm.insert(i, where[d])
+    arr = tile.reshape(reshape).transpose(perm)
+    groups = arr.reshape(math.prod(gsizes), -1)
+    if math.prod(inner) == 1 or (sh.partial and math.prod(inner) == inner[-1]):
+        return groups, _Sh(None), gsizes
+    partial = sh.partial
+    if partial and inner[-1] == 1:
+        inner = inner[:-1]
+        partial = False
+    return groups, _Sh(np.arange(math.prod(inner)).reshape(inner), partial), gsizes
+
+
+def _align(groups, inner, ref_groups):
+    """AlignGroupsWith: the in-group sharding renumbered to the reference's groups."""
+    owner = {int(d): g for g, row in enumerate(ref_groups) for d in row}
+    for g, row in enumerate(groups):
+        ref = {owner[int(d)] for d in row}
+        if len(ref) != 1 or ref.pop() != g:
+            return inner
+    if inner.rep:
+        return inner
+    pos = {int(d): i for i, d in enumerate(ref_groups[0])}
+    perm = np.array([pos[int(d)] for d in groups[0]])
+    return _Sh(perm[inner.tile], inner.partial)
+
+
+def _ungroup(groups, gsizes, dims, inner, rank):
+    """UngroupSharding of ``inner`` over device groups ``groups`` split on ``dims``."""
+    per = groups.shape[1]
+    if inner.rep:
+        itile = np.arange(per).reshape((1,) * rank + ((per,) if per != 1 or rank in dims else ()))
+        partial = itile.ndim > rank
+    else:
+        itile, partial = inner.tile, inner.partial
+        if rank in dims and itile.ndim == rank:
+            itile, partial = itile[..., None], True
+    full = groups[:, itile.ravel()].reshape(tuple(gsizes) + itile.shape)
+    ng = len(dims)
+    order, shape = [], []
+    for k in range(itile.ndim):
+        if k in dims:
+            order += [dims.index(k), ng + k]
+            shape.append(gsizes[dims.index(k)] * itile.shape[k])
+        else:
+            order.append(ng + k)
+            shape.append(itile.shape[k])
+    return _Sh(full.transpose(order).reshape(shape), partial)
+
+
+def _from_partial_slice(s, t, base, rp):
+    """ReshardFromPartialReplicateWithDynamicSlice: a local slice, then a permute if needed."""
+    temp = _compatible(s, t, len(base))
+    if temp is None:
+        return None
+    return _cp(temp, t, base, rp) if _can_cp(temp, t) else temp
+
+
+def _partial_a2a(s, t, base, rp):
+    """ReshardPartialReplicateWithAllToAll."""
+    from_partial = s.partial
+    p, tl = (s, t) if from_partial else (t, s)
+    if p.rep or not p.partial or tl.rep or tl.partial:
+        return None
+    reps = p.tile.shape[-1]
+    if tl.tile.ndim + 1 != p.tile.ndim or p.tile.shape[0] != 1:
+        return None
+    dim = -1
+    for i in range(tl.tile.ndim - 1, -1, -1):
+        if tl.tile.shape[i] > 1 and dim == -1:
+            if tl.tile.shape[i] != reps:
+                return None
+            dim = i
+        if tl.tile.shape[i] != p.tile.shape[i + 1]:
+            return None
+    if dim == -1 or not (p.tile.reshape(tl.tile.shape) == tl.tile).all():
+        return None
+    shape = list(tl.tile.shape)
+    shape[dim] = 1
+    tmp = _Sh(tl.tile.reshape(shape + [reps]), True)
+    rank = len(base)
+    if from_partial:
+        pairs = _a2a_dims(s, tmp, rank)
+        if pairs is None:
+            return None
+        return _reshard(_a2a(s, tmp, pairs, base, rp), t, base, rp)
+    mid = _reshard(s, tmp, base, rp)
+    pairs = _a2a_dims(mid, t, rank)
+    if pairs is None:
+        return None
+    return _a2a(mid, t, pairs, base, rp)
+
+
+def _to_partial_gather(s, t, base, rp):
+    """ReshardToPartialReplicateWithAllGather."""
+    rank = len(base)
+    temp = _compatible(t, s, rank)
+    if temp is None:
+        return None
+    if _can_cp(s, temp):
+        _cp(s, temp, base, rp)
+    dims = [d for d in range(rank) if temp.tile.shape[d] // t.tile.shape[d] > 1]
+    factors = [temp.tile.shape[d] // t.tile.shape[d] for d in dims]
+    groups, inner, _ = _group(temp, dims, factors)
+    saved = rp.trans
+    rp.trans = [tr[groups[g]] for tr in saved for g in range(len(groups))]
+    _gather_dims(inner, dims, _local(base, temp), rp)
+    rp.trans = saved
+    return t
+
+
+def _split(sh, i, k):
+    shape = list(sh.tile.shape)
+    shape[i:i + 1] = [k, shape[i] // k]
+    return _Sh(sh.tile.reshape(shape), sh.partial)
+
+
+def _merge(sh, i):
+    shape = list(sh.tile.shape)
+    shape[i:i + 2] = [shape[i] * shape[i + 1]]
+    return _Sh(sh.tile.reshape(shape), sh.partial)
+
+
+def _transpose(sh, perm):
+    """TransposeSharding; ``perm`` over the data dimensions or over all tile dimensions."""
+    perm = list(perm) + list(range(len(perm), sh.tile.ndim))
+    return _Sh(sh.tile.transpose(perm), sh.partial)
+
+
+def _replicate_dims(sh, dims, rank):
+    """PartiallyReplicateTiledShardingOnDims."""
+    dims = [d for d in dims if d < rank]
+    count = math.prod(sh.tile.shape[d] for d in dims)
+    if count == 1:
+        return sh
+    if count == _num_tiles(sh, rank):
+        return _Sh(None)
+    perm = sorted(range(rank), key=lambda d: d in dims)
+    tile = _transpose(sh, perm).tile
+    shape = list(sh.tile.shape)
+    for d in dims:
+        shape[d] = 1
+    if sh.partial:
+        shape[-1] *= count
+    else:
+        shape.append(count)
+    return _Sh(tile.reshape(shape), True)
+
+
+def _split_match(base, s, t):
+    """PatternMatchMergeOrSplitSharding: ``(before, after, i)``."""
+    rank = len(base)
+    if s.rep or t.rep or s.partial != t.partial:
+        return None
+    if s.partial and s.tile.shape[-1] != t.tile.shape[-1]:
+        return None
+    local = _local(base, s)
+    a, b = s.tile.shape, t.tile.shape
+    diff = [d for d in range(rank) if a[d] != b[d]]
+    for x in range(len(diff)):
+        for y in range(x + 1, len(diff)):
+            i, j = diff[x], diff[y]
+            ones = [a[i] == 1, a[j] == 1, b[i] == 1, b[j] == 1].count(True)
+            if ones == 1:
+                if a[i] * a[j] != b[i] * b[j]:
+                    continue
+                if a[i] == 1 or b[i] == 1:
+                    i, j = j, i
+                if b[j] == 1:
+                    if local[i] % a[j]:
+                        continue
+                    size = a[i]
+                else:
+                    if base[i] % a[i]:
+                        continue
+                    size = b[i]
+            elif ones == 0:
+                if a[i] < b[i]:
+                    i, j = j, i
+                if a[i] != b[i] * b[j] or base[i] % a[i]:
+                    continue
+                size = b[i]
+            else:
+                continue
+            before = _split(s, i, size)
+            dims = list(before.tile.shape)
+            jj = j + (1 if j > i else 0)
+            dims[i + 1], dims[jj] = dims[jj], dims[i + 1]
+            return before, _Sh(t.tile.reshape(dims), s.partial), i
     return None
+
+
+def _try(rp, fn):
+    """Runs ``fn``; on failure drops what it emitted (dead code the partitioner's DCE removes)."""
+    mark = len(rp.ops)
+    out = fn()
+    if out is None:
+        del rp.ops[mark:]
+    return out
+
+
+def _complex(s, t, base, rp):
+    """TryComplexReshardHandling."""
+    rank = len(base)
+    m = _split_match(base, s, t)
+    if m is not None:
+        before, after, i = m
+        local = _local(base, s)
+        nb = list(base)
+        nb[i:i + 1] = [base[i] // (local[i] * before.tile.shape[i + 1]),
+                       local[i] * before.tile.shape[i + 1]]
+        nb = tuple(nb)
+
+        def run():
+            got = _reshard(before, after, nb, rp, full=False)
+            if not got == after:
+                return None
+            merged = _merge(got, i)
+            if not merged == t:
+                merged = _reshard(merged, t, base, rp, full=False)
+                if not merged == t:
+                    return None
+            return merged
+        return _try(rp, run)
+    if t.partial:
+        srep = s.tile.shape[-1] if s.partial else 1
+        for i in range(rank):
+            if s.tile.shape[i] == 1 or s.tile.shape[i] * srep != t.tile.shape[-1]:
+                continue
+            mid = _replicate_dims(s, [i], rank)
+
+            def run(mid=mid):
+                got = _reshard(_reshard(s, mid, base, rp), t, base, rp, full=False)
+                return got if got == t else None
+            return _try(rp, run)
+    if s.partial and not t.partial:
+        reps = s.tile.shape[-1]
+        for i in range(t.tile.ndim):
+            if t.tile.shape[i] != s.tile.shape[i] and s.tile.shape[i] == 1 \
+                    and t.tile.shape[i] % reps == 0:
+                perm = list(range(s.tile.ndim))
+                perm[i], perm[-1] = perm[-1], perm[i]
+                mid = _Sh(s.tile.transpose(perm), True)
+
+                def run(mid=mid):
+                    got = _reshard(_reshard(s, mid, base, rp), t, base, rp, full=False)
+                    return got if got == t else None
+                return _try(rp, run)
+    return None
+
+
+def _reshard(s, t, base, rp, full=True):
+    """PartitionedHlo::ReshardNoCache: returns the sharding reached (``t`` unless ``full`` is off
+    and only a full rematerialization would do)."""
+    rank = len(base)
+    if s == t:
+        return t
+    if _can_cp(s, t):
+        return _cp(s, t, base, rp)
+    pairs = _a2a_dims(s, t, rank)
+    if pairs is not None:
+        return _a2a(s, t, pairs, base, rp)
+    if not t.rep and s.partial:
+        for fn in (_from_partial_slice, _partial_a2a):
+            got = _try(rp, lambda fn=fn: fn(s, t, base, rp))
+            if got is not None:
+                return got
+    if not s.rep and t.partial:
+        for fn in (_to_partial_gather, _partial_a2a):
+            got = _try(rp, lambda fn=fn: fn(s, t, base, rp))
+            if got is not None:
+                return got
+    if not s.rep:
+        if not t.rep:
+            got = _complex(s, t, base, rp)
+            if got is not None:
+                return got
+            same = [d for d in range(rank) if s.tile.shape[d] != 1
+                    and t.tile.shape[d] == s.tile.shape[d]]
+            if same:
+                groups, inner_s, gsizes = _group(s, same)
+                tgroups, inner_t, _ = _group(t, same)
+                inner_t = _align(tgroups, inner_t, groups)
+                local = _local(base, s)
+                ib = tuple(local[d] if d in same else base[d] for d in range(rank))
+                saved = rp.trans
+                rp.trans = [tr[groups[g]] for tr in saved for g in range(len(groups))]
+                _reshard(inner_s, inner_t, ib, rp)
+                rp.trans = saved
+                return _reshard(_ungroup(groups, gsizes, same, inner_t, rank), t, base, rp)
+        if not full:
+            return s
+        _replicate(s, base, rp)
+    return t
+
+
+def _hlo_sharding(spec: Spec, sizes: Mapping[str, int]) -> _Sh:
+    """A ``NamedSharding``'s tile assignment: the mesh's devices (row-major ids) transposed to
+    the axes of each dimension, major to minor, then the unused axes (the replicas)."""
+    tile, partial = _tile_assignment(tuple(spec), tuple(sizes.items()))
+    return _Sh(tile, partial)
+
+
+@lru_cache(maxsize=4096)
+def _tile_assignment(spec: Spec, sizes: tuple[tuple[str, int], ...]):
+    """``(device array or None, partial)`` of :func:`_hlo_sharding` (read-only: shared)."""
+    names = [a for a, _ in sizes]
+    size = dict(sizes)
+    used = [a for axes in spec for a in axes]
+    if not used:
+        return None, False
+    rest = [a for a in names if a not in used]
+    mesh = np.arange(math.prod(size[a] for a in names)).reshape([size[a] for a in names])
+    tile = mesh.transpose([names.index(a) for a in (*used, *rest)])
+    shape = [math.prod(size[a] for a in axes) for axes in spec]
+    if rest:
+        shape.append(math.prod(size[a] for a in rest))
+    tile = tile.reshape(shape).copy()
+    tile.flags.writeable = False
+    return tile, bool(rest)
+
+
+@lru_cache(maxsize=64)
+def _mesh_coords(shape: tuple[int, ...]) -> np.ndarray:
+    """``[device, axis]``: each device's coordinates on a mesh of ``shape`` (row-major ids)."""
+    out = np.stack(np.unravel_index(np.arange(math.prod(shape)), shape), axis=1)
+    out.flags.writeable = False
+    return out
+
+
+def _varying(sets, sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The mesh axes along which the devices of some set (replica group, or permute pair)
+    differ."""
+    names = list(sizes)
+    coords = _mesh_coords(tuple(sizes[a] for a in names))
+    moved = np.zeros(len(names), dtype=bool)
+    by_len: dict[int, list] = {}
+    for ids in sets:
+        if len(ids) >= 2:
+            by_len.setdefault(len(ids), []).append(ids)
+    for group in by_len.values():
+        c = coords[np.asarray(group)]  # [set, member, axis]
+        moved |= (c != c[:, :1]).any(axis=(0, 1))
+    return tuple(a for a, v in zip(names, moved) if v)
 
 
 def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, int]) -> tuple[Comm, ...]:
     """Collectives that turn layout ``src`` into ``dst``, as XLA's SPMD partitioner reshards.
 
-    * Every ``dst`` block inside one ``src`` block (``dst`` refines ``src`` on every dimension):
-      free where each device already holds its block (``(a,)`` to ``(a, b)``: a local slice),
-      else one collective-permute of the ``dst`` block (``(a,)`` to ``(b,)`` on a ``2 x 4``
-      mesh, ``(a, b)`` to ``(b, a)``: blocks dealt to other devices).
-    * All the blocks of one dimension moving to another, where other axes wait (``(a,), ()`` to
-      ``(), (b,)``): an all-to-all of the local block onto the new dimension, then a
-      collective-permute of the ``dst`` block to the devices that want it.
-    * Coarser blocks on one dimension, made of other axes (``(b,)`` to ``(a,)`` on a ``2 x 4``
-      mesh): a collective-permute of the ``src`` block, then an all-gather of the ``dst`` block
-      over the major source axes.
-    * One axis moving to an unsharded dimension while new axes fill the one it leaves
-      (``(a,), ()`` to ``(b,), (a,)`` on a ``2 x 4`` mesh): a local slice by the new axes, an
-      all-to-all of the ``dst`` block, then a collective-permute of it; from the last dimension to
-      the one before it, one all-to-all of the ``src`` block.
-    * Otherwise per axis: only in ``src``, an all-gather (first: an all-to-all moves the gathered
-      block); on different dimensions, an all-to-all per pair of dimensions; only in ``dst``, a
-      local slice (free).
+    Both layouts become the ``HloSharding`` a ``NamedSharding`` lowers to (the mesh's devices
+    transposed to each dimension's axes, major to minor, the unused axes as the last, replicated
+    tile dimension), and ``PartitionedHlo::ReshardNoCache`` is replayed on those device arrays; each
+    collective it emits becomes a :class:`Comm` over the mesh axes its groups (or pairs) span, with
+    the bytes XLA's HLO shows (the local block; an all-gather's result). The cases, in the order
+    the partitioner tries them:
 
-    Checked against XLA:CPU's compiled reshards (``tests/cost/test_reshard.py``). Known
-    differences: on a ``2 x 2 x 2`` mesh a permute's axes in some reshards (its bytes are right),
-    and two axes leaving one dimension together while another fills it (XLA exchanges one, permutes
-    the other).
+    * Same tile counts, other devices (``CanReshardWithCollectivePermute``): one
+      collective-permute of the block.
+    * Tile counts that swap between dimensions (``GetReshardAllToAllSourceTargetDims``,
+      ``ReshardWithAllToAll``, ``TryMultipleSourceTargetDims``): one all-to-all per pair of
+      dimensions (one for all of them when they are disjoint), then a permute if the devices end
+      up elsewhere.
+    * From a partially replicated layout: a local slice where ``dst`` subdivides it
+      (``ReshardFromPartialReplicateWithDynamicSlice``, then a permute if needed), or
+      ``ReshardPartialReplicateWithAllToAll``.
+    * To a partially replicated layout: all-gathers over the axes that leave, one per dimension
+      (``ReshardToPartialReplicateWithAllGather``), or ``ReshardPartialReplicateWithAllToAll``.
+    * ``TryComplexReshardHandling``: split a dimension's tiles in two and reshard that
+      (``PatternMatchMergeOrSplitSharding``: e.g. an axis joining another dimension: a local slice,
+      an all-to-all of the ``dst``-sized block, a permute); replicate one dimension first
+      (``PatternMatchPartiallyReplicateDim``); or turn the replicas into a dimension first. Each is
+      kept only if it reaches ``dst`` without a full replication.
+    * Dimensions with equal tile counts on both sides: reshard within each group of devices
+      sharing those tiles (``GroupShardingOnDims``, ``AlignGroupsWith``), then a permute to
+      ``dst``'s devices.
+    * Otherwise the "involuntary full rematerialization": ``Replicate`` (one all-gather per
+      sharded dimension, the last dimension first, each of its result), then a local slice.
+
+    Checked against XLA:CPU's compiled reshards (``tests/cost/test_reshard.py``). Not modelled:
+    uneven shapes' halo exchanges and padding, and XLA's later passes (CSE, combiners).
 
     >>> reshard_comms((8, 8), "float32", (("a", "b"), ()), (("b", "a"), ()), {"a": 2, "b": 2})
     (Comm(kind='collective-permute', axes=('a', 'b'), bytes=64, deferred=False),)
     """
     if src == dst:
         return ()
-    item = dtype_size(dtype)
-
-    def block(spec):
-        return int(np.prod(local_shape(shape, spec, sizes), dtype=np.int64)) * item
-
-    if all(d[:len(s)] == s for s, d in zip(src, dst)):
-        return ()  # a local slice
-    ns, nd = _tiles(src, sizes), _tiles(dst, sizes)
-    if all(b % a == 0 for a, b in zip(ns, nd)):
-        return (Comm("collective-permute", _permute_axes(src, dst, sizes), block(dst)),)
-    changed = [d for d in range(len(ns)) if src[d] != dst[d]]
-    if len(changed) == 1 and ns[changed[0]] % nd[changed[0]] == 0:
-        d = changed[0]
-        if dst[d] != src[d][:len(dst[d])]:
-            # Coarser blocks on one dimension, from other axes: the blocks are dealt so that a
-            # group along the major source axes holds each result block, then gathered there.
-            ratio, group = ns[d] // nd[d], []
-            for a in src[d]:
-                if int(np.prod([sizes[x] for x in group], dtype=np.int64)) >= ratio:
-                    break
-                group.append(a)
-            return (Comm("collective-permute", _permute_axes(src, dst, sizes), block(src)),
-                    Comm("all-gather", tuple(sorted(group)), block(dst)))
-    grow = [d for d in range(len(ns)) if nd[d] > ns[d]]
-    shrink = [d for d in range(len(ns)) if nd[d] < ns[d]]
-    if len(grow) == 1 and len(shrink) == 1 and nd[shrink[0]] == 1 \
-            and nd[grow[0]] == ns[grow[0]] * ns[shrink[0]] \
-            and all(ns[d] == nd[d] for d in range(len(ns)) if d not in (grow[0], shrink[0])):
-        i, j = shrink[0], grow[0]
-        moved = list(src)
-        moved[j], moved[i] = (*src[j], *src[i]), ()
-        moved = tuple(moved)
-        if moved != dst and all(b % a == 0 for a, b in zip(_tiles(moved, sizes), nd)):
-            return (Comm("all-to-all", tuple(sorted(src[i])), block(src)),
-                    Comm("collective-permute", _permute_axes(moved, dst, sizes), block(dst)))
-    gather, a2a = [], []
-    for a in {x for axes in src for x in axes}:
-        i, j = dim_of(src, a), dim_of(dst, a)
-        if j is None:
-            gather.append(a)
-        elif i != j:
-            a2a.append(a)
-    moves = _move_and_fill(src, dst)
-    if moves is not None and not gather:
-        # One axis leaving dimension i for an empty dimension j while new axes fill i: the
-        # partitioner slices i by the new axes first, exchanges the dst-sized block, and deals the
-        # blocks to their devices, except when i is the last dimension and j the one before it
-        # (there it exchanges the source block and slices after: no permute).
-        i, j, a, fill = moves
-        if i == len(shape) - 1 and j == i - 1:
-            return (Comm("all-to-all", (a,), block(src)),)
-        return (Comm("all-to-all", (a,), block(dst)),
-                Comm("collective-permute", tuple(sorted({a, *fill})), block(dst)))
-    permute: list[str] = []
-    for s_axes, d_axes in zip(src, dst):
-        stay = tuple(a for a in s_axes if a not in gather and a not in a2a)
-        if stay and d_axes[:len(stay)] != stay:
-            permute.extend(a for a in d_axes if a in stay or a not in s_axes)
-    comms = []
-    kept = tuple(tuple(a for a in axes if a not in gather) for axes in src)
-    if a2a:
-        # The gathers come first (the exchange moves the gathered block), and axes moving between
-        # different pairs of dimensions are exchanged one pair at a time.
-        pairs: dict[tuple[int, int], list[str]] = {}
-        for a in sorted(a2a):
-            pairs.setdefault((dim_of(src, a), dim_of(dst, a)), []).append(a)
-        comms.extend(Comm("all-to-all", tuple(axes), block(kept)) for axes in pairs.values())
-    if gather:
-        comms.append(Comm("all-gather", tuple(sorted(gather)), block(kept)))
-    if permute:
-        nb = int(np.prod(local_shape(shape, dst, sizes), dtype=np.int64)) * item
-        comms.append(Comm("collective-permute", tuple(sorted(set(permute))), nb))
-    return tuple(comms)
+    for spec in (src, dst):
+        if len(spec) != len(shape):
+            raise InvalidPlanError(f"layout {spec} has {len(spec)} dimensions; the value's shape "
+                                   f"{tuple(shape)} has {len(shape)}. Give one entry per dimension.")
+        for axes in spec:
+            for a in axes:
+                if a not in sizes:
+                    raise InvalidPlanError(f"layout {spec} names mesh axis {a!r}, not one of "
+                                           f"{list(sizes)}. Use the mesh's axis names.")
+    base = tuple(int(n) for n in shape)
+    rp = _Replay(math.prod(sizes.values()), dtype_size(dtype))
+    _reshard(_hlo_sharding(src, sizes), _hlo_sharding(dst, sizes), base, rp)
+    out = []
+    for kind, sets, nbytes in rp.ops:
+        axes = _varying(sets, sizes)
+        if axes:
+            out.append(Comm(kind, axes, nbytes))
+    return tuple(out)

@@ -511,9 +511,12 @@ def test_the_combiner_walks_the_combined_program_again_after_each_group():
 def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
     """A scanned, rematerialized LLaMA under ``fsdp`` on 2x4: the backward scan's body reduces
     weight gradients over "model"; XLA combines those of each iteration as it combines the
-    step's, by its combiner's walk over the body's program: 4 all-reduces per iteration (8 over
+    step's, by its combiner's walk over the body's program: 3 all-reduces per iteration (6 over
     the two layers), where the model once grouped a body's collectives by whether they were
-    deferred (12)."""
+    deferred. The body's layout changes are XLA's too (:func:`hulkjax.cost.comm.reshard_comms`
+    replays its partitioner: where it rematerializes a value in full, the model once priced an
+    all-to-all and a gather: 39 all-gathers compiled against 25 predicted), so every
+    collective of the program agrees."""
     from hulkjax import zoo
     from tests.helpers import TWO_D_TOPOLOGY
 
@@ -522,8 +525,17 @@ def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
     plan = hj.plan(m.step, state, batch, topology=TWO_D_TOPOLOGY, strategy="fsdp")
     predicted = cost_model(plan.graph, TWO_D_TOPOLOGY).program_summary(
         plan.assignment, "cpu", min_bytes=64)
-    compiled = _compiled_summary(m.step, plan, *m.init(seed=0))
+    sharded = hj.emit(m.step, plan, donate=False)
+    sharded.compile(*m.init(seed=0))
+    compiled: dict = {}
+    for c in sharded.collectives():
+        if c.bytes > 64:  # scalars (the loss) XLA folds into other reductions
+            e = compiled.setdefault((c.kind, tuple(c.axes)), {"count": 0, "bytes": 0})
+            e["count"] += c.trip_count
+            e["bytes"] += c.bytes * c.trip_count
     key = ("all-reduce", ("model",))
-    assert predicted[key] == compiled[key] == {"count": 8, "bytes": 688128}
+    assert predicted[key] == compiled[key] == {"count": 6, "bytes": 327680}
     key = ("all-reduce", ("data", "model"))  # the compiled one also carries the 256 B loss
     assert predicted[key]["count"] == compiled[key]["count"]
+    del predicted[key], compiled[key]
+    assert predicted == compiled

@@ -58,6 +58,52 @@ CASES = [
     (M2x4, (64, 192), P("data"), P(None, "data")),
     (M2x4, (64, 192), P(("data", "model")), P("data")),
     (M2x4, (64, 192), P("data"), P(("data", "model"))),
+    # Found by compiling every pair of layouts of a (16, 32, 64) array on 2 x 4 and 2 x 2 x 2 (112
+    # of the 342 pairs on 2 x 4 missed before reshard_comms replayed ReshardNoCache).
+    # An axis only in dst is sliced before the all-to-all (TryComplexReshardHandling splits the
+    # dimension), so the exchange moves the dst-sized block, then a permute where the moved axis
+    # is not where the slice leaves it.
+    (M2x4, (16, 32, 64), P(None, None, "data"), P(None, ("data", "model"))),
+    (M2x4, (16, 32, 64), P(None, None, "data"), P(None, ("model", "data"))),
+    (M2x4, (16, 32, 64), P(None, "data"), P(("data", "model"))),
+    (M2x2x2, (16, 32, 64), P(None, None, "data"), P(None, ("data", "model"))),
+    (M2x2x2, (16, 32, 64), P(None, "fsdp"), P(("fsdp", "data"))),
+    # Involuntary full rematerialization: nothing else reaches dst, so XLA replicates (one
+    # all-gather per sharded dimension, the last dimension first, each of its result) and slices.
+    (M2x4, (16, 32, 64), P(("data", "model")), P(None, None, "model")),
+    (M2x4, (16, 32, 64), P("data", "model"), P(None, None, ("data", "model"))),
+    (M2x4, (16, 32, 64), P(None, "data", "model"), P(("data", "model"))),
+    (M2x4, (16, 32, 64), P("model", None, "data"), P(None, ("model", "data"))),
+    (M2x4, (16, 32, 64), P(None, None, ("data", "model")), P("model")),
+    (M2x2x2, (16, 32, 64), P(("data", "fsdp", "model")), P(None, None, "model")),
+    (M2x2x2, (16, 32, 64), P("data", "fsdp"), P(None, None, ("data", "fsdp"))),
+    (M2x2x2, (16, 32, 64), P("data", ("fsdp", "model")), P(None, None, "model")),
+    # Replication from two sharded dimensions: one all-gather per dimension.
+    (M2x4, (16, 32, 64), P("data", "model"), P()),
+    (M2x4, (16, 32, 64), P(None, "data", "model"), P("data")),
+    (M2x2x2, (16, 32, 64), P("data", "fsdp", "model"), P()),
+    (M2x2x2, (16, 32, 64), P("data", None, "model"), P("fsdp")),
+    # Swaps: the all-to-all over one axis, then a permute.
+    (M2x4, (16, 32, 64), P("data", "model"), P("model", "data")),
+    (M2x4, (16, 32, 64), P(None, "data", "model"), P(None, "model", "data")),
+    (M2x2x2, (16, 32, 64), P("data", "fsdp"), P("fsdp", "data")),
+    (M2x2x2, (16, 32, 64), P(("data", "fsdp"), "model"), P("model", ("data", "fsdp"))),
+    # To a partially replicated layout (ReshardToPartialReplicateWithAllGather): a permute to a
+    # device order that dst's blocks subdivide, then one all-gather per dimension giving up tiles
+    # (twice over "model" where its devices span both dimensions).
+    (M2x4, (16, 32, 64), P("data", "model"), P(None, "data")),
+    (M2x4, (16, 32, 64), P("model", "data"), P("data")),
+    (M2x2x2, (16, 32, 64), P("data", "fsdp", "model"), P(None, "data")),
+    # Disjoint pairs of dimensions exchanged in one all-to-all (TryMultipleSourceTargetDims).
+    (M2x4, (16, 32, 64), P(None, None, "model"), P("model", "data")),
+    (M2x2x2, (16, 32, 64), P("data", None, "fsdp"), P(None, "fsdp", "data")),
+    (M2x2x2, (16, 32, 64), P("data", "fsdp", None), P(None, "data", "model")),
+    # To a partially replicated layout: all-gathers per dimension leaving.
+    (M2x2x2, (16, 32, 64), P(("data", "fsdp"), "model"), P("data")),
+    (M2x2x2, (16, 32, 64), P("fsdp", ("data", "model")), P(None, "model")),
+    # From a partially replicated layout: a local slice, then a permute.
+    (M2x2x2, (16, 32, 64), P("fsdp"), P("data", "fsdp")),
+    (M2x2x2, (16, 32, 64), P(None, "model"), P(("data", "fsdp"), None, "model")),
 ]
 
 
