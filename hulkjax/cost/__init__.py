@@ -25,5 +25,8 @@ from hulkjax.cost.model import Group as Group
 from hulkjax.cost.model import Local as Local
 from hulkjax.cost.model import MemoryUse as MemoryUse
 from hulkjax.cost.model import Move as Move
+from hulkjax.cost.overlap import Overlap as Overlap
+from hulkjax.cost.overlap import ScheduledCollective as ScheduledCollective
+from hulkjax.cost.overlap import overlap as overlap
 from hulkjax.plan.cost import Cost as Cost
 from hulkjax.plan.cost import PredictedCollective as PredictedCollective

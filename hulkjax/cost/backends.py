@@ -26,6 +26,16 @@ platform:
   the step, with the parameters, and keeps it until its last use in the backward pass (the
   ``*-live-range.txt`` XLA dumps for BERT and GPT-2: every such broadcast starts at the end of
   the argument block). GPUs and TPUs are modelled as computing it where it is used.
+* **Asynchronous collectives** (:mod:`hulkjax.cost.overlap`). XLA:GPU and TPU compilers turn
+  collectives into start/done pairs that the latency-hiding scheduler moves apart to overlap them
+  with independent compute, with a limit of collectives in flight per resource: on GPU every
+  collective takes one stream, ``kGpuAsyncStreamCollectives``, with
+  ``xla_gpu_experimental_parallel_collective_overlap_limit`` (default 1) in flight
+  (``xla/service/gpu/gpu_latency_hiding_scheduler.cc``); the generic tracker (TPUs are modelled
+  by it) gives each kind its own resource (``kAllGather``, ``kAllReduce``, ``kReduceScatter``,
+  ``kAllToAll``, ``kCollectivePermute``), each with ``SchedulerConfig``'s ``*_overlap_limit = 1``
+  (``xla/service/latency_hiding_scheduler.{h,cc}``). XLA:CPU runs no latency-hiding scheduler:
+  its collectives are synchronous.
 * **Algorithm.** NCCL and the TPU runtime run a collective over several mesh axes hierarchically
   (one axis at a time, fast links first); XLA:CPU's gloo collectives run one flat ring over all
   the devices involved, at the pace of the slowest link in it.
@@ -43,6 +53,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from hulkjax.plan.collectives import COLLECTIVE_KINDS as _KINDS
 
 _MIB = 1 << 20
 _NARROW_FLOATS = {"bfloat16": 2, "float16": 2}
@@ -65,6 +77,9 @@ class Backend:
       hoists_argument_values: whether a buffer computed from the step's state and constants
         alone (not its batch) is made at the start of the step (else where it is
         computed).  # bool
+      async_collectives: per collective kind, the scheduler resource (stream) its asynchronous
+        start/done pair occupies, one collective in flight per resource; a kind not listed runs
+        synchronously, in line with compute.  # dict[str, str]
     """
 
     name: str
@@ -74,6 +89,7 @@ class Backend:
     min_float_bytes: int = 0
     in_place_all_reduce: bool = True
     hoists_argument_values: bool = False
+    async_collectives: dict[str, str] = field(default_factory=dict)
 
     def wire_dtype(self, dtype: str) -> str:
         """The dtype a tensor of ``dtype`` moves in through a collective.
@@ -126,9 +142,11 @@ BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False,
                    min_float_bytes=4, in_place_all_reduce=False, hoists_argument_values=True),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
-                           "reduce-scatter": 30 * _MIB}),
+                           "reduce-scatter": 30 * _MIB},
+                   async_collectives=dict.fromkeys(_KINDS, "collectives")),
     "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
-                           "reduce-scatter": 30 * _MIB}),
+                           "reduce-scatter": 30 * _MIB},
+                   async_collectives={k: k for k in _KINDS}),
 }
 """The backends the cost model knows, by platform name."""
 

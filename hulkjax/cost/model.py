@@ -51,7 +51,9 @@ candidates are fixed, so every planner sees the same tables (tables are memoized
 Limits: a ``while`` loop's trip count is the tracer's (1 when not static); a loop body is one of
 a few boundary hypotheses completed by propagation (replicated, batch split per mesh-axis subset,
 parameter slices as fsdp / megatron / dp_tp shard them), not the body's own optimum; compute and
-communication do not overlap.
+communication do not overlap in :meth:`CostModel.evaluate` (an additive upper bound, which the
+ILP needs): :meth:`CostModel.overlapped` (:mod:`hulkjax.cost.overlap`) schedules the compiled
+program's collectives against its compute as XLA's latency-hiding scheduler does, on request.
 """
 
 from __future__ import annotations
@@ -152,6 +154,47 @@ class ProgramComm:
     after: int = -1
     value: int = -1
     readers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CombinedCollective:
+    """A collective of the compiled program after the backend's combiners: ``members`` are the
+    indices of the :class:`ProgramComm` entries merged into it (one: left alone); ``bytes`` is
+    theirs summed; ``kind`` is what the backend runs (:meth:`Backend.kind_of`)."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CombinedProgram:
+    """One computation (the step, or a loop body's iteration) with its collectives as XLA's
+    combiners leave them (:meth:`CostModel.combined_program`).
+
+    Instructions are numbered: the graph's nodes ``0 .. n-1``, the combined collectives
+    ``n + j`` (``collectives[j]``), the computation's result ``n + len(collectives)`` (its
+    operands: the computation's outputs). A combined collective reads the union of its members'
+    operands and feeds the union of their users.
+
+    Attributes:
+      nodes: the number of graph nodes ``n``.  # int
+      entries: the collectives before combining, as :meth:`CostModel.program_entries` lists them
+        (a loop body's: with its results' layout changes on exit).  # list of ProgramComm
+      collectives: after combining.  # tuple of CombinedCollective
+      operands: per instruction, its operands in order.  # list of list of int
+      order: XLA's post-order of the instructions (``MakeInstructionPostOrder``).  # list of int
+      exits: how many of ``entries`` (the last ones) are a loop body's results' layout changes
+        on exit.  # int
+    """
+
+    nodes: int
+    entries: list[ProgramComm]
+    collectives: tuple[CombinedCollective, ...]
+    operands: list[list[int]]
+    order: list[int]
+    exits: int = 0
 
 
 @dataclass(frozen=True)
@@ -1350,7 +1393,15 @@ class CostModel:
 
     def _combine(self, entries: list[ProgramComm], be: Backend) -> list[tuple[str, tuple, int]]:
         """The collectives of one computation after the backend's combiners, as
-        ``(kind, axes, bytes)``, found by running XLA's ``CombineInstructionsByKey`` on the program
+        ``(kind, axes, bytes)`` (:meth:`_combine_groups` without the members)."""
+        return [(kind, axes, nbytes) for kind, axes, nbytes, _ in self._combine_groups(entries, be)]
+
+    def _combine_groups(self, entries: list[ProgramComm], be: Backend
+                        ) -> list[tuple[str, tuple, int, tuple[int, ...]]]:
+        """The collectives of one computation after the backend's combiners, as
+        ``(kind, axes, bytes, members)`` (``members``: the indices in ``entries`` of the
+        collectives merged into it, in the walk's order; one for a collective left alone), found
+        by running XLA's ``CombineInstructionsByKey`` on the program
         with its collectives (:meth:`_program_operands`), one combiner (kind) after another:
 
         * walk the program in post-order (:meth:`_post_order`); the first collective left opens a
@@ -1374,7 +1425,7 @@ class CostModel:
         axis_order = self.mesh.axis_names
         keys = [(be.kind_of(e.comm.kind), tuple(sorted(e.comm.axes, key=axis_order.index)))
                 for e in entries]
-        out = [(kind, axes, entries[i].comm.bytes) for i, (kind, axes) in enumerate(keys)
+        out = [(kind, axes, entries[i].comm.bytes, (i,)) for i, (kind, axes) in enumerate(keys)
                if not be.combines(kind)]
         base = self._program_operands(entries)
         into = list(range(root + 1))  # the instruction that took each one's place
@@ -1420,7 +1471,7 @@ class CostModel:
                     b = entries[i].comm.bytes
                     if b > threshold:  # never combined
                         left.discard(i)
-                        out.append((*keys[i], b))
+                        out.append((*keys[i], b, (i,)))
                         continue
                     if total + b > threshold or reached >> i & 1:
                         break
@@ -1429,7 +1480,7 @@ class CostModel:
                     reached |= reach[n + i]
                     left.discard(i)
                 if taken:
-                    out.append((*key, total))
+                    out.append((*key, total, tuple(taken)))
                 if len(taken) > 1:
                     head = n + taken[0]
                     members[head] = taken
@@ -1491,6 +1542,50 @@ class CostModel:
                     entry["count"] += e["count"] * r.trips
                     entry["bytes"] += e["bytes"] * r.trips
         return out
+
+    def combined_program(self, assignment, backend: str | Backend | None = None, *,
+                         exits=None) -> CombinedProgram:
+        """The step's program (loop bodies left to their own: a loop is one node) with its
+        collectives as ``backend``'s combiners merge them (the groups :meth:`program_summary`
+        counts), and who reads whom (:class:`CombinedProgram`). ``exits``: as for
+        :meth:`program_summary` (a loop body's result layouts on exit)."""
+        from hulkjax.cost.backends import BACKENDS
+
+        be = self.backend if backend is None else (
+            BACKENDS[backend] if isinstance(backend, str) else backend)
+        entries = self.program_entries(assignment, loops=False)
+        on_exit = self._exit_entries(assignment, exits or ())
+        entries += on_exit
+        groups = tuple(CombinedCollective(kind, axes, nbytes, members)
+                       for kind, axes, nbytes, members in self._combine_groups(entries, be))
+        n = len(self.graph.nodes)
+        where = [0] * len(entries)  # entry -> its combined collective's instruction
+        for j, grp in enumerate(groups):
+            for i in grp.members:
+                where[i] = n + j
+        base = self._program_operands(entries)
+
+        def mapped(ops):
+            out: list[int] = []
+            for o in ops:
+                x = o if o < n else where[o - n]
+                if x not in out:
+                    out.append(x)
+            return out
+
+        operands = [mapped(base[x]) for x in range(n)]
+        operands += [mapped([o for i in grp.members for o in base[n + i]]) for grp in groups]
+        operands.append(mapped(base[-1]))
+        order = self._post_order(operands, [True] * len(operands))
+        return CombinedProgram(n, entries, groups, operands, order, len(on_exit))
+
+    def overlapped(self, assignment, backend: str | Backend | None = None):
+        """The step time with collectives overlapped with compute as XLA's latency-hiding
+        scheduler overlaps them, and which collectives it hides: :func:`hulkjax.cost.overlap.
+        overlap` (a refinement of :meth:`evaluate`'s additive ``step_time``, which bounds it)."""
+        from hulkjax.cost.overlap import overlap
+
+        return overlap(self, assignment, backend)
 
     def _exit_entries(self, assignment, exits) -> list[ProgramComm]:
         """A loop body's results brought to their exit layouts (``exits``: per body result, the

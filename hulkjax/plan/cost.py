@@ -99,7 +99,10 @@ class Cost:
     """Predicted time and memory of one training step under a plan (per device, worst device).
 
     Attributes:
-      step_time: compute + communication, seconds (no overlap assumed).  # float
+      step_time: compute + communication, seconds (no overlap assumed: what planners minimize,
+        and an upper bound on the step with collectives overlapped with independent compute,
+        which ``CostModel.overlapped`` / :func:`hulkjax.cost.overlap.overlap` compute on
+        request).  # float
       compute_time: roofline time of the operators at the slowest device's pace.  # float
       comm_time: time in collectives (partial sums and layout changes).  # float
       comm_time_by_axis: ``{mesh axis: seconds}``.  # dict

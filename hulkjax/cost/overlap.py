@@ -1,0 +1,365 @@
+"""Collectives overlapped with compute, as XLA's latency-hiding scheduler overlaps them.
+
+:meth:`~hulkjax.cost.CostModel.evaluate` adds compute and communication: ``Cost.step_time`` is
+their sum, the objective every planner minimizes (additive, so the ILP is exact), and an upper
+bound on a step whose collectives run while independent compute does. This module is the
+refinement, computed on request (:func:`overlap`, ``CostModel.overlapped``), never inside
+``evaluate``: the step's program as XLA compiles it, scheduled on a compute stream and
+collective streams, and its makespan.
+
+**What it follows in XLA.**
+
+* ``xla/service/latency_hiding_scheduler.cc`` (``DefaultSchedulerCore``, ``AsyncTracker``): a
+  collective is an async start/done pair; the scheduler places the start as early and the done
+  as late as the dependencies allow (``IsSupportedAsyncStart`` / ``Done``), so the collective
+  runs while compute that is neither an ancestor of its operands nor a descendant of its result
+  does. Each start occupies a *resource* until its done; at most ``GetNumAvailableResources``
+  of a resource are in flight. The generic tracker gives every kind its own resource
+  (``kAllGather``, ``kAllReduce``, ``kReduceScatter``, ``kAllToAll``, ``kCollectivePermute``),
+  each limited to 1 by ``SchedulerConfig``'s ``*_overlap_limit`` defaults: the ``"tpu"``
+  backend is modelled so (the TPU scheduler itself is not public).
+* ``xla/service/gpu/gpu_latency_hiding_scheduler.cc`` (``GpuAsyncTracker``): on GPU every
+  collective takes the one resource ``kGpuAsyncStreamCollectives``, whose limit is
+  ``xla_gpu_experimental_parallel_collective_overlap_limit``, default 1
+  (``xla/debug_options_flags.cc``): one collective in flight at a time, of any kind.
+* XLA:CPU runs no latency-hiding scheduler: its collectives are synchronous, in line with
+  compute (the ``"cpu"`` backend overlaps nothing).
+* The scheduler works per computation: a ``while``'s body is scheduled on its own, and the loop
+  is one instruction of its caller.
+
+Which resource a kind takes per backend is ``Backend.async_collectives``
+(:mod:`hulkjax.cost.backends`).
+
+**The model.** The program is :meth:`~hulkjax.cost.CostModel.combined_program`: the graph's
+operators and the collectives as XLA's combiners leave them (a combined collective reads all
+its members' operands and feeds all their users), with who reads whom. A list schedule runs it:
+
+* the compute stream runs operators one at a time, each for its roofline time (what
+  :meth:`~hulkjax.cost.CostModel.breakdown` charges it); a synchronous collective runs on it too;
+* each collective resource runs one asynchronous collective at a time, for the seconds the cost
+  model charges its members (:meth:`~hulkjax.cost.CostModel.comm_time`, summed over the
+  combined collective's members). Collectives in flight on different resources at once (TPU: an
+  all-gather during a reduce-scatter) share the network: each progresses at 1/k of its pace
+  with k in flight, so communication never takes less than its total;
+* an instruction starts when every operand has finished; whenever a stream is free it starts,
+  among the instructions ready for it, the first in XLA's post-order
+  (``MakeInstructionPostOrder``, the order the scheduler starts from);
+* a loop is one operator of its caller, running ``trip_count`` times its body's own schedule
+  (a ``cond``: its slowest branch), with its body's collectives (and its results' layout
+  changes on exit) scheduled inside.
+
+The step time is the makespan. The compute stream idles only while it waits for a collective,
+so ``step_time = compute_time + exposed_comm_time``, and a collective's *hidden* seconds are
+those it runs while compute runs. A collective on the critical path (a combined gradient
+all-reduce that every gradient feeds and every update reads) stays exposed; one that
+independent compute can cover (an FSDP all-gather of layer k+1's weights during layer k, a
+per-layer gradient reduction during the backward of earlier layers) is hidden. With no
+collective, ``step_time == compute_time``.
+
+**Against the additive cost.** ``compute_time + comm_time <= Cost.step_time``, so
+``max(compute_time, comm_time) <= step_time <= Cost.step_time``. ``comm_time`` is the compiled
+program's: a layout change of one value that several operators read is made once (XLA's CSE),
+where ``Cost.comm_time`` charges it per reader (``reused_comm_time`` is the difference).
+
+Limits: the schedule is greedy, in post-order priority, not the scheduler's own cost-driven
+bottom-up choices, and ignores its memory-pressure limits (it may start a gather earlier than
+XLA would to stay under memory); collectives of a loop body do not overlap with compute outside
+the loop, nor with the body's next iteration (XLA's collective pipeliner moves some there);
+collectives on different mesh axes share the network as if they crossed the same links; a
+collective over a loop's results that the caller's combiner merges in is priced as the cost
+model prices it (for a deferred collective: its share of the combined latency).
+
+>>> import jax.numpy as jnp, hulkjax as hj
+>>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((64, 64)), jnp.ones((128, 64)))
+>>> from hulkjax.cost import CostModel
+>>> cm = CostModel(g, hj.Topology.grid((8,), ("d",)))
+>>> o = overlap(cm, cm.replicated_assignment())
+>>> o.step_time == o.compute_time, o.collectives
+(True, ())
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from hulkjax.cost.backends import BACKENDS, Backend
+from hulkjax.errors import InvalidPlanError
+from hulkjax.rules.loops import LoopResolution, boundary
+
+_COMPUTE = None  # the compute stream's key in the schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduledCollective:
+    """One collective of the compiled program (after combining) and how much of it is hidden.
+
+    Attributes:
+      kind: what the backend runs (``"all-reduce"``, ``"all-gather"``, ...).  # str
+      axes: mesh axes, in mesh order.  # tuple of str
+      bytes: per-device bytes (summed over the collectives combined into it).  # int
+      count: how many of the program's collectives were combined into it.  # int
+      seconds: its time per execution, as the cost model prices its members.  # float
+      hidden_seconds: of ``seconds``, those it runs while the compute stream computes.  # float
+      start: when it starts, seconds from the start of its computation (the step, or one
+        iteration of its loop's body).  # float
+      trips: how many times it runs per step (a loop body's: the loop's trip count).  # int
+      loop: the step graph's loop node whose body it is in (``None``: the step's own).
+      asynchronous: whether the backend runs it as a start/done pair (else in line with
+        compute, never hidden).  # bool
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    count: int
+    seconds: float
+    hidden_seconds: float
+    start: float
+    trips: int = 1
+    loop: int | None = None
+    asynchronous: bool = True
+
+    @property
+    def exposed_seconds(self) -> float:
+        """``seconds - hidden_seconds``: what it adds to the step per execution."""
+        return max(0.0, self.seconds - self.hidden_seconds)
+
+    @property
+    def hidden(self) -> bool:
+        """Whether all of it runs under compute (to a millionth of its time)."""
+        return self.exposed_seconds <= 1e-6 * self.seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlap:
+    """A step's time with its collectives overlapped with compute (see the module docstring).
+
+    Attributes:
+      step_time: the makespan of the schedule, seconds (``compute_time +
+        exposed_comm_time``).  # float
+      compute_time: operators' roofline time (loop bodies x trip count).  # float
+      comm_time: every collective of the compiled program, each once, seconds.  # float
+      exposed_comm_time: collective time the compute stream waits for.  # float
+      hidden_comm_time: ``comm_time - exposed_comm_time``: run under compute.  # float
+      additive_time: the cost model's ``Cost.step_time`` (compute + comm, no overlap).  # float
+      reused_comm_time: what ``Cost.comm_time`` charges beyond ``comm_time``: a layout change
+        charged per reader that the program makes once (``>= 0`` up to rounding).  # float
+      collectives: every collective, in the order the schedule starts them (loop bodies' after
+        the step's, per loop).  # tuple of ScheduledCollective
+      backend: the backend whose combiners and async resources were modelled.  # str
+    """
+
+    step_time: float
+    compute_time: float
+    comm_time: float
+    exposed_comm_time: float
+    hidden_comm_time: float
+    additive_time: float
+    reused_comm_time: float
+    collectives: tuple[ScheduledCollective, ...]
+    backend: str
+
+    @property
+    def hidden(self) -> tuple[ScheduledCollective, ...]:
+        """The collectives that run entirely under compute."""
+        return tuple(c for c in self.collectives if c.hidden)
+
+    @property
+    def exposed(self) -> tuple[ScheduledCollective, ...]:
+        """The collectives the step waits for, at least in part."""
+        return tuple(c for c in self.collectives if not c.hidden)
+
+    def __str__(self) -> str:
+        return (f"step {self.step_time * 1e3:.4g} ms with overlap (additive "
+                f"{self.additive_time * 1e3:.4g} ms): compute {self.compute_time * 1e3:.4g} ms, "
+                f"comm {self.comm_time * 1e3:.4g} ms of which {self.hidden_comm_time * 1e3:.4g} "
+                f"ms hidden; {len(self.hidden)} of {len(self.collectives)} collectives hidden")
+
+
+def overlap(cost_model, assignment, backend: str | Backend | None = None, *,
+            exits=None) -> Overlap:
+    """The step time of ``assignment`` with collectives overlapped with compute as XLA's
+    latency-hiding scheduler overlaps them on ``backend`` (a name or a :class:`Backend`;
+    default: the topology's), and which collectives are hidden (see the module docstring).
+    The backend decides combining and which collectives run asynchronously; times are the
+    cost model's. ``exits``: a loop body's result layouts on exit (as
+    :meth:`~hulkjax.cost.CostModel.program_summary` takes them). Staged plans have their own
+    overlap (:mod:`hulkjax.cost.pipeline`); this is one SPMD program's.
+
+    >>> import jax, jax.numpy as jnp, hulkjax as hj
+    >>> def step(ws, x):
+    ...     loss = lambda ws: sum(jnp.sum(jnp.tanh(x @ w)) for w in ws)
+    ...     return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+    >>> p = hj.plan(step, [jnp.ones((8, 8))] * 3, jnp.ones((16, 8)),
+    ...             topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
+    >>> cm = hj.strategies.cost_model(p.graph, p.topology)
+    >>> o = overlap(cm, p.assignment, "gpu")
+    >>> [(c.kind, c.count, c.hidden) for c in o.collectives]  # one all-reduce every update reads
+    [('all-reduce', 3, False)]
+    >>> round(o.exposed_comm_time / o.comm_time, 9)  # nothing left to hide it under
+    1.0
+    """
+    be = cost_model.backend if backend is None else (
+        BACKENDS[backend] if isinstance(backend, str) else backend)
+    return _overlap(cost_model, list(assignment), be, exits, None)
+
+
+def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
+    g = cm.graph
+    prog = cm.combined_program(assignment, be, exits=exits)
+    n, groups = prog.nodes, prog.collectives
+    m = len(prog.operands)
+    bd = cm.breakdown(assignment, memory=False)
+    dur = [0.0] * m
+    stream: list[object] = [_COMPUTE] * m
+    compute = exposed_inline = comm = 0.0
+    inner: list[ScheduledCollective] = []
+    for nid in range(n):
+        r = _loop_resolution(cm, assignment, nid)
+        if r is None:
+            dur[nid] = bd.compute[nid]
+            compute += dur[nid]
+            continue
+        bodies = [_overlap(b.cost_model, list(b.assignment), be, b.outputs,
+                           nid if loop is None else loop) for b in r.bodies]
+        node = g.nodes[nid]
+        b = boundary(node, g)
+        if b is not None and b.kind == "cond":  # one branch runs: the slowest
+            bodies = [max(bodies, key=lambda o: o.step_time)] if bodies else []
+        trips = r.trips
+        dur[nid] = trips * sum(o.step_time for o in bodies)
+        compute += trips * sum(o.compute_time for o in bodies)
+        comm += trips * sum(o.comm_time for o in bodies)
+        exposed_inline += trips * sum(o.exposed_comm_time for o in bodies)
+        for o in bodies:
+            inner.extend(_repeat(c, trips, nid if loop is None else loop) for c in o.collectives)
+    for j, grp in enumerate(groups):
+        x = n + j
+        dur[x] = sum(cm.comm_time(prog.entries[i].comm) for i in grp.members)
+        comm += dur[x]
+        res = be.async_collectives.get(grp.kind)
+        if res is None:
+            exposed_inline += dur[x]  # synchronous: the compute stream runs it
+        else:
+            stream[x] = res
+    prio = [0] * m
+    for pos, x in enumerate(prog.order):
+        prio[x] = pos
+    start, hidden, makespan = _schedule(dur, stream, prog.operands, prio)
+    busy = sum(d for d, s in zip(dur, stream) if s is _COMPUTE)
+    exposed = (makespan - busy) + exposed_inline
+    own = [ScheduledCollective(kind=grp.kind, axes=grp.axes, bytes=grp.bytes,
+                               count=len(grp.members), seconds=dur[n + j],
+                               hidden_seconds=min(hidden[n + j], dur[n + j]),
+                               start=start[n + j], loop=loop,
+                               asynchronous=stream[n + j] is not _COMPUTE)
+           for j, grp in enumerate(groups)]
+    own.sort(key=lambda c: c.start)
+    additive = cm.objective(assignment)
+    # A loop body: its results' layout changes on exit, which the loop charges.
+    additive += sum(cm.comm_time(e.comm) for e in prog.entries[len(prog.entries) - prog.exits:])
+    return Overlap(step_time=makespan, compute_time=compute, comm_time=comm,
+                   exposed_comm_time=exposed, hidden_comm_time=max(0.0, comm - exposed),
+                   additive_time=additive,
+                   reused_comm_time=additive - compute - comm,
+                   collectives=tuple(own + inner), backend=be.name)
+
+
+def _loop_resolution(cm, assignment, nid: int) -> LoopResolution | None:
+    gid = cm.group_of_node[nid]
+    grp = cm.groups[gid]
+    if grp.leader != nid:
+        return None
+    r = grp.candidates[assignment[gid]]
+    return r if isinstance(r, LoopResolution) else None
+
+
+def _repeat(c: ScheduledCollective, trips: int, loop: int) -> ScheduledCollective:
+    return ScheduledCollective(kind=c.kind, axes=c.axes, bytes=c.bytes, count=c.count,
+                               seconds=c.seconds, hidden_seconds=c.hidden_seconds, start=c.start,
+                               trips=c.trips * trips, loop=loop, asynchronous=c.asynchronous)
+
+
+def _schedule(dur: list[float], stream: list, operands: list[list[int]], prio: list[int]
+              ) -> tuple[list[float], list[float], float]:
+    """A list schedule: ``(start per instruction, seconds each ran under compute, makespan)``.
+
+    ``stream[x]``: ``None`` for the compute stream (one instruction at a time), else the
+    resource of an asynchronous collective (one in flight per resource; those in flight at once
+    share the network equally). A free stream starts its ready instruction of least ``prio``."""
+    m = len(dur)
+    users: list[list[int]] = [[] for _ in range(m)]
+    waiting = [0] * m
+    for x, ops in enumerate(operands):
+        for o in set(ops):
+            users[o].append(x)
+        waiting[x] = len(set(ops))
+    ready: dict[object, list] = {_COMPUTE: []}
+    for x in range(m):
+        ready.setdefault(stream[x], [])
+        if not waiting[x]:
+            heapq.heappush(ready[stream[x]], (prio[x], x))
+    start = [0.0] * m
+    hidden = [0.0] * m
+    t = 0.0
+    running: tuple[int, float] | None = None  # compute stream: (instruction, end)
+    flight: dict[object, list] = {}  # resource -> [instruction, work left]
+    done = 0
+
+    def finish(x: int) -> None:
+        nonlocal done
+        done += 1
+        for u in users[x]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready[stream[u]], (prio[u], u))
+
+    while True:
+        started = True
+        while started:  # zero-time instructions finish at once and may ready others
+            started = False
+            while running is None and ready[_COMPUTE]:
+                _, x = heapq.heappop(ready[_COMPUTE])
+                start[x] = t
+                started = True
+                if dur[x] > 0:
+                    running = (x, t + dur[x])
+                else:
+                    finish(x)
+            for res, heap in ready.items():
+                while res is not _COMPUTE and res not in flight and heap:
+                    _, x = heapq.heappop(heap)
+                    start[x] = t
+                    started = True
+                    if dur[x] > 0:
+                        flight[res] = [x, dur[x]]
+                    else:
+                        finish(x)
+        if running is None and not flight:
+            break
+        k = len(flight)
+        ends = [w * k for _, w in flight.values()]
+        if running is not None:
+            ends.append(running[1] - t)
+        dt = max(min(ends), 0.0)
+        for res in list(flight):
+            x, w = flight[res]
+            if running is not None:
+                hidden[x] += min(w, dt / k)
+            if w * k <= dt * (1 + 1e-12):
+                del flight[res]
+                finish(x)
+            else:
+                flight[res][1] = w - dt / k
+        t += dt
+        if running is not None and running[1] - t <= 1e-12 * max(t, 1e-300):
+            x = running[0]
+            running = None
+            finish(x)
+    if done != m:
+        raise InvalidPlanError(
+            f"the program of this plan has a dependency cycle: {m - done} of its {m} "
+            f"instructions never become ready. This is a hulkjax bug; please report it with the "
+            f"plan.")
+    return start, hidden, t
