@@ -1011,15 +1011,16 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             tables = {}
             for sub in dict.fromkeys(subs):
                 tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
+            solved: dict = {}  # equivalent chains' dynamic programs, solved once
             for chain in chains(topology, groups):
                 vs = virtual_stages if schedule == "1f1b" else (1,)
-                sols = [(1, _dp(ctx, topology, groups, subs, chain, tables, M))] if 1 in vs \
-                    else []
+                sols = [(1, _dp_once(solved, _dp, ctx, topology, groups, subs, chain, tables,
+                                     M))] if 1 in vs else []
                 for v in vs:
                     for S in range(2, len(chain) + 1):
                         if v > 1 and M % S == 0 and S * v <= len(part.units):
-                            sols.append((v, _dp_interleaved(ctx, topology, groups, subs,
-                                                            chain[:S], tables, M, v)))
+                            sols.append((v, _dp_once(solved, _dp_interleaved, ctx, topology,
+                                                     groups, subs, chain[:S], tables, M, v)))
                 for v, sol in sols:
                     searched += 1
                     if sol is None:
@@ -1120,6 +1121,39 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                         {lay: c for _, lay, c in exact[:keep]}, beyond)
 
 
+def _chain_signature(topology, groups, subs, chain) -> tuple:
+    """Everything :func:`_dp` and :func:`_dp_interleaved` read of a chain, by position: each
+    position's group topology (its unit tables), and for every ordered pair of positions the
+    :func:`~hulkjax.cost.pipeline.stage_link` between their groups (latency, bandwidth) and the
+    sending group's size. Chains with equal signatures have equal dynamic programs (the same
+    arrays, the same arithmetic), up to which group each position names."""
+    links = tuple((i, j, link.latency, link.bandwidth, len(groups[chain[i]]))
+                  for i in range(len(chain)) for j in range(len(chain)) if i != j
+                  for link in (stage_link(topology, groups[chain[i]], groups[chain[j]]),))
+    return tuple(subs[gi] for gi in chain), links
+
+
+def _dp_once(solved: dict, dp, ctx, topology, groups, subs, chain, tables, M: int, *args):
+    """``dp(ctx, topology, groups, subs, chain, tables, M, *args)`` (:func:`_dp` or
+    :func:`_dp_interleaved`), solved once per :func:`_chain_signature`: a chain equivalent to
+    one solved before (identical groups and links, e.g. the nodes of a uniform cluster in
+    another order) gets that solution with its own groups at the same positions."""
+    key = (dp.__name__, M, args, _chain_signature(topology, groups, subs, chain))
+    hit = solved.get(key)
+    if hit is None:
+        sol = dp(ctx, topology, groups, subs, chain, tables, M, *args)
+        if sol is None:
+            solved[key] = (None, None)
+            return None
+        solved[key] = (tuple(chain), sol)
+        return sol
+    first, sol = hit
+    if sol is None:
+        return None
+    pos = {g: p for p, g in enumerate(first)}
+    return ([chain[pos[g]] for g in sol[0]], list(sol[1]), list(sol[2]), sol[3])
+
+
 def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
     """Best ``(group order, ranges, plan names, predicted step)`` along ``chain``, or ``None``."""
     U = len(ctx.part.units)
@@ -1215,22 +1249,25 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
     while taus[-1] < hi:
         taus.append(taus[-1] * 1.1)
     best_val, best_sol = math.inf, None
-    for tau in taus:
-        cap = tau / v
-        best = np.where(W[0][0, :] <= cap, Z[0][0, :], np.inf)
-        args = []
-        for p in range(1, P):
-            lf, lb = links[p - 1]
-            inc = np.where((lf <= cap) & (lb <= cap), best + lf + lb, np.inf)
-            cand = inc[:, None] + np.where(W[p] <= cap, Z[p], np.inf)  # [start, end]
-            j = np.argmin(cand, axis=0)
-            best = cand[j, np.arange(U + 1)]
-            args.append(j)
+    # Every bound at once (the same arithmetic per bound as one at a time): [tau, ...] arrays.
+    caps = np.asarray(taus) / v
+    cap1, cap2 = caps[:, None], caps[:, None, None]
+    bests = np.where(W[0][0, :][None, :] <= cap1, Z[0][0, :][None, :], np.inf)
+    all_args = []
+    for p in range(1, P):
+        lf, lb = links[p - 1]
+        inc = np.where((lf[None, :] <= cap1) & (lb[None, :] <= cap1), bests + lf + lb, np.inf)
+        cand = inc[:, :, None] + np.where(W[p][None] <= cap2, Z[p][None], np.inf)  # [tau, s, e]
+        j = np.argmin(cand, axis=1)
+        bests = np.take_along_axis(cand, j[:, None, :], axis=1)[:, 0, :]
+        all_args.append(j)
+    for ti in range(len(taus)):
+        best = bests[ti]
         if not np.isfinite(best[U]):
             continue
         ends = [U]
-        for j in reversed(args):
-            ends.append(int(j[ends[-1]]))
+        for j in reversed(all_args):
+            ends.append(int(j[ti, ends[-1]]))
         bounds = [0] + list(reversed(ends))  # P + 1 unit indices, from 0 to U
         picks = [(p, bounds[p], bounds[p + 1]) for p in range(P)]
         w_group = [0.0] * S
@@ -1342,6 +1379,9 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         if p.cost is not None and all(st.fits for st in p.cost.stages)]
     cutoff = None if spmd_time is None else spmd_time * (1 - STAGED_MIN_GAIN)
     beyond = math.inf  # the least lower bound of what the cutoff left out
+    pending = None  # the pipeline baseline, costed after the search
+    skipped = (StrategyNotApplicableError, InfeasiblePlanError, InvalidOptionError,
+               UnsupportedStepError)
     try:
         pctx, playout, pnotes, plevel = _pipeline_layout(graph, topology, PipelineOptions())
         # The baseline is costed only if it might beat the cutoff: its bound (as a layout of
@@ -1352,15 +1392,36 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         if bound is not None and bound >= cutoff:
             beyond = bound
         else:
-            pcost = layout_cost(pctx, playout)
-            if all(st.fits for st in pcost.stages):
-                rivals.append((pcost.step_time, (pctx, playout, pnotes, plevel)))
-    except (StrategyNotApplicableError, InfeasiblePlanError, InvalidOptionError,
-            UnsupportedStepError) as e:
+            # Its stages' SPMD plans are made now, before the search, as costing it here did
+            # (the search's intra-stage ILPs take the plans made before them as seeds); the
+            # cost itself waits for the search, whose unit tables give its floor.
+            for devs in dict.fromkeys(playout.groups):
+                pctx.assignments(playout.microbatches, group_topology(topology, devs),
+                                 (playout.plans[0],))
+            pending = (pctx, playout, pnotes, plevel)
+    except skipped as e:
         log.debug("pipeline baseline does not apply: %s", e)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule,
                  cutoff=cutoff, keep=1, shortlist=12)  # the best of search(keep=4)'s
     beyond = min(beyond, res.beyond)
+    if pending is not None:
+        pctx, playout = pending[0], pending[1]
+        try:
+            # Nor is it costed where its floor (a lower bound on its cost, from the unit tables
+            # of its own stages' plans) shows it cannot beat the cutoff.
+            floor = None
+            if cutoff is not None and pctx.usable(playout.microbatches):  # (tables need it)
+                for devs, name in dict.fromkeys(zip(playout.groups, playout.plans)):
+                    pctx.table(playout.microbatches, group_topology(topology, devs), name)
+                floor = _pipeline_floor(pctx, playout)
+            if floor is not None and floor >= cutoff:
+                beyond = min(beyond, floor)
+            else:
+                pcost = layout_cost(pctx, playout)
+                if all(st.fits for st in pcost.stages):
+                    rivals.append((pcost.step_time, pending))
+        except skipped as e:
+            log.debug("pipeline baseline does not apply: %s", e)
     ctx = _context(graph, topology, time_limit)
     best = res.layouts[0] if res.layouts else None
     rival = min(rivals, key=lambda r: r[0], default=None)
