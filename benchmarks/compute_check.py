@@ -27,6 +27,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # the families live in tests/realmodels
+sys.path.insert(0, HERE)  # gpu_measure, also when imported rather than run
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

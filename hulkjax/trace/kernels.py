@@ -258,7 +258,7 @@ def _evaluate(e, env, grid) -> None:
         env[e.outvars[0]] = args[0] - _int_div(*args) * args[1]
     elif name in ("neg",):
         env[e.outvars[0]] = -args[0]
-    elif name in ("convert_element_type", "copy", "copy_p"):
+    elif name in ("convert_element_type", "copy"):
         env[e.outvars[0]] = args[0]
     elif name == "select_n" and len(args) >= 2:
         env[e.outvars[0]] = np.choose(np.asarray(args[0]).astype(int), args[1:])
