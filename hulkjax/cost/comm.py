@@ -179,7 +179,11 @@ class _Replay:
         self.trans = [np.arange(n)]
 
     def emit(self, kind, sets, nbytes):
-        real = [[int(t[i]) for i in s] for t in self.trans for s in sets]
+        if sets and len({len(s) for s in sets}) == 1:  # one array per table: [set, member]
+            ids = np.asarray(sets)
+            real = [t[ids] for t in self.trans]
+        else:
+            real = [t[np.asarray(s)][None, :] for t in self.trans for s in sets]
         self.ops.append((kind, real, int(nbytes)))
 
 
@@ -276,17 +280,21 @@ def _a2a_sharding(s, sdims, tdims):
 
 
 def _a2a_groups(temp, tdims, sizes):
-    groups = {}
-    for idx in np.ndindex(*temp.tile.shape):
-        gid = 0
-        for d, k in enumerate(idx):
-            if d in tdims:
-                g = sizes[tdims.index(d)]
-                gid = gid * (temp.tile.shape[d] // g) + k // g
-            else:
-                gid = gid * temp.tile.shape[d] + k
-        groups.setdefault(gid, []).append(int(temp.tile[idx]))
-    return [groups[g] for g in sorted(groups)]
+    """The all-to-all's device groups: devices whose tile indices agree except within the
+    ``sizes[i]`` consecutive tiles of each target dimension ``tdims[i]``, in tile order."""
+    shape = temp.tile.shape
+    idx = np.indices(shape).reshape(len(shape), -1)  # row-major, as np.ndindex walks
+    gid = np.zeros(idx.shape[1], dtype=np.int64)
+    for d in range(len(shape)):
+        if d in tdims:
+            g = sizes[tdims.index(d)]
+            gid = gid * (shape[d] // g) + idx[d] // g
+        else:
+            gid = gid * shape[d] + idx[d]
+    order = np.argsort(gid, kind="stable")
+    members = temp.tile.reshape(-1)[order]
+    _, starts = np.unique(gid[order], return_index=True)
+    return [m.tolist() for m in np.split(members, starts[1:])]
 
 
 def _a2a(s, t, pairs, base, rp, multi=True):
@@ -321,27 +329,19 @@ def _a2a(s, t, pairs, base, rp, multi=True):
     return _a2a(temp, t, pairs[1:], base, rp)
 
 
-def _block_of(sh, rank, device_index):
-    """Per data dimension, the (start, stop) fraction of the array a device's tile covers."""
-    out = []
-    for d in range(rank):
-        n = sh.tile.shape[d]
-        out.append((device_index[d], n))
-    return out
-
-
 def _is_subtiling(sub, sh, rank):
     """IsSubTilingOrEqualSharding: every device's ``sub`` tile lies inside its ``sh`` tile."""
-    where = {}
-    for idx in np.ndindex(*sh.tile.shape):
-        where[int(sh.tile[idx])] = idx
-    for idx in np.ndindex(*sub.tile.shape):
-        j = where[int(sub.tile[idx])]
-        for d in range(rank):
-            a, n = idx[d], sub.tile.shape[d]
-            b, m = j[d], sh.tile.shape[d]
-            if n % m or a * m // n != b:
-                return False
+    for d in range(rank):
+        if sub.tile.shape[d] % sh.tile.shape[d]:
+            return False
+    where = np.empty((int(sh.tile.max()) + 1, sh.tile.ndim), dtype=np.int64)
+    where[sh.tile.reshape(-1)] = np.indices(sh.tile.shape).reshape(sh.tile.ndim, -1).T
+    idx = np.indices(sub.tile.shape).reshape(sub.tile.ndim, -1)
+    j = where[sub.tile.reshape(-1)]
+    for d in range(rank):
+        n, m = sub.tile.shape[d], sh.tile.shape[d]
+        if np.any(idx[d] * m // n != j[:, d]):
+            return False
     return True
 
 
@@ -749,17 +749,14 @@ def _mesh_coords(shape: tuple[int, ...]) -> np.ndarray:
 
 def _varying(sets, sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of some set (replica group, or permute pair)
-    differ."""
+    differ; ``sets``: arrays ``[set, member]`` of device ids."""
     names = list(sizes)
     coords = _mesh_coords(tuple(sizes[a] for a in names))
     moved = np.zeros(len(names), dtype=bool)
-    by_len: dict[int, list] = {}
-    for ids in sets:
-        if len(ids) >= 2:
-            by_len.setdefault(len(ids), []).append(ids)
-    for group in by_len.values():
-        c = coords[np.asarray(group)]  # [set, member, axis]
-        moved |= (c != c[:, :1]).any(axis=(0, 1))
+    for group in sets:
+        if group.shape[1] >= 2:
+            c = coords[group]  # [set, member, axis]
+            moved |= (c != c[:, :1]).any(axis=(0, 1))
     return tuple(a for a, v in zip(names, moved) if v)
 
 
@@ -812,8 +809,17 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
                 if a not in sizes:
                     raise InvalidPlanError(f"layout {spec} names mesh axis {a!r}, not one of "
                                            f"{list(sizes)}. Use the mesh's axis names.")
-    base = tuple(int(n) for n in shape)
-    rp = _Replay(math.prod(sizes.values()), dtype_size(dtype))
+    return _replayed(tuple(int(n) for n in shape), dtype_size(dtype),
+                     tuple(tuple(axes) for axes in src), tuple(tuple(axes) for axes in dst),
+                     tuple(sizes.items()))
+
+
+@lru_cache(maxsize=1 << 16)
+def _replayed(base, item, src, dst, sizes) -> tuple[Comm, ...]:
+    """:func:`reshard_comms`'s replay, shared by every cost model (the staged search's and the
+    loop bodies' price the same changes again)."""
+    sizes = dict(sizes)
+    rp = _Replay(math.prod(sizes.values()), item)
     _reshard(_hlo_sharding(src, sizes), _hlo_sharding(dst, sizes), base, rp)
     out = []
     for kind, sets, nbytes in rp.ops:
