@@ -6,6 +6,7 @@ import pathlib
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import hulkjax as hj
@@ -84,3 +85,20 @@ def benchmark_module(name: str):
         yield module
     finally:
         del sys.modules[spec.name]
+
+
+def mlp_step(depth: int, width: int, batch: int):
+    """A plain ``depth``-layer tanh MLP trained by SGD: ``(step, weights, batch)``."""
+
+    def step(ws, x):
+        def loss(ws):
+            h = x
+            for w in ws:
+                h = jnp.tanh(h @ w)
+            return jnp.mean(h ** 2)
+
+        return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+
+    ws = [jnp.full((width, width), 0.01, jnp.float32) for _ in range(depth)]
+    return step, ws, jnp.ones((batch, width), jnp.float32)
+

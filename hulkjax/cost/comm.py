@@ -303,7 +303,6 @@ def _a2a(s, t, pairs, base, rp, multi=True):
         return t
     if not pairs:
         return _cp(s, t, base, rp)
-    rank = len(base)
     if multi:
         seen, src, tgt, sizes, rest = set(), [], [], [], []
         for sd, td in sorted(pairs, key=lambda p: p[1]):
@@ -325,7 +324,6 @@ def _a2a(s, t, pairs, base, rp, multi=True):
     temp = _a2a_sharding(s, [sd], [td])
     size = s.tile.shape[sd] // s.tile.shape[td]
     rp.emit("all-to-all", _a2a_groups(temp, [td], [size]), _nbytes(_local(base, s), rp.item))
-    del rank
     return _a2a(temp, t, pairs[1:], base, rp)
 
 

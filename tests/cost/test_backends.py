@@ -16,25 +16,10 @@ import hulkjax as hj
 from hulkjax.cost.backends import BACKENDS
 from hulkjax.strategies import cost_model
 from hulkjax.strategies.realize import plan_from_assignment
+from tests.helpers import mlp_step
 
 D8 = hj.Topology.grid((8,), ("d",))
 D2x4 = hj.Topology.grid((2, 4), ("data", "model"))
-
-
-def _mlp(depth: int, width: int, batch: int):
-    """A plain ``depth``-layer tanh MLP with SGD, its parameters and a batch."""
-
-    def step(ws, x):
-        def loss(ws):
-            h = x
-            for w in ws:
-                h = jnp.tanh(h @ w)
-            return jnp.mean(h ** 2)
-
-        return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
-
-    ws = [jnp.full((width, width), 0.01, jnp.float32) for _ in range(depth)]
-    return step, ws, jnp.ones((batch, width), jnp.float32)
 
 
 def _compiled_summary(step, plan, *args):
@@ -53,14 +38,14 @@ def _compiled_summary(step, plan, *args):
                                                ("megatron", D8)])
 def test_cpu_program_summary_is_what_xla_cpu_compiles(strategy, topology):
     """The issue-11 defect: a 6-layer MLP under ``dp`` was predicted 13 all-reduces, compiled 1."""
-    step, ws, x = _mlp(6, 64, 32)
+    step, ws, x = mlp_step(6, 64, 32)
     plan = hj.plan(step, ws, x, topology=topology, strategy=strategy)
     predicted = cost_model(plan.graph, topology).program_summary(plan.assignment, "cpu")
     assert predicted == _compiled_summary(step, plan, ws, x)
 
 
 def test_cpu_combines_all_reduces_but_not_all_gathers_and_forms_no_reduce_scatter():
-    step, ws, x = _mlp(4, 64, 32)
+    step, ws, x = mlp_step(4, 64, 32)
     compiled = _compiled_summary(step, hj.plan(step, ws, x, topology=D8, strategy="fsdp"), ws, x)
     kinds = {k for k, _ in compiled}
     assert "reduce-scatter" not in kinds
@@ -76,7 +61,7 @@ def test_gpu_combines_deferred_collectives_up_to_30_mib():
     all-reduces. XLA's combiner adds whole collectives to a group while it stays within 30 MiB on
     a GPU, so no two of these share one: 8 all-reduces (not ceil(128 / 30) = 5); one on the CPU."""
     width = 2048  # 2048 x 2048 float32 = 16 MiB
-    step, _, _ = _mlp(8, width, 64)
+    step, _, _ = mlp_step(8, width, 64)
     ws = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * 8
     x = jax.ShapeDtypeStruct((64, width), jnp.float32)
     plan = hj.plan(step, ws, x, topology=D8, strategy="dp")
@@ -100,7 +85,7 @@ def test_latency_bound_mlp_is_data_parallel_once_gradients_combine():
     """The issue-11 defect: a 6-layer MLP (batch 256, hidden 32) on four devices was planned
     ``replicate`` because each of its gradients paid a full all-reduce latency; XLA combines them
     into one, so ``dp`` is faster and the ILP must find a plan at least that good."""
-    step, ws, x = _mlp(6, 32, 256)
+    step, ws, x = mlp_step(6, 32, 256)
     topo = hj.Topology.grid((4,), ("d",))
     cost = {s: hj.plan(step, ws, x, topology=topo, strategy=s).cost.step_time
             for s in ("replicate", "dp", "ilp")}
@@ -121,7 +106,7 @@ def test_cpu_prices_a_two_axis_all_reduce_as_one_flat_ring_on_the_slowest_link()
     so 2 x 7/8 of the bytes cross it at SLOW, with 2 x 7 latencies of the slowest axis."""
     from hulkjax.plan import Comm
 
-    step, ws, x = _mlp(2, 64, 32)
+    step, ws, x = mlp_step(2, 64, 32)
     topo = _two_axis("cpu")
     cm = cost_model(hj.plan(step, ws, x, topology=topo, strategy="dp").graph, topo)
     assert not cm.backend.hierarchical
@@ -143,7 +128,7 @@ def test_gpu_prices_a_two_axis_all_reduce_hierarchically():
     the slow axis on the quarter each device holds."""
     from hulkjax.plan import Comm
 
-    step, ws, x = _mlp(2, 64, 32)
+    step, ws, x = mlp_step(2, 64, 32)
     topo = _two_axis("H100")
     cm = cost_model(hj.plan(step, ws, x, topology=topo, strategy="dp").graph, topo)
     assert cm.backend.hierarchical
@@ -160,7 +145,7 @@ def test_the_backend_changes_the_ranking_of_dp_and_dp_tp():
     both axes is a flat ring at the slow link's pace, while ``dp_tp`` crosses the slow link only
     with its gradient reduction on 'slow'; with hierarchical NCCL, ``dp`` reduces over the fast
     axis first and sends only a quarter of the bytes over the slow one."""
-    step, ws, x = _mlp(4, 256, 16)
+    step, ws, x = mlp_step(4, 256, 16)
     comm = {}
     for device in ("cpu", "H100"):
         topo = _two_axis(device)

@@ -11,6 +11,7 @@ import hulkjax as hj
 from hulkjax.cost.backends import BACKENDS
 from hulkjax.cost.overlap import overlap
 from hulkjax.strategies import cost_model
+from tests.helpers import mlp_step
 
 # 50 GB/s links: a 256 x 256 float32 gradient all-reduce (9.2 us) is shorter than one layer's
 # backward (~20 us), an all-gather of a weight (11.6 us) a little longer than one layer's
@@ -21,21 +22,8 @@ UNCOMBINED = dataclasses.replace(BACKENDS["gpu"], combine_threshold={})
 REL = 1e-9
 
 
-def _mlp(depth: int = 4, width: int = 256, batch: int = 512):
-    def step(ws, x):
-        def loss(ws):
-            h = x
-            for w in ws:
-                h = jnp.tanh(h @ w)
-            return jnp.mean(h ** 2)
-
-        return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
-
-    return step, [jnp.ones((width, width))] * depth, jnp.ones((batch, width))
-
-
 def _planned(strategy: str, depth: int = 4):
-    step, ws, x = _mlp(depth)
+    step, ws, x = mlp_step(depth, 256, 512)
     plan = hj.plan(step, ws, x, topology=TOPO, strategy=strategy)
     return plan, cost_model(plan.graph, TOPO)
 
