@@ -825,3 +825,58 @@ def _replayed(base, item, src, dst, sizes) -> tuple[Comm, ...]:
         if axes:
             out.append(Comm(kind, axes, nbytes))
     return tuple(out)
+
+
+def reshard_intermediates(src: Spec, dst: Spec) -> tuple[Spec, ...]:
+    """Layouts a change from ``src`` to ``dst`` may pass through, each splitting it into two
+    changes the partitioner makes directly (the caller prices ``src -> mid -> dst`` with
+    :func:`reshard_comms` and keeps the cheapest, with the direct change):
+
+    * the moves first: every axis that ``dst`` puts on another dimension moved there (after
+      ``dst``'s axes of that dimension that stay), axes that ``dst`` drops left where they are,
+      as the minor or the major axes of their dimension (then gathered);
+    * where several axes move: one of them first;
+    * the gathers first: the axes ``dst`` drops gathered, the others left;
+    * the slices first: ``dst``'s new axes taken (a local slice) where their dimension in
+      ``src`` is a prefix of ``dst``'s, so that what moves next is the smaller block.
+
+    A ``src`` that XLA can only bring to ``dst`` by rematerializing the whole value (one axis
+    leaving a dimension while another moves from it to another one) reaches it through the
+    first: an all-to-all of the moved axis, then an all-gather of the dropped one.
+
+    >>> reshard_intermediates((("a", "b"), (), ()), ((), (), ("b",)))
+    ((('a',), (), ('b',)), (('b',), (), ()))
+    """
+    rank = len(src)
+    src_dim = {a: d for d in range(rank) for a in src[d]}
+    dst_dim = {a: d for d in range(rank) for a in dst[d]}
+    dropped = [a for a in src_dim if a not in dst_dim]
+    moved = [a for a in src_dim if a in dst_dim and dst_dim[a] != src_dim[a]]
+    out: list[Spec] = []
+    if moved:
+        for minor in (True, False):
+            mid = []
+            for d in range(rank):
+                here = [a for a in dst[d] if a in src_dim and (src_dim[a] == d or a in moved)]
+                left = [a for a in src[d] if a in dropped]
+                mid.append(tuple(here + left if minor else left + here))
+            out.append(tuple(mid))
+    if len(moved) > 1:  # one axis at a time
+        for a in moved:
+            mid = [tuple(x for x in axes if x != a) for axes in src]
+            d = dst_dim[a]
+            mid[d] = tuple(x for x in dst[d] if x == a or x in mid[d]) + tuple(
+                x for x in mid[d] if x not in dst[d])
+            out.append(tuple(mid))
+    if dropped and (moved or any(a not in src_dim for a in dst_dim)):
+        out.append(tuple(tuple(a for a in axes if a not in dropped) for axes in src))
+    new = [a for a in dst_dim if a not in src_dim]
+    if new:
+        mid = []
+        for d in range(rank):
+            if dst[d][:len(src[d])] == src[d]:
+                mid.append(tuple(src[d]) + tuple(a for a in dst[d][len(src[d]):] if a in new))
+            else:
+                mid.append(tuple(src[d]))
+        out.append(tuple(mid))
+    return tuple(dict.fromkeys(m for m in out if m != src and m != dst))

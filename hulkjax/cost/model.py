@@ -66,12 +66,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hulkjax.cost.backends import Backend, backend_of
-from hulkjax.cost.comm import axis_bytes, collective_time, reshard_comms
+from hulkjax.cost.comm import (
+    axis_bytes,
+    collective_time,
+    reshard_comms,
+    reshard_intermediates,
+)
 from hulkjax.cost.memory import liveness
 from hulkjax.errors import InvalidPlanError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
-from hulkjax.plan.specs import Spec, local_shape, num_shards, replicated
+from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
 from hulkjax.rules.leaders import LoopPlanner, is_leader, leader_candidates
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.rules.sharding import (
@@ -921,16 +926,52 @@ class CostModel:
         # math.prod of ints is exact, as np.prod in float64 is below 2**53 elements
         return float(math.prod(local_shape(v.shape, spec, self.sizes))) * dtype_size(v.dtype)
 
-    def reshard(self, vid: int, src: Spec, dst: Spec) -> tuple[Comm, ...]:
-        """The collectives that bring value ``vid`` from layout ``src`` to ``dst``."""
+    def reshard(self, vid: int, src: Spec, dst: Spec, *, direct: bool = False
+                ) -> tuple[Comm, ...]:
+        """The collectives that bring value ``vid`` from layout ``src`` to ``dst``: XLA's
+        partitioner's own change (:func:`~hulkjax.cost.comm.reshard_comms`), or where it is
+        dearer, the change through the intermediate layouts :meth:`reshard_via` names (the
+        emitter constrains an operand to each in turn, :meth:`pinned_paths`). ``direct``: XLA's
+        own change only, for changes the emitter makes by one constraint (a loop body's results
+        on exit, the step's results)."""
         if src == dst:
             return ()
+        return self._reshard_path(vid, src, dst, direct)[1]
+
+    def reshard_via(self, vid: int, src: Spec, dst: Spec) -> tuple[Spec, ...]:
+        """The layouts :meth:`reshard` passes through from ``src`` to ``dst`` (``()``: XLA's
+        direct change). The partitioner makes some changes by gathering the whole value and
+        slicing it ("involuntary full rematerialization": one axis leaving a dimension while
+        another moves from it) or by dearer exchanges than two steps take; each step through a
+        layout of :func:`~hulkjax.cost.comm.reshard_intermediates` is one the partitioner makes
+        directly, so the program makes the collectives priced here
+        (``tests/cost/test_reshard.py``)."""
+        if src == dst:
+            return ()
+        return self._reshard_path(vid, src, dst, False)[0]
+
+    def _reshard_path(self, vid: int, src: Spec, dst: Spec, direct: bool):
+        """``(via, comms, steps)``: the layouts passed through, every collective of the change,
+        and how many of them each step (``len(via) + 1`` of them) takes."""
         v = self.graph.values[vid]
-        key = (v.shape, v.dtype, src, dst)
+        key = (v.shape, v.dtype, src, dst, direct)
         hit = self._reshard_cache.get(key)
-        if hit is None:
-            hit = reshard_comms(v.shape, self.backend.wire_dtype(v.dtype), src, dst, self.sizes)
-            self._reshard_cache[key] = hit
+        if hit is not None:
+            return hit
+        dtype = self.backend.wire_dtype(v.dtype)
+        comms = reshard_comms(v.shape, dtype, src, dst, self.sizes)
+        hit = ((), comms, (len(comms),))
+        if not direct and comms:
+            best = sum(self.comm_time(cm) for cm in comms)
+            for mid in reshard_intermediates(src, dst):
+                if not divides(v.shape, mid, self.sizes):
+                    continue  # uneven: XLA pads, which the partitioner's model leaves out
+                first = reshard_comms(v.shape, dtype, src, mid, self.sizes)
+                steps = first + reshard_comms(v.shape, dtype, mid, dst, self.sizes)
+                t = sum(self.comm_time(cm) for cm in steps)
+                if t < best * (1 - 1e-9):
+                    best, hit = t, ((mid,), steps, (len(first), len(steps) - len(first)))
+        self._reshard_cache[key] = hit
         return hit
 
     def comm_time(self, cm: Comm) -> float:
@@ -989,7 +1030,7 @@ class CostModel:
             dst = self.required(gc, cc, nid, k)
             src = self.spec(gp, cp, v)
             if dst is not None and src is not None:
-                out.extend(self._defer_shared(self.reshard(v, src, dst), nid))
+                out.extend(self._defer_shared(self.reshard(v, src, dst, direct=nid < 0), nid))
         return out
 
     def operand_changes(self, gid: int, c: int, nid: int, assignment) -> float:
@@ -1147,11 +1188,11 @@ class CostModel:
         v = self.graph.values[vid]
         deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
                                                                  self.graph.loop_body))
-        key = (v.shape, v.dtype, src, dst, deferred)
+        key = (v.shape, v.dtype, src, dst, deferred, nid < 0)
         t = self._move_time.get(key)
         if t is None:
-            t = self._move_time[key] = sum(
-                self.comm_time(cm) for cm in self._defer_shared(self.reshard(vid, src, dst), nid))
+            t = self._move_time[key] = sum(self.comm_time(cm) for cm in self._defer_shared(
+                self.reshard(vid, src, dst, direct=nid < 0), nid))
         return t
 
     # ---- assignments ---------------------------------------------------------------------
@@ -1302,27 +1343,58 @@ class CostModel:
                 dst = self.required(gc, assignment[gc], nid, k)
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
-                    moves.append((v, nid, dst, self._defer_shared(self.reshard(v, src, dst), nid)))
+                    moves.append((v, nid, dst, list(self._defer_shared(
+                        self.reshard(v, src, dst, direct=nid < 0), nid))))
         # Every value's layout is pinned (:meth:`pinned_layouts`), so a layout change is one
-        # reshard of one value; XLA computes the same reshard of a value once (CSE) however many
-        # operators read it.
+        # reshard of one value, and XLA's partitioner makes a change of one instruction to one
+        # layout once however many operators read it (its reshard cache; CSE does not merge
+        # collectives). A change made in steps (:meth:`reshard_via`) is a chain of such changes,
+        # each from the previous step's result, which the emitter shares among the readers of a
+        # value with the same path: a step is made once per value and sequence of layouts up to
+        # it, so readers share the steps their paths have in common (a direct change to a path's
+        # intermediate is the path's first step), and a path and a direct change to the same
+        # layout are both made.
         end = len(g.nodes)
-        seen: dict[tuple, int] = {}  # (value, target) -> index of its layout change's last step
+        specs = self.value_specs(assignment)
+        # (value, layouts up to a step) -> (index of the change's last collective up to that
+        # step, -1: none yet; the index its next collective reads, ``after``)
+        seen: dict[tuple, tuple[int, int]] = {}
         readers: dict[int, list[int]] = defaultdict(list)
         for v, nid, dst, comms in moves:
-            if (v, dst) in seen:
-                if seen[(v, dst)] >= 0:
-                    readers[seen[(v, dst)]].append(nid if nid >= 0 else end)
-                continue
+            reader = nid if nid >= 0 else end
             src = self._producer(v)
-            prev = last.get(src, -1)
-            for cm in comms:
-                out.append(ProgramComm(cm, src, nid if nid >= 0 else end, prev, v))
-                prev = len(out) - 1
-            seen[(v, dst)] = prev if comms else -1
+            layouts, counts = self._move_steps(v, specs.get(v), dst, nid, len(comms))
+            tail, prev, made, pos = -1, last.get(src, -1), False, 0
+            for j, count in enumerate(counts):
+                step, pos = comms[pos:pos + count], pos + count
+                key = (v, layouts[:j + 1])
+                if key in seen:
+                    tail, prev = seen[key]
+                    made = False
+                    continue
+                for cm in step:
+                    out.append(ProgramComm(cm, src, reader, prev, v))
+                    tail = prev = len(out) - 1
+                    made = True
+                seen[key] = (tail, prev)
+            if tail >= 0 and not made:
+                readers[tail].append(reader)
         for i, rs in readers.items():
             out[i] = replace(out[i], readers=tuple(rs))
         return out
+
+    def _move_steps(self, vid: int, src: Spec | None, dst: Spec | None, nid: int, n: int
+                    ) -> tuple[tuple, tuple[int, ...]]:
+        """The layouts a layout change of ``vid`` to ``dst`` for node ``nid`` passes through (its
+        path, then ``dst``) and how many of its ``n`` collectives each step takes, as
+        :meth:`pinned_paths` gives the emitter the path (from the value's planned layout
+        ``src``)."""
+        if src is None or dst is None or src == dst:
+            return (dst,), (n,)
+        via, comms, counts = self._reshard_path(vid, src, dst, nid < 0)
+        if len(comms) != n:  # made from another layout than the value's (not a pinned path)
+            return (dst,), (n,)
+        return (*via, dst), counts
 
     def _producer(self, vid: int) -> int:
         """The node computing value ``vid`` (-1 for a graph input)."""
@@ -1603,7 +1675,7 @@ class CostModel:
                 continue
             src = self._producer(vid)
             prev = -1
-            for cm in self.reshard(vid, specs[vid], spec):
+            for cm in self.reshard(vid, specs[vid], spec, direct=True):
                 out.append(ProgramComm(cm, src, len(g.nodes), prev, vid))
                 prev = len(out) - 1
         return out
@@ -1693,7 +1765,8 @@ class CostModel:
                 src = src_loc.specs.get(v)
                 if src is not None and dst is not None:
                     moves.extend(Move(v, nid, gc, m, step) for step, m in
-                                 enumerate(self._defer_shared(self.reshard(v, src, dst), nid)))
+                                 enumerate(self._defer_shared(
+                                     self.reshard(v, src, dst, direct=nid < 0), nid)))
         return specs, compute, own, moves
 
     # ---- plan output ---------------------------------------------------------------------
@@ -1754,6 +1827,27 @@ class CostModel:
                 if nid >= 0 and specs.get(v) != (dst := self.required(gc, assignment[gc], nid, k)):
                     pin(nid, k, v, dst)
         return operands, results
+
+
+    def pinned_paths(self, assignment, operands=None) -> dict:
+        """``{(node, operand): (Spec, ...)}``: the layouts a pinned operand passes through
+        before its pin (:meth:`pinned_layouts`), where :meth:`reshard` prices its layout change
+        in steps (:meth:`reshard_via`); the emitter constrains the operand to each in turn, so
+        XLA makes the steps priced, not its own dearer change. ``operands``: the pins, if the
+        caller has them."""
+        g = self.graph
+        if operands is None:
+            operands = self.pinned_layouts(assignment)[0]
+        specs = self.value_specs(assignment)
+        out = {}
+        for (nid, k), dst in operands.items():
+            v = g.nodes[nid].inputs[k]
+            src = specs.get(v)
+            if src is not None and src != dst:
+                via = self.reshard_via(v, src, dst)
+                if via:
+                    out[(nid, k)] = via
+        return out
 
 
 def _unique_index(items):

@@ -443,7 +443,8 @@ class StagedStep:
         graph = p.graph
         eqns = self._equations(graph)
         consts = self._constant_env(graph)
-        on_operand, on_result, on_bind = node_hooks(mesh, st.operand_specs, st.result_specs)
+        on_operand, on_result, on_bind = node_hooks(mesh, st.operand_specs, st.result_specs,
+                                                    st.operand_paths)
         on_body = body_hooks(mesh, st.bodies)
         n_reads, accs = len(p.reads), p.accs
         mine = set(p.nodes)

@@ -91,19 +91,42 @@ def check_args(plan, args) -> list:
     return leaves
 
 
-def node_hooks(mesh, operand_specs, result_specs):
+def node_hooks(mesh, operand_specs, result_specs, operand_paths=None):
     """``(on_operand, on_result, on_bind)`` for :func:`interpret`, placing the planned
     constraints on ``mesh`` (``None`` where there are none), and running per shard the operators
-    XLA's partitioner would gather (:func:`local_binds`). Shared by the SPMD and the staged
-    step."""
+    XLA's partitioner would gather (:func:`local_binds`). An operand with a path
+    (``operand_paths``: layouts before its own, ``Plan.operand_paths``) is constrained to each
+    layout of the path in turn, then to its own: XLA's partitioner makes the layout change in
+    those steps. Readers of one value with the same path share its steps (one constraint per
+    layout, the first reader's): the partitioner makes a layout change once per source
+    instruction and target (its reshard cache; XLA's CSE leaves collectives alone), so a path
+    constrained per reader would repeat every step after the first, each from its own
+    intermediate. Shared by the SPMD and the staged step."""
     op_specs = {k: NamedSharding(mesh, s) for k, s in operand_specs.items()}
     res_specs = {k: NamedSharding(mesh, s) for k, s in result_specs.items()}
+    paths = {k: tuple(NamedSharding(mesh, s) for s in via)
+             for k, via in (operand_paths or {}).items() if k in op_specs}
     result_nodes = {n for n, _ in res_specs}
     wsc = jax.lax.with_sharding_constraint
 
+    # (id(operand), path prefix) -> (operand, its value at the prefix's last layout); the
+    # operand is kept so that its id is not reused while the entry lives. A tracer is only ever
+    # an operand in the trace that made it, so an entry is only found in that trace.
+    steps_made: dict[tuple, tuple] = {}
+
     def on_operand(nid, k, x):
         s = op_specs.get((nid, k))
-        return x if s is None else wsc(x, s)
+        if s is None:
+            return x
+        via = paths.get((nid, k), ())
+        y = x
+        for i in range(len(via)):
+            key = (id(x), via[:i + 1])
+            hit = steps_made.get(key)
+            if hit is None or hit[0] is not x:
+                hit = steps_made[key] = (x, wsc(y, via[i]))
+            y = hit[1]
+        return wsc(y, s)
 
     def on_result(nid, outs):
         if nid not in result_nodes:
@@ -196,7 +219,8 @@ def body_hooks(mesh, bodies: dict[int, tuple[BodyPlan, ...]]):
                            for j, x in enumerate(xs)]
 
     def hooks(bp: BodyPlan) -> BodyHooks:
-        on_operand, on_result, on_bind = node_hooks(mesh, bp.operand_specs, bp.result_specs)
+        on_operand, on_result, on_bind = node_hooks(mesh, bp.operand_specs, bp.result_specs,
+                                                    bp.operand_paths)
         return BodyHooks(on_input=boundary(bp.inputs), on_output=boundary(bp.outputs),
                          on_operand=on_operand, on_result=on_result,
                          on_body=body_hooks(mesh, bp.bodies), on_bind=on_bind)
@@ -313,6 +337,17 @@ class ShardedStep:
                 except InvalidPlanError as e:  # name the operator only when it failed (slow)
                     raise InvalidPlanError(f"{e} Node {nid} is {node.name!r} at "
                                            f"{node.source}.") from None
+        for (nid, k), via in self.plan.operand_paths.items():
+            if (nid, k) not in self.plan.operand_specs:
+                raise InvalidPlanError(
+                    f"the plan gives operand {k} of node {nid} a path of layouts "
+                    f"({len(via)}) but no layout of its own (operand_specs); a path leads to an "
+                    f"operand's layout. Re-plan with hj.plan(...).")
+            vid = graph.nodes[nid].inputs[k]
+            for spec in via:
+                if vid is not None:
+                    self._check_spec(spec, f"the path of operand {k} of node {nid}",
+                                     graph.values[vid].shape, even=False)
 
     def _bind_graph(self, args) -> OpGraph:
         self._graph = bind_graph(self.fn, self.plan, self._graph, args)
@@ -323,7 +358,8 @@ class ShardedStep:
 
     def _flat_fn(self, graph: OpGraph):
         on_operand, on_result, on_bind = node_hooks(self.mesh, self.plan.operand_specs,
-                                                    self.plan.result_specs)
+                                                    self.plan.result_specs,
+                                                    self.plan.operand_paths)
         on_body = body_hooks(self.mesh, self.plan.bodies)
 
         def flat_fn(*flat):

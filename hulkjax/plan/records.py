@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec
 from hulkjax.errors import InvalidPlanError
 from hulkjax.formatting import format_bytes, format_spec, format_time
 from hulkjax.plan.cost import Cost
-from hulkjax.plan.specs import spec_from_json, spec_to_json
+from hulkjax.plan.specs import paths_from_json, paths_to_json, spec_from_json, spec_to_json
 from hulkjax.plan.stages import SCHEDULES, Stage, check_virtual_stages
 from hulkjax.topology import Topology
 from hulkjax.trace.graph import dtype_size
@@ -60,7 +60,8 @@ class BodyPlan:
         arguments to it on entry.
       outputs: ``{body result index: spec}``: a loop's carry results are constrained to the
         carry-in layout (and a ``cond``'s results to one layout for all branches) on exit.
-      operand_specs / result_specs: as :class:`Plan`'s, for the body's leaders.
+      operand_specs / result_specs / operand_paths: as :class:`Plan`'s, for the body's
+        operators.
       bodies: ``{node id: (BodyPlan per sub-graph, ...)}`` for loops nested in this body.
     """
 
@@ -69,6 +70,7 @@ class BodyPlan:
     operand_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
     result_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
     bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
+    operand_paths: dict[tuple[int, int], tuple[PartitionSpec, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -77,6 +79,7 @@ class BodyPlan:
             "operand_specs": [[n, k, spec_to_json(s)] for (n, k), s in sorted(self.operand_specs.items())],
             "result_specs": [[n, k, spec_to_json(s)] for (n, k), s in sorted(self.result_specs.items())],
             "bodies": bodies_to_json(self.bodies),
+            "operand_paths": paths_to_json(self.operand_paths),
         }
 
     @classmethod
@@ -87,6 +90,7 @@ class BodyPlan:
             operand_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["operand_specs"]},
             result_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["result_specs"]},
             bodies=bodies_from_json(d.get("bodies", [])),
+            operand_paths=paths_from_json(d.get("operand_paths", [])),
         )
 
 
@@ -112,6 +116,10 @@ class Plan:
         operand; the emitter constrains the operand to it right before the operator.
       result_specs: ``{(node id, result index): spec}``: layouts of planned intermediate values;
         the emitter constrains the result right after the operator.
+      operand_paths: ``{(node id, operand index): (spec, ...)}``: layouts an operand passes
+        through on its way to its ``operand_specs`` layout, where the cost model makes the
+        layout change in steps that XLA's partitioner makes more cheaply than its own change
+        (``CostModel.reshard_via``); the emitter constrains the operand to each in turn.
       graph_fingerprint / topology_fingerprint: what the plan was made for (checked by ``emit``).
       topology: the topology (a ``hulkjax.Topology``), so a loaded plan can be emitted.
       cost: the cost model's verdict (``hulkjax.Cost``) when a planner computed one.
@@ -151,6 +159,7 @@ class Plan:
     outputs: tuple[TensorPlan, ...]
     operand_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
     result_specs: dict[tuple[int, int], PartitionSpec] = field(default_factory=dict)
+    operand_paths: dict[tuple[int, int], tuple[PartitionSpec, ...]] = field(default_factory=dict)
     graph_fingerprint: str = ""
     topology_fingerprint: str = ""
     topology: Any = None
@@ -251,6 +260,7 @@ class Plan:
             "planning_time": self.planning_time,
             "notes": list(self.notes),
             "bodies": bodies_to_json(self.bodies),
+            "operand_paths": paths_to_json(self.operand_paths),
         }
 
     @classmethod
@@ -282,6 +292,7 @@ class Plan:
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
                 bodies=bodies_from_json(d.get("bodies", [])),
+                operand_paths=paths_from_json(d.get("operand_paths", [])),
             )
         except InvalidPlanError:
             raise

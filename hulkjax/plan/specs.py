@@ -112,3 +112,16 @@ def spec_from_json(entries) -> PartitionSpec:
     if not isinstance(entries, list):
         raise InvalidPlanError(f"a PartitionSpec is stored as a list, got {entries!r}")
     return PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries])
+
+
+def paths_to_json(paths: dict) -> list:
+    """``{(node, operand): (PartitionSpec, ...)}`` (``operand_paths``) as JSON."""
+    return [[n, k, [spec_to_json(x) for x in via]] for (n, k), via in sorted(paths.items())]
+
+
+def paths_from_json(entries) -> dict:
+    """Inverse of :func:`paths_to_json`."""
+    if not isinstance(entries, list):
+        raise InvalidPlanError(f"operand paths are stored as a list, got {entries!r}")
+    return {(int(n), int(k)): tuple(spec_from_json(x) for x in via) for n, k, via in entries}
+

@@ -25,7 +25,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from hulkjax.errors import InvalidPlanError
-from hulkjax.plan.specs import spec_from_json, spec_to_json
+from hulkjax.plan.specs import paths_from_json, paths_to_json, spec_from_json, spec_to_json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,8 @@ class Stage:
         residuals kept for its backward pass, gradients accumulated for its update).  # dict
       operand_specs / result_specs: ``{(node id, index): PartitionSpec}``: the constraints of its
         SPMD plan, as :class:`~hulkjax.plan.Plan`'s.  # dict
+      operand_paths: ``{(node id, index): (PartitionSpec, ...)}``: layouts its operands pass
+        through, as :attr:`Plan.operand_paths`.  # dict
       bodies: layouts inside the bodies of its ``scan`` / ``while`` / ``cond`` nodes, as
         :attr:`Plan.bodies`.  # dict
       strategy: the SPMD plan inside the stage (``"dp_tp"``, ``"ilp"``, ...).  # str
@@ -68,6 +70,8 @@ class Stage:
                                                                compare=False)
     bodies: dict[int, tuple[Any, ...]] = field(default_factory=dict, compare=False)
     strategy: str = ""
+    operand_paths: dict[tuple[int, int], tuple[PartitionSpec, ...]] = field(
+        default_factory=dict, compare=False)
 
     def __post_init__(self):
         n = 1
@@ -106,6 +110,7 @@ class Stage:
             "bodies": [[nid, [b.to_dict() for b in plans]]
                        for nid, plans in sorted(self.bodies.items())],
             "strategy": self.strategy,
+            "operand_paths": paths_to_json(self.operand_paths),
         }
 
     @classmethod
@@ -129,6 +134,7 @@ class Stage:
             result_specs={(int(n), int(k)): spec_from_json(s) for n, k, s in d["result_specs"]},
             bodies=bodies(d["bodies"]) if d.get("bodies") else {},
             strategy=d.get("strategy", ""),
+            operand_paths=paths_from_json(d.get("operand_paths", [])),
         )
 
 

@@ -224,7 +224,7 @@ def _to_exits(bcm, a: list[int], exits: dict[int, Spec]) -> list[int]:
             continue
         nb = nb if nb is not None else neighbours(bcm)
         best = local_cost(bcm, nb, gid, a[gid], a) + \
-            sum(bcm.comm_time(cm) for cm in bcm.reshard(vid, now, spec))
+            sum(bcm.comm_time(cm) for cm in bcm.reshard(vid, now, spec, direct=True))
         choice = a[gid]
         for c in range(len(bcm.groups[gid].candidates)):
             if c != a[gid] and bcm.spec(gid, c, vid) == spec:
@@ -257,7 +257,7 @@ def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
         vid = view.outputs[i]
         if vid is None or specs.get(vid) is None or i in view.carried.values():
             continue  # carries are charged by the body's carried edges already
-        extra = bcm.reshard(vid, specs[vid], spec)
+        extra = bcm.reshard(vid, specs[vid], spec, direct=True)
         comms.extend(extra)
         program.extend(extra)
     # One iteration's transient: the body's own liveness walk (the parameters it gathers, what
@@ -475,11 +475,15 @@ def body_plans(cm: CostModel, assignment) -> dict:
 
 def _body_plan(body: LoopBody) -> BodyPlan:
     g, bcm, a = body.graph, body.cost_model, body.assignment
+    operands, results = bcm.pinned_layouts(a)
     operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in specs.items()} for specs in bcm.pinned_layouts(a))
+        {key: to_pspec(s) for key, s in specs.items()} for specs in (operands, results))
+    operand_paths = {key: tuple(to_pspec(s) for s in via)
+                     for key, via in bcm.pinned_paths(a, operands).items()}
     inputs = {j: to_pspec(s) for j, (v, s) in enumerate(zip(g.inputs, body.inputs))
               if g.values[v].shape}
     outputs = {i: to_pspec(s) for i, (v, s) in enumerate(zip(g.outputs, body.outputs))
                if s is not None and v is not None and g.values[v].shape}
     return BodyPlan(inputs=inputs, outputs=outputs, operand_specs=operand_specs,
-                    result_specs=result_specs, bodies=body_plans(bcm, a))
+                    result_specs=result_specs, bodies=body_plans(bcm, a),
+                    operand_paths=operand_paths)

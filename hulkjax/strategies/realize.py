@@ -59,12 +59,15 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
         spec = in_specs[carried_from[k]] if k in carried_from else to_pspec(specs.get(v, ()))
         outputs.append(TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype,
                                   role="output", spec=spec))
+    operands, results = cm.pinned_layouts(assignment)
     operand_specs, result_specs = (
-        {key: to_pspec(s) for key, s in table.items()} for table in cm.pinned_layouts(assignment))
+        {key: to_pspec(s) for key, s in table.items()} for table in (operands, results))
+    operand_paths = {key: tuple(to_pspec(s) for s in via)
+                     for key, via in cm.pinned_paths(assignment, operands).items()}
     plan = Plan(strategy=strategy, axis_names=tuple(cm.mesh.axis_names),
                 mesh_shape=tuple(cm.mesh.shape), inputs=inputs, outputs=tuple(outputs),
                 operand_specs=operand_specs, result_specs=result_specs,
-                notes=list(dict.fromkeys(notes)), bodies=body_plans(cm, assignment),
+                operand_paths=operand_paths, notes=list(dict.fromkeys(notes)), bodies=body_plans(cm, assignment),
                 source=source, solver=solver, cost=cm.evaluate(assignment),
                 assignment=list(assignment))
     return plan

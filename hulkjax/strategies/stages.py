@@ -398,6 +398,7 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
         cm, sub = w.cost_model, w.cost_model.topology
         mine = set(w.forward) | set(w.backward) | set(w.update)
         ops, res = cm.pinned_layouts(w.assignment)
+        via = cm.pinned_paths(w.assignment, ops)
         bodies = {nid: bp for nid, bp in body_plans(cm, w.assignment).items() if nid in mine}
         stages.append(Stage(
             devices=w.devices, layers=tuple(labels[a:b]), axis_names=tuple(sub.axis_names),
@@ -406,6 +407,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             value_specs={v: _pspec(specs[k].get(v)) for v in sorted(crossing[k])},
             operand_specs={key: to_pspec(s) for key, s in ops.items() if key[0] in mine},
             result_specs={key: to_pspec(s) for key, s in res.items() if key[0] in mine},
+            operand_paths={key: tuple(to_pspec(s) for s in p) for key, p in via.items()
+                           if key[0] in mine},
             bodies=bodies, strategy=layout.plans[k]))
     inputs = []
     for i, (path, v, role) in enumerate(zip(g.input_paths, g.inputs, g.input_roles)):

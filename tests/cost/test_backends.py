@@ -496,12 +496,16 @@ def test_the_combiner_walks_the_combined_program_again_after_each_group():
 def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
     """A scanned, rematerialized LLaMA under ``fsdp`` on 2x4: the backward scan's body reduces
     weight gradients over "model"; XLA combines those of each iteration as it combines the
-    step's, by its combiner's walk over the body's program: 3 all-reduces per iteration (6 over
+    step's, by its combiner's walk over the body's program: 4 all-reduces per iteration (8 over
     the two layers), where the model once grouped a body's collectives by whether they were
-    deferred. The body's layout changes are XLA's too (:func:`hulkjax.cost.comm.reshard_comms`
-    replays its partitioner: where it rematerializes a value in full, the model once priced an
-    all-to-all and a gather: 39 all-gathers compiled against 25 predicted), so every
-    collective of the program agrees."""
+    deferred (12). The body's layout changes are XLA's too (:func:`hulkjax.cost.comm.reshard_comms`
+    replays its partitioner; where it would rematerialize a value in full, the plan changes the
+    layout in two steps, :meth:`~hulkjax.cost.CostModel.reshard_via`, which the model once
+    priced without the emitter making them: 39 all-gathers compiled against 25 predicted; and
+    which the emitter once constrained per reader: a layer's weight, read by the recomputed
+    forward and the backward matmul, gathered over "data" twice, 26 all-gathers against 16,
+    where XLA makes a change once per source instruction and the readers now share the path's
+    steps), so every collective of the program agrees."""
     from hulkjax import zoo
     from tests.helpers import TWO_D_TOPOLOGY
 
@@ -519,7 +523,7 @@ def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
             e["count"] += c.trip_count
             e["bytes"] += c.bytes * c.trip_count
     key = ("all-reduce", ("model",))
-    assert predicted[key] == compiled[key] == {"count": 6, "bytes": 327680}
+    assert predicted[key] == compiled[key] == {"count": 8, "bytes": 688128}
     key = ("all-reduce", ("data", "model"))  # the compiled one also carries the 256 B loss
     assert predicted[key]["count"] == compiled[key]["count"]
     del predicted[key], compiled[key]

@@ -58,7 +58,7 @@ CASES = [
     (M2x4, (64, 192), P("data"), P(None, "data")),
     (M2x4, (64, 192), P(("data", "model")), P("data")),
     (M2x4, (64, 192), P("data"), P(("data", "model"))),
-    # Found by compiling every pair of layouts of a (16, 32, 64) array on 2 x 4 and 2 x 2 x 2 (112
+# Found by compiling every pair of layouts of a (16, 32, 64) array on 2 x 4 and 2 x 2 x 2 (112
     # of the 342 pairs on 2 x 4 missed before reshard_comms replayed ReshardNoCache).
     # An axis only in dst is sliced before the all-to-all (TryComplexReshardHandling splits the
     # dimension), so the exchange moves the dst-sized block, then a permute where the moved axis
@@ -107,10 +107,19 @@ CASES = [
 ]
 
 
-def _compiled(mesh_shape, names, shape, src, dst):
+def _compiled(mesh_shape, names, shape, src, dst, via=()):
+    """The collectives XLA compiles for ``src -> dst``, through the layouts ``via`` in turn
+    (one constraint each, as the emitter places an operand's path)."""
     mesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Auto,) * len(names))
-    f = jax.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, NamedSharding(mesh, dst)) + 1,
-                in_shardings=NamedSharding(mesh, src), out_shardings=NamedSharding(mesh, dst))
+
+    def change(x):
+        y = x * 2
+        for spec in (*via, dst):
+            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+        return y + 1
+
+    f = jax.jit(change, in_shardings=NamedSharding(mesh, src),
+                out_shardings=NamedSharding(mesh, dst))
     hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
     return sorted((c.kind, tuple(c.axes), c.bytes)
                   for c in collectives_from_hlo(hlo, mesh_shape, names))
@@ -123,3 +132,81 @@ def test_reshard_is_what_xla_compiles(mesh, shape, src, dst):
                               from_pspec(dst, len(shape)), dict(zip(names, mesh_shape)))
     assert sorted((c.kind, c.axes, c.bytes) for c in predicted) == \
         _compiled(mesh_shape, names, shape, src, dst)
+
+
+# Layout changes the cost model makes in two steps (CostModel.reshard_via) because XLA's own is
+# dearer: its "involuntary full rematerialization" (an axis leaving a dimension while another
+# moves from it: everything gathered, then sliced), two all-gathers for axes on two dimensions
+# joining a third, an all-to-all of the whole block where a slice first moves a quarter of it.
+PATHS = [
+    (M2x4, P(("data", "model")), P(None, None, "model")),
+    (M2x4, P("data", "model"), P(None, None, ("data", "model"))),
+    (M2x4, P(None, None, "data"), P(None, ("data", "model"))),
+    (M2x4, P(None, "model", "data"), P(("data", "model"))),
+    (M2x2x2, P(("data", "fsdp", "model")), P(None, None, "model")),
+    (M2x2x2, P("data", ("fsdp", "model")), P(None, "fsdp", "data")),
+]
+
+
+@pytest.mark.parametrize("mesh,src,dst", PATHS)
+def test_a_dear_layout_change_is_made_in_steps_xla_compiles_as_priced(mesh, src, dst):
+    """``reshard_via`` names an intermediate layout where XLA's own change costs more; the
+    steps through it, each one constraint, compile to exactly the collectives ``reshard``
+    prices, and they cost less than XLA's direct change."""
+    import hulkjax as hj
+    from hulkjax.cost import CostModel
+
+    mesh_shape, names = mesh
+    shape = (16, 32, 64)
+    topology = hj.Topology.grid(mesh_shape, names)
+    g = hj.trace(lambda x: x * 2, jnp.ones(shape))
+    cm = CostModel(g, topology)
+    vid = g.inputs[0]
+    s, d = from_pspec(src, 3), from_pspec(dst, 3)
+    via = cm.reshard_via(vid, s, d)
+    assert len(via) == 1, via
+    steps = cm.reshard(vid, s, d)
+    direct = cm.reshard(vid, s, d, direct=True)
+    assert sum(map(cm.comm_time, steps)) < sum(map(cm.comm_time, direct))
+    from hulkjax.plan.specs import to_pspec
+
+    assert sorted((c.kind, c.axes, c.bytes) for c in steps) == _compiled(
+        mesh_shape, names, shape, src, dst, via=tuple(to_pspec(v) for v in via))
+    assert sorted((c.kind, c.axes, c.bytes) for c in direct) == _compiled(
+        mesh_shape, names, shape, src, dst)
+
+
+@pytest.mark.parametrize("mesh,src,dst", PATHS[:2])
+def test_readers_of_a_value_share_its_path(mesh, src, dst):
+    """XLA's partitioner makes a layout change once per source instruction and target (its
+    reshard cache; CSE leaves collectives alone), so two readers constraining a value through a
+    path each would share the first step and repeat the second, each from its own intermediate
+    (the scanned LLaMA's weights under fsdp, read by the recomputed forward and the backward
+    matmul: 10 all-gathers over "data" more than predicted). The emitter constrains the value to
+    the path once for all its readers: the program makes the path's collectives once."""
+    import hulkjax as hj
+    from hulkjax.cost import CostModel
+    from hulkjax.emit.spmd import node_hooks
+    from hulkjax.plan.specs import to_pspec
+
+    mesh_shape, names = mesh
+    shape = (16, 32, 64)
+    g = hj.trace(lambda x: x * 2, jnp.ones(shape))
+    cm = CostModel(g, hj.Topology.grid(mesh_shape, names))
+    s, d = from_pspec(src, 3), from_pspec(dst, 3)
+    via = tuple(to_pspec(v) for v in cm.reshard_via(g.inputs[0], s, d))
+    assert via
+    jmesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Auto,) * len(names))
+    on_operand, _, _ = node_hooks(jmesh, {(0, 0): dst, (1, 0): dst}, {},
+                                  {(0, 0): via, (1, 0): via})
+
+    def two_readers(x):
+        y = x * 2
+        return jnp.sin(on_operand(0, 0, y)) + jnp.cos(on_operand(1, 0, y))
+
+    f = jax.jit(two_readers, in_shardings=NamedSharding(jmesh, src),
+                out_shardings=NamedSharding(jmesh, dst))
+    hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
+    compiled = sorted((c.kind, tuple(c.axes), c.bytes)
+                      for c in collectives_from_hlo(hlo, mesh_shape, names))
+    assert compiled == sorted((c.kind, c.axes, c.bytes) for c in cm.reshard(g.inputs[0], s, d))
