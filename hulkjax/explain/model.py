@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hulkjax.cost.model import FREE, INPUT, LEADER
+from hulkjax.cost.overlap import Overlap
 from hulkjax.formatting import (
     SHORT_COLLECTIVES,
     format_bytes,
@@ -142,6 +143,10 @@ class Explanation:
       per_layer_note: why there are no rows, or why they do not add up to the cost.
       pipeline: lines on a staged plan's pipeline: per-stage times and memory, the bubble, the
         transfers per link (empty for SPMD plans).
+      overlap: the step with its collectives overlapped with compute as XLA's latency-hiding
+        scheduler runs them on the topology's backend, and which ones it hides
+        (:func:`hulkjax.cost.overlap.overlap`; ``None`` for staged plans and plans without a
+        graph).
     """
 
     strategy: str
@@ -155,6 +160,7 @@ class Explanation:
     notes: list[str]
     per_layer_note: str = ""
     pipeline: list[str] = field(default_factory=list)
+    overlap: Overlap | None = None
 
     @property
     def total_time(self) -> float:
@@ -305,8 +311,8 @@ def attribute(plan, depth: int | None = None) -> Attribution:
                        moves=moves, memory=memory)
 
 
-def _layer_accumulators(plan, depth):
-    at = attribute(plan, depth)
+def _layer_accumulators(plan, depth, at: Attribution | None = None):
+    at = attribute(plan, depth) if at is None else at
     g, cm, topo = at.graph, at.cm, at.topology
     link_class = {ax: topo.axis_scope(ax) for ax in topo.axis_names}
     acc: dict[str, _Acc] = defaultdict(_Acc)
@@ -473,11 +479,14 @@ def explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Exp
                                              count=c.count, bytes=c.bytes, time=c.time))
     rows: list[LayerRow] = []
     note = ""
+    hidden = None
     if plan.graph is None or topo is None:
         note = ("no per-layer rows: this plan has no traced graph (plans loaded from JSON keep "
                 "layouts and totals only). Re-plan it with hj.plan(step, state, batch, ...).")
     else:
-        acc = _layer_accumulators(plan, depth)
+        at = attribute(plan, depth)
+        acc = _layer_accumulators(plan, depth, at)
+        hidden = at.cm.overlapped(at.assignment)
         stage_of: dict[int, int] = {}
         for k, stage in enumerate(plan.stages or ()):
             for nid in _stage_nodes(stage):
@@ -509,7 +518,8 @@ def explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Exp
     mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
     return Explanation(strategy=plan.strategy, topology_name=getattr(topo, "name", "?"),
                        mesh=mesh, axes=axes, cost=cost, rows=rows, collectives=collectives,
-                       stages=stages, notes=list(plan.notes), per_layer_note=note)
+                       stages=stages, notes=list(plan.notes), per_layer_note=note,
+                       overlap=hidden)
 
 
 def _stage_nodes(stage) -> list[int]:

@@ -80,6 +80,30 @@ def _header_lines(e: Explanation) -> list[str]:
     return lines
 
 
+def _overlap_lines(e: Explanation, limit: int = 3) -> list[str]:
+    """What overlapping collectives with compute would leave of the step (the predicted step
+    above adds them): the overlapped time, what is hidden, and the collectives the step still
+    waits for, the longest first."""
+    o = e.overlap
+    if o is None or not o.collectives:
+        return []
+    lines = [f"with overlap ({o.backend}: XLA's latency-hiding scheduler, collectives combined "
+             f"as compiled): step {format_time(o.step_time)}; "
+             + (f"{format_time(o.hidden_comm_time)} of " if o.hidden_comm_time > 0 else "none of ")
+             + f"{format_time(o.comm_time)} communication hidden under compute "
+             f"({len(o.hidden)} of {len(o.collectives)} collectives)"]
+    if not any(c.asynchronous for c in o.collectives):
+        lines[-1] += f"; {o.backend} runs collectives synchronously, so none can hide"
+    waits = sorted(o.exposed, key=lambda c: -c.exposed_seconds * c.trips)[:limit]
+    for c in waits:
+        where = f" in loop {c.loop}'s body (x{c.trips})" if c.loop is not None else ""
+        lines.append(f"  waits for {c.kind} over {'+'.join(c.axes)}{where}: "
+                     f"{format_time(c.exposed_seconds * c.trips)} exposed of "
+                     f"{format_time(c.seconds * c.trips)}, {format_bytes(c.bytes)}"
+                     f"{f' ({c.count} combined)' if c.count > 1 else ''}")
+    return lines
+
+
 def _footer_lines(e: Explanation) -> list[str]:
     lines = []
     if e.collectives:
@@ -87,6 +111,7 @@ def _footer_lines(e: Explanation) -> list[str]:
         for c in e.collectives:
             lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({'+'.join(dict.fromkeys(c.links))}"
                          f" links): {c.count} x, {format_bytes(c.bytes)}, {format_time(c.time)}")
+    lines += _overlap_lines(e)
     if e.stages is not None:
         lines.append("stages (layers placed on device groups):")
         for k, (devices, layers) in enumerate(e.stages):

@@ -116,6 +116,7 @@ def test_loaded_plan_has_totals_but_no_rows(gpt2_plans, tmp_path):
     gpt2_plans["dp"].save(tmp_path / "p.json")
     loaded = hj.Plan.load(tmp_path / "p.json")
     e = explanation(loaded)
+    assert e.overlap is None  # no graph to schedule
     assert e.rows == [] and "no per-layer rows" in e.per_layer_note
     text = explain(loaded, fmt="text")
     assert "predicted step" in text and "no per-layer rows" in text
@@ -173,3 +174,26 @@ def test_rows_add_up_for_a_scanned_model(strategy):
     assert sum(r.compute for r in e.rows) == pytest.approx(c.compute_time, rel=1e-9)
     assert e.total_time == pytest.approx(c.step_time, rel=1e-9)
     assert e.total_memory == pytest.approx(c.peak_memory, rel=1e-9)
+
+
+def test_the_overlap_lines_say_what_the_step_waits_for(gpt2_plans):
+    """``explain`` shows the overlapped step next to the additive one: what XLA's scheduler
+    hides on the plan's backend (GPU here) and the collectives the step still waits for, the
+    longest exposed first, each with the seconds :meth:`CostModel.overlapped` leaves exposed."""
+    from hulkjax.formatting import format_time
+
+    plan = gpt2_plans["dp_tp"]
+    e = explanation(plan)
+    o = e.overlap
+    assert o is not None and o.backend == "gpu"
+    assert o.step_time <= plan.cost.step_time * (1 + 1e-9)
+    assert o.hidden and o.exposed  # per-layer gradients hide; the last ones cannot
+    text = explain(plan)
+    assert (f"with overlap (gpu: XLA's latency-hiding scheduler, collectives combined as "
+            f"compiled): step {format_time(o.step_time)}; "
+            f"{format_time(o.hidden_comm_time)} of {format_time(o.comm_time)} communication "
+            f"hidden under compute ({len(o.hidden)} of {len(o.collectives)} collectives)") in text
+    worst = max(o.exposed, key=lambda c: c.exposed_seconds * c.trips)
+    first = next(ln for ln in text.splitlines() if ln.startswith("  waits for "))
+    assert first.startswith(f"  waits for {worst.kind} over {'+'.join(worst.axes)}")
+    assert f"{format_time(worst.exposed_seconds * worst.trips)} exposed" in first
