@@ -565,45 +565,35 @@ def _replicate_dims(sh, dims, rank):
 
 
 def _split_match(base, s, t):
-    """PatternMatchMergeOrSplitSharding: ``(before, after, i)``."""
+    """PatternMatchMergeOrSplitSharding: ``(before, after, i)``, both shardings with dimension
+    ``i``'s tiles split in two. The dimensions whose tile counts differ are those where one side
+    has 1 and those where both have more, one a multiple of the other (and of the dimension,
+    rounded up); the first of the latter that, with one of the former, keeps the pair's tile
+    count (``[X, Y] <-> [X*Y, 1]``) splits at the smaller count; failing that, the first whose
+    count shrinks splits at ``dst``'s (``[X*Y] -> [X]``, ``Y`` anywhere else in ``dst``)."""
     rank = len(base)
     if s.rep or t.rep or s.partial != t.partial:
         return None
     if s.partial and s.tile.shape[-1] != t.tile.shape[-1]:
         return None
-    local = _local(base, s)
     a, b = s.tile.shape, t.tile.shape
-    diff = [d for d in range(rank) if a[d] != b[d]]
-    for x in range(len(diff)):
-        for y in range(x + 1, len(diff)):
-            i, j = diff[x], diff[y]
-            ones = [a[i] == 1, a[j] == 1, b[i] == 1, b[j] == 1].count(True)
-            if ones == 1:
-                if a[i] * a[j] != b[i] * b[j]:
-                    continue
-                if a[i] == 1 or b[i] == 1:
-                    i, j = j, i
-                if b[j] == 1:
-                    if local[i] % a[j]:
-                        continue
-                    size = a[i]
-                else:
-                    if base[i] % a[i]:
-                        continue
-                    size = b[i]
-            elif ones == 0:
-                if a[i] < b[i]:
-                    i, j = j, i
-                if a[i] != b[i] * b[j] or base[i] % a[i]:
-                    continue
-                size = b[i]
-            else:
-                continue
-            before = _split(s, i, size)
-            dims = list(before.tile.shape)
-            jj = j + (1 if j > i else 0)
-            dims[i + 1], dims[jj] = dims[jj], dims[i + 1]
-            return before, _Sh(t.tile.reshape(dims), s.partial), i
+    one, both = [], []
+    for d in range(rank):
+        if a[d] == b[d]:
+            continue
+        lo, hi = min(a[d], b[d]), max(a[d], b[d])
+        if lo == 1:
+            one.append(d)
+        elif hi % lo == 0 and -(-base[d] // lo) * lo % hi == 0:
+            both.append(d)
+    for i in both:
+        for j in one:
+            if a[i] * a[j] == b[i] * b[j]:
+                size = min(a[i], b[i])
+                return _split(s, i, size), _split(t, i, size), i
+    for i in both:
+        if a[i] > b[i]:
+            return _split(s, i, b[i]), _split(t, i, b[i]), i
     return None
 
 
@@ -781,7 +771,9 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
       (``ReshardToPartialReplicateWithAllGather``), or ``ReshardPartialReplicateWithAllToAll``.
     * ``TryComplexReshardHandling``: split a dimension's tiles in two and reshard that
       (``PatternMatchMergeOrSplitSharding``: e.g. an axis joining another dimension: a local slice,
-      an all-to-all of the ``dst``-sized block, a permute); replicate one dimension first
+      an all-to-all of the ``dst``-sized block, a permute; or a dimension's tiles shrinking to
+      ``dst``'s count, its major axes then kept as groups within which the rest reshards, a full
+      rematerialization within a group allowed); replicate one dimension first
       (``PatternMatchPartiallyReplicateDim``); or turn the replicas into a dimension first. Each is
       kept only if it reaches ``dst`` without a full replication.
     * Dimensions with equal tile counts on both sides: reshard within each group of devices

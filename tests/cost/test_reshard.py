@@ -104,6 +104,18 @@ CASES = [
     # From a partially replicated layout: a local slice, then a permute.
     (M2x2x2, (16, 32, 64), P("fsdp"), P("data", "fsdp")),
     (M2x2x2, (16, 32, 64), P(None, "model"), P(("data", "fsdp"), None, "model")),
+    # One dimension split by three axes going to three (PatternMatchMergeOrSplitSharding's
+    # [X*Y] -> [X]: the dimension's tiles split as [dst's count, the rest], the major part kept
+    # as device groups): within each group the rest is rematerialized (an all-gather of half the
+    # value over the two minor source axes, then a slice), then a permute where the devices do
+    # not already hold dst's blocks. Predicted as a full all-gather before.
+    (M2x2x2, (16, 32, 64), P(("data", "fsdp", "model")), P("data", "fsdp", "model")),
+    (M2x2x2, (16, 32, 64), P(("data", "fsdp", "model")), P("model", "data", "fsdp")),
+    (M2x2x2, (16, 32, 64), P(("fsdp", "data", "model")), P("model", "data", "fsdp")),
+    (M2x2x2, (16, 32, 64), P(("model", "data", "fsdp")), P("model", "data", "fsdp")),
+    (M2x2x2, (16, 32, 64), P(None, ("fsdp", "model", "data")), P("fsdp", "model", "data")),
+    (M2x2x2, (16, 32, 64), P(None, None, ("model", "data", "fsdp")), P("data", "fsdp", "model")),
+    (M2x2x2, (16, 32, 64), P(None, None, ("data", "fsdp", "model")), P("model", "data", "fsdp")),
 ]
 
 
