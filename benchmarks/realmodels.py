@@ -244,7 +244,10 @@ def markdown(result: dict) -> tuple[str, str]:
         f"configurations; the quality pass plans the **small** ones without compiling. `ilp` and "
         f"`auto` run with `time_limit={meta['planner_options']['ilp']['time_limit']:g}` s."
         + (f" Left out: {', '.join(meta['left_out'])} (`--ilp-3d` includes it: HiGHS overruns "
-           f"its time limit on the 3-axis mesh)." if meta.get("left_out") else ""),
+           f"its time limit on the 3-axis mesh)." if meta.get("left_out") else "")
+        + (f" The fidelity results are `{ff['command']}`'s, commit `{ff['commit']}` "
+           f"({ff['date']}); this run planned the quality pass only." if (
+               ff := meta.get("fidelity_from")) else ""),
         "",
         "## Summary",
         "",
@@ -500,6 +503,10 @@ def main(argv=None) -> None:
     ap.add_argument("--strategies", nargs="+", default=hj.strategies.names(),
                     choices=hj.strategies.names())
     ap.add_argument("--skip-quality", action="store_true", help="fidelity pass only")
+    ap.add_argument("--fidelity-from", metavar="JSON",
+                    help="take the fidelity pass's results (and kernel tables) from this JSON, "
+                         "written by an earlier run (e.g. --skip-quality), and run the quality "
+                         "pass only")
     ap.add_argument("--ilp-3d", action="store_true",
                     help="also run ilp on the 2x2x2 mesh (50-150 s per plan: HiGHS overruns "
                          "its time limit there)")
@@ -517,7 +524,16 @@ def main(argv=None) -> None:
         names = [n for n in args.families if families.available(n)]
         missing = sorted(set(args.families) - set(names))
         skip = set() if args.ilp_3d else SLOW
-        fidelity, kernels = fidelity_pass(names, args.meshes, args.strategies, skip)
+        if args.fidelity_from:
+            with open(args.fidelity_from) as f:
+                earlier = json.load(f)
+            fidelity = [r for r in earlier["fidelity"] if r["family"] in names
+                        and r["mesh"] in args.meshes and r["strategy"] in args.strategies]
+            kernels = {n: fam.get("kernels", []) for n, fam in earlier["families"].items()}
+            fidelity_from = {k: earlier["meta"][k] for k in ("command", "commit", "date")}
+        else:
+            fidelity, kernels = fidelity_pass(names, args.meshes, args.strategies, skip)
+            fidelity_from = None
         quality = ([] if args.skip_quality
                    else quality_pass(names, args.meshes, args.strategies, skip))
         fams = {n: {"library": f.library, "model": f.model, "kind": f.kind,
@@ -533,7 +549,7 @@ def main(argv=None) -> None:
                      "left_out": sorted(f"{s} on {m}" for m, s in skip
                                         if m in args.meshes and s in args.strategies),
                      "planner_options": PLANNER_OPTIONS,
-                     "elapsed": time.perf_counter() - t0},
+                     "elapsed": time.perf_counter() - t0, "fidelity_from": fidelity_from},
             "families": fams, "fidelity": fidelity, "quality": quality,
         }
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
