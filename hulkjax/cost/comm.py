@@ -145,7 +145,13 @@ def axis_bytes(kind: str, nbytes: float, axes, topology, *,
 
 class _Sh:
     """An ``HloSharding``: a device array, one dimension per array dimension plus, when
-    ``partial``, a last dimension of replicas; ``tile is None``: replicated."""
+    ``partial``, a last dimension of replicas; ``tile is None``: replicated.
+
+    Partially replicated ones are built as ``HloSharding::PartialTile`` builds those the
+    partitioner makes (``PartiallyReplicateTiledShardingOnDims``, ``GetAllToAllSharding``,
+    ``UngroupSharding``, ``AlignGroupsWith``, ``Split``/``MergeShardingDimension``): each group
+    of replicas sorted by device id, whatever order the source's axes left it in. The permute
+    that ends an all-to-all pairs that sorted order with ``dst``'s."""
 
     __slots__ = ("tile", "partial")
 
@@ -154,6 +160,8 @@ class _Sh:
             tile, partial = tile.reshape(tile.shape[:-1]), False
         if tile is not None and partial and tile.shape[-1] == tile.size:
             tile, partial = None, False
+        if tile is not None and partial:
+            tile = np.sort(tile, axis=-1)
         self.tile, self.partial = tile, partial
 
     @property

@@ -116,6 +116,14 @@ CASES = [
     (M2x2x2, (16, 32, 64), P(None, ("fsdp", "model", "data")), P("fsdp", "model", "data")),
     (M2x2x2, (16, 32, 64), P(None, None, ("model", "data", "fsdp")), P("data", "fsdp", "model")),
     (M2x2x2, (16, 32, 64), P(None, None, ("data", "fsdp", "model")), P("model", "data", "fsdp")),
+    # Replicas in device order: HloSharding::PartialTile sorts each group of replicas, so the
+    # partially replicated layout an all-gather reaches (PatternMatchPartiallyReplicateDim) and
+    # the all-to-all's result hold their replicas sorted, not in the order the source's axes
+    # left them; the final permute pairs that order with dst's (predicted over other axes before).
+    (M2x2x2, (16, 32, 64), P("model", "data"), P(None, None, "model")),
+    (M2x2x2, (16, 32, 64), P(None, ("model", "fsdp"), "data"), P("fsdp")),
+    # ... or where the sorted order already is dst's: no permute at all (one was predicted).
+    (M2x2x2, (16, 32, 64), P(None, "fsdp", "model"), P("model")),
 ]
 
 
