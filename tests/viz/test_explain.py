@@ -197,3 +197,8 @@ def test_the_overlap_lines_say_what_the_step_waits_for(gpt2_plans):
     first = next(ln for ln in text.splitlines() if ln.startswith("  waits for "))
     assert first.startswith(f"  waits for {worst.kind} over {'+'.join(worst.axes)}")
     assert f"{format_time(worst.exposed_seconds * worst.trips)} exposed" in first
+    fsdp = gpt2_plans["fsdp"]  # a weight's gather read by the forward and backward matmuls
+    o = explanation(fsdp).overlap
+    assert o.reused_comm_time > 1e-3 * o.additive_time
+    assert (f"charges {format_time(o.reused_comm_time)} more: it prices a layout change once "
+            f"per reader" in explain(fsdp))
