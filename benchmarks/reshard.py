@@ -4,7 +4,8 @@ For a ``(16, 32, 64)`` float32 array and a mesh (``2x4``: ``data`` x ``model``; 
 ``data`` x ``fsdp`` x ``model``), every layout that puts each mesh axis on no dimension or on one
 of the three (in every order where several share a dimension) is paired with every other one, and
 each ordered pair ``src -> dst`` is compiled on the fake CPU devices as the emitter places a
-layout change (``x -> constraint(x * 2, dst) + 1``, the input laid out as ``src``):
+layout change (``x -> constraint(x * 2, dst) + 1``, the input laid out as ``src``;
+``tests.helpers.compiled_layout_change``, which ``tests/cost/test_reshard.py`` compiles with):
 
 * direct: the collectives :func:`hulkjax.cost.comm.reshard_comms` predicts (XLA's partitioner's
   ``ReshardNoCache`` replayed) against those of the compiled HLO
@@ -37,13 +38,13 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+sys.path.insert(0, ROOT)  # the compiling and the commit helpers live in tests/
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -51,15 +52,14 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import hulkjax as hj  # noqa: E402
 from hulkjax.cost import CostModel  # noqa: E402
 from hulkjax.cost.comm import reshard_comms  # noqa: E402
-from hulkjax.emit.hlo import collectives_from_hlo  # noqa: E402
-from hulkjax.emit.spmd import node_hooks  # noqa: E402
 from hulkjax.plan.specs import to_pspec  # noqa: E402
+from tests.helpers import compiled_layout_change  # noqa: E402
+from tests.realmodels.measure import source_commit  # noqa: E402
 
 JSON_PATH = os.path.join(HERE, "results", "reshard.json")
 MD_PATH = os.path.join(HERE, "RESHARD.md")
@@ -104,23 +104,6 @@ def _key(comms) -> list[tuple]:
     return sorted((c.kind, tuple(c.axes), c.bytes) for c in comms)
 
 
-def compiled_change(mesh, src, dst, via=(), shape=SHAPE) -> list[tuple]:
-    """The collectives XLA compiles for the layout change ``src -> dst`` (specs) of a float32
-    array of ``shape`` on ``mesh`` (a ``jax.sharding.Mesh``), through the layouts ``via`` as the
-    emitter places an operand's path (:func:`hulkjax.emit.spmd.node_hooks`): sorted
-    ``(kind, axes, bytes)``."""
-    ps, pd = to_pspec(src), to_pspec(dst)
-    on_operand, _, _ = node_hooks(mesh, {(0, 0): pd}, {},
-                                  {(0, 0): tuple(to_pspec(v) for v in via)} if via else None)
-
-    def change(x):
-        return on_operand(0, 0, x * 2) + 1
-
-    f = jax.jit(change, in_shardings=NamedSharding(mesh, ps), out_shardings=NamedSharding(mesh, pd))
-    hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
-    return _key(collectives_from_hlo(hlo, tuple(mesh.devices.shape), tuple(mesh.axis_names)))
-
-
 def _comms_json(key) -> list:
     return [[k, list(axes), b] for k, axes, b in key]
 
@@ -134,7 +117,6 @@ def sweep(mesh_name: str, pairs: list, *, progress: bool = True) -> dict:
     the predicted collectives against the compiled ones: the mesh's row of the results."""
     mesh_shape, names = MESHES[mesh_name]
     sizes = dict(zip(names, mesh_shape))
-    jmesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Auto,) * len(names))
     g = hj.trace(lambda x: x * 2, jnp.ones(SHAPE, jnp.float32))
     cm = CostModel(g, hj.Topology.grid(mesh_shape, names))
     vid = g.inputs[0]
@@ -145,7 +127,8 @@ def sweep(mesh_name: str, pairs: list, *, progress: bool = True) -> dict:
     for src, dst in bar:
         try:
             predicted = _key(reshard_comms(SHAPE, DTYPE, src, dst, sizes))
-            compiled = compiled_change(jmesh, src, dst)
+            compiled = compiled_layout_change(mesh_shape, names, SHAPE, to_pspec(src),
+                                              to_pspec(dst))
             if predicted == compiled:
                 agree += 1
             else:
@@ -159,7 +142,8 @@ def sweep(mesh_name: str, pairs: list, *, progress: bool = True) -> dict:
                 t_path = sum(map(cm.comm_time, steps))
                 t_direct = sum(map(cm.comm_time, direct))
                 priced = _key(steps)
-                got = compiled_change(jmesh, src, dst, via)
+                got = compiled_layout_change(mesh_shape, names, SHAPE, to_pspec(src),
+                                             to_pspec(dst), tuple(map(to_pspec, via)))
                 paths.append({"src": _spec_json(src), "dst": _spec_json(dst),
                               "via": [_spec_json(v) for v in via],
                               "priced": _comms_json(priced), "compiled": _comms_json(got),
@@ -248,14 +232,6 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _mesh_arg(text: str) -> tuple[str, int | None]:
     name, _, n = text.partition(":")
     if name not in MESHES or (n and not n.isdigit()):
@@ -292,7 +268,7 @@ def main(argv=None) -> None:
               f"{row['paths_as_priced']} compiled as priced; {row['seconds']:.0f} s", flush=True)
     command = " ".join(["python benchmarks/reshard.py",
                         *(argv if argv is not None else sys.argv[1:])])
-    result = {"command": command, "commit": _commit(), "jax": jax.__version__,
+    result = {"command": command, "commit": source_commit(ROOT), "jax": jax.__version__,
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -102,3 +102,29 @@ def mlp_step(depth: int, width: int, batch: int):
     ws = [jnp.full((width, width), 0.01, jnp.float32) for _ in range(depth)]
     return step, ws, jnp.ones((batch, width), jnp.float32)
 
+
+
+def hlo_collectives(hlo: str, mesh_shape, names) -> list[tuple]:
+    """A compiled program's collectives as sorted ``(kind, mesh axes, bytes)``."""
+    from hulkjax.emit.hlo import collectives_from_hlo
+
+    return sorted((c.kind, tuple(c.axes), c.bytes)
+                  for c in collectives_from_hlo(hlo, tuple(mesh_shape), tuple(names)))
+
+
+def compiled_layout_change(mesh_shape, names, shape, src, dst, via=()) -> list[tuple]:
+    """The collectives XLA compiles for the layout change ``src -> dst`` (PartitionSpecs) of a
+    float32 array of ``shape``, made as the emitter makes an operand's (its hooks,
+    :func:`hulkjax.emit.spmd.node_hooks`: one constraint per layout of the path ``via``, then
+    ``dst``), as :func:`hlo_collectives` lists them."""
+    from jax.sharding import AxisType, NamedSharding
+
+    from hulkjax.emit.spmd import node_hooks
+
+    mesh = jax.make_mesh(tuple(mesh_shape), tuple(names),
+                         axis_types=(AxisType.Auto,) * len(names))
+    on_operand, _, _ = node_hooks(mesh, {(0, 0): dst}, {}, {(0, 0): tuple(via)} if via else None)
+    f = jax.jit(lambda x: on_operand(0, 0, x * 2) + 1, in_shardings=NamedSharding(mesh, src),
+                out_shardings=NamedSharding(mesh, dst))
+    hlo = f.lower(jax.ShapeDtypeStruct(tuple(shape), jnp.float32)).compile().as_text()
+    return hlo_collectives(hlo, mesh_shape, names)

@@ -1828,7 +1828,6 @@ class CostModel:
                     pin(nid, k, v, dst)
         return operands, results
 
-
     def pinned_paths(self, assignment, operands=None) -> dict:
         """``{(node, operand): (Spec, ...)}``: the layouts a pinned operand passes through
         before its pin (:meth:`pinned_layouts`), where :meth:`reshard` prices its layout change

@@ -67,7 +67,8 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
     plan = Plan(strategy=strategy, axis_names=tuple(cm.mesh.axis_names),
                 mesh_shape=tuple(cm.mesh.shape), inputs=inputs, outputs=tuple(outputs),
                 operand_specs=operand_specs, result_specs=result_specs,
-                operand_paths=operand_paths, notes=list(dict.fromkeys(notes)), bodies=body_plans(cm, assignment),
+                operand_paths=operand_paths, notes=list(dict.fromkeys(notes)),
+                bodies=body_plans(cm, assignment),
                 source=source, solver=solver, cost=cm.evaluate(assignment),
                 assignment=list(assignment))
     return plan

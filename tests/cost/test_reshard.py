@@ -12,8 +12,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hulkjax.cost.comm import reshard_comms
-from hulkjax.emit.hlo import collectives_from_hlo
 from hulkjax.plan.specs import from_pspec
+from tests.helpers import compiled_layout_change, hlo_collectives
 
 M2x4 = ((2, 4), ("data", "model"))
 M2x2x2 = ((2, 2, 2), ("data", "fsdp", "model"))
@@ -127,31 +127,13 @@ CASES = [
 ]
 
 
-def _compiled(mesh_shape, names, shape, src, dst, via=()):
-    """The collectives XLA compiles for ``src -> dst``, through the layouts ``via`` in turn
-    (one constraint each, as the emitter places an operand's path)."""
-    mesh = jax.make_mesh(mesh_shape, names, axis_types=(AxisType.Auto,) * len(names))
-
-    def change(x):
-        y = x * 2
-        for spec in (*via, dst):
-            y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
-        return y + 1
-
-    f = jax.jit(change, in_shardings=NamedSharding(mesh, src),
-                out_shardings=NamedSharding(mesh, dst))
-    hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
-    return sorted((c.kind, tuple(c.axes), c.bytes)
-                  for c in collectives_from_hlo(hlo, mesh_shape, names))
-
-
 @pytest.mark.parametrize("mesh,shape,src,dst", CASES)
 def test_reshard_is_what_xla_compiles(mesh, shape, src, dst):
     mesh_shape, names = mesh
     predicted = reshard_comms(shape, "float32", from_pspec(src, len(shape)),
                               from_pspec(dst, len(shape)), dict(zip(names, mesh_shape)))
     assert sorted((c.kind, c.axes, c.bytes) for c in predicted) == \
-        _compiled(mesh_shape, names, shape, src, dst)
+        compiled_layout_change(mesh_shape, names, shape, src, dst)
 
 
 # Layout changes the cost model makes in two steps (CostModel.reshard_via) because XLA's own is
@@ -190,9 +172,9 @@ def test_a_dear_layout_change_is_made_in_steps_xla_compiles_as_priced(mesh, src,
     assert sum(map(cm.comm_time, steps)) < sum(map(cm.comm_time, direct))
     from hulkjax.plan.specs import to_pspec
 
-    assert sorted((c.kind, c.axes, c.bytes) for c in steps) == _compiled(
+    assert sorted((c.kind, c.axes, c.bytes) for c in steps) == compiled_layout_change(
         mesh_shape, names, shape, src, dst, via=tuple(to_pspec(v) for v in via))
-    assert sorted((c.kind, c.axes, c.bytes) for c in direct) == _compiled(
+    assert sorted((c.kind, c.axes, c.bytes) for c in direct) == compiled_layout_change(
         mesh_shape, names, shape, src, dst)
 
 
@@ -227,6 +209,4 @@ def test_readers_of_a_value_share_its_path(mesh, src, dst):
     f = jax.jit(two_readers, in_shardings=NamedSharding(jmesh, src),
                 out_shardings=NamedSharding(jmesh, dst))
     hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
-    compiled = sorted((c.kind, tuple(c.axes), c.bytes)
-                      for c in collectives_from_hlo(hlo, mesh_shape, names))
-    assert compiled == sorted((c.kind, c.axes, c.bytes) for c in cm.reshard(g.inputs[0], s, d))
+    assert hlo_collectives(hlo, mesh_shape, names) == sorted((c.kind, c.axes, c.bytes) for c in cm.reshard(g.inputs[0], s, d))
