@@ -79,7 +79,7 @@ def _gather_cost(plan: Plan) -> Callable[[list], str]:
         cm = cost_model(plan.graph, plan.topology)
         ids = {n.id for n in nodes}
         comms = [m.comm for m in cm.breakdown(plan.assignment, memory=False).moves
-                 if m.node in ids]
+                 if m.node in ids and not m.repeat]
         if not comms:
             return "its operands were whole on every device already (no collective)"
         seconds = sum(cm.comm_time(c) for c in comms)

@@ -130,7 +130,10 @@ class Move:
 
     ``node == -1``: a state result going back to its input's layout (``value`` is the result).
     ``step``: the collective's place in the layout change (a change can take several collectives,
-    each reading the previous one's result; 0: the first).
+    each reading the previous one's result; 0: the first). ``repeat``: another operator's change
+    of the same value to the same layout is the one the program makes (XLA makes a change once
+    per layout however many read it), so the cost does not charge this one: it is listed for
+    what reads the copy (memory, a pipeline stage's own operators).
     """
 
     value: int
@@ -138,6 +141,7 @@ class Move:
     group: int
     comm: Comm
     step: int = 0
+    repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,8 @@ class Breakdown:
     """Where an assignment's time and memory go, operator by operator (:meth:`CostModel.breakdown`).
 
     The sums equal :meth:`CostModel.evaluate`: compute adds up to ``compute_time``, the collectives
-    of ``own`` and ``moves`` to the communication, ``memory`` to ``peak_memory``.
+    of ``own`` and of the ``moves`` that are not a ``repeat`` to the communication, ``memory`` to
+    ``peak_memory``.
 
     Attributes:
       assignment: the candidate per group it describes.  # list of int
@@ -332,6 +337,7 @@ class CostModel:
         self._rep_maps: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
         self.table_rep: list[int] = self._table_reps()
         self._edges = self._cross_edges()
+        self._shared_readers, self._pair_edges, self.shared_of_group = self._shared_values()
 
     # ---- structure -----------------------------------------------------------------------
     def _build_groups(self) -> None:
@@ -1010,8 +1016,93 @@ class CostModel:
             edges[(gp, gc)].append((vid, -1, i))
         return dict(edges)
 
+    def _shared_values(self):
+        """The values operators of other groups read more than once (two operators, or two
+        operands of one), whose layout changes the program makes once per layout however many
+        read it: ``({value: ((group, node, operand), ...)}, the edges' other items, {group:
+        [value, ...]})``, the last naming for each group the shared values it produces or reads.
+        A carried state result going back to its input's layout (node ``-1``) is a constraint of
+        its own, made directly: it stays on its edge."""
+        readers: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        for (_, gc), items in self._edges.items():
+            for v, nid, k in items:
+                if nid >= 0:
+                    readers[v].append((gc, nid, k))
+        shared = {v: tuple(sorted(rs, key=lambda r: (r[1], r[2])))
+                  for v, rs in readers.items() if len(rs) > 1}
+        pair = {}
+        for e, items in self._edges.items():
+            rest = [it for it in items if it[1] < 0 or it[0] not in shared]
+            if rest:
+                pair[e] = rest
+        of_group: dict[int, list[int]] = defaultdict(list)
+        for v, rs in shared.items():
+            for gid in dict.fromkeys((self.group_of_value[v], *(r[0] for r in rs))):
+                of_group[gid].append(v)
+        return shared, pair, dict(of_group)
+
     def edge_items(self):
+        """``((producer group, consumer group), [(value, node, operand), ...])`` of every edge
+        between groups: each tensor one group makes and another reads, once per reading
+        operand."""
         return self._edges.items()
+
+    def shared_items(self):
+        """``(value, ((consumer group, node, operand), ...))`` of every value that operators of
+        other groups than its producer's read more than once: :meth:`shared_time` charges its
+        layout changes once per layout, not per reader (the objective's one term that is not a
+        sum over groups and pairs of groups)."""
+        return self._shared_readers.items()
+
+    def shared_time(self, vid: int, assignment, gid: int | None = None, c: int | None = None
+                    ) -> float:
+        """Seconds of the layout changes of shared value ``vid`` (:meth:`shared_items`) under
+        ``assignment`` (with group ``gid`` on candidate ``c``, if given): one change per layout
+        its readers need, as XLA's partitioner makes one per (instruction, sharding) however many
+        operators read it; a change some readers need deferred (into the step's tail) and others
+        not is charged at the dearest (not deferred)."""
+        return sum(t for t, _ in self._shared_changes(vid, assignment, gid, c).values())
+
+    def _shared_changes(self, vid: int, assignment, gid: int | None = None,
+                        c: int | None = None) -> dict[Spec, tuple[float, int]]:
+        """``{layout: (seconds, index of the reader charged)}`` of :meth:`shared_time`."""
+        gp = self.group_of_value[vid]
+        src = self.spec(gp, c if gp == gid else assignment[gp], vid)
+        out: dict[Spec, tuple[float, int]] = {}
+        if src is None:
+            return out
+        for i, (gc, nid, k) in enumerate(self._shared_readers[vid]):
+            dst = self.required(gc, c if gc == gid else assignment[gc], nid, k)
+            if dst is None or dst == src:
+                continue
+            t = self.move_time(vid, src, dst, nid)
+            if dst not in out or t > out[dst][0]:
+                out[dst] = (t, i)
+        return out
+
+    def _edge_moves(self, assignment):
+        """``(value, node, operand, consumer group, src, dst, repeat)`` of every layout change
+        between groups under ``assignment`` (``repeat``: another reader's change of the same
+        shared value to the same layout is the one made and charged)."""
+        specs: dict[int, dict] = {}
+        charged = {}
+        for v in self._shared_readers:
+            for _, i in self._shared_changes(v, assignment).values():
+                charged[(v, i)] = True
+        for (gp, gc), items in self._edges.items():
+            src_specs = specs.get(gp)
+            if src_specs is None:
+                src_specs = specs[gp] = self.local(gp, assignment[gp]).specs
+            for v, nid, k in items:
+                dst = self.required(gc, assignment[gc], nid, k)
+                src = src_specs.get(v)
+                if src is None or dst is None:
+                    continue
+                repeat = False
+                if nid >= 0 and v in self._shared_readers:
+                    i = self._shared_readers[v].index((gc, nid, k))
+                    repeat = src != dst and (v, i) not in charged
+                yield v, nid, k, gc, src, dst, repeat
 
     def required(self, gid: int, c: int, nid: int, k: int) -> Spec | None:
         """Layout consumer ``(nid, k)`` (or ``(-1, input index)``) needs under candidate ``c``."""
@@ -1024,9 +1115,12 @@ class CostModel:
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
         """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
-        (``cc``)."""
+        (``cc``), each reading operand its own."""
+        return self._edge_changes(gp, cp, gc, cc, self._edges.get((gp, gc), ()))
+
+    def _edge_changes(self, gp: int, cp: int, gc: int, cc: int, items) -> list[Comm]:
         out = []
-        for v, nid, k in self._edges.get((gp, gc), ()):
+        for v, nid, k in items:
             dst = self.required(gc, cc, nid, k)
             src = self.spec(gp, cp, v)
             if dst is not None and src is not None:
@@ -1106,42 +1200,53 @@ class CostModel:
             hit = self._axes_cache[spec] = frozenset(a for axes in spec for a in axes)
         return hit
 
-    def edge_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
-        key = (gp, cp, gc, cc)
+    def _edge_list(self, gp: int, gc: int, shared: bool) -> list:
+        return (self._edges if shared else self._pair_edges).get((gp, gc), ())
+
+    def edge_time(self, gp: int, cp: int, gc: int, cc: int, *, shared: bool = True) -> float:
+        """Seconds of the layout changes on the edge from group ``gp`` (candidate ``cp``) to
+        ``gc`` (``cc``), each reader its own (:meth:`edge_comms`). ``shared=False`` leaves out
+        the readers of shared values (:meth:`shared_items`), which the objective charges once
+        per layout instead (:meth:`shared_time`); a heuristic that looks at one edge at a time
+        keeps them."""
+        key = (gp, cp, gc, cc, shared)
         t = self._edge_cache.get(key)
         if t is None:
             # An edge between repeated layers costs what the first layers' edge costs (its
             # entries read the table classes' specs, the values' shapes and dtypes and the
             # deferral of their nodes: all equal, see _edge_key): computed once per class.
-            cls = self._edge_class(gp, gc)
+            cls = self._edge_class(gp, gc, shared)
             ckey = None if cls is None else (cls, cp, cc)
             t = None if ckey is None else self._edge_class_time.get(ckey)
             if t is None:
-                t = sum(self.comm_time(cm) for cm in self.edge_comms(gp, cp, gc, cc))
+                t = sum(self.comm_time(cm) for cm in self._edge_changes(
+                    gp, cp, gc, cc, self._edge_list(gp, gc, shared)))
                 if ckey is not None:
                     self._edge_class_time[ckey] = t
             self._edge_cache[key] = t
         return t
 
-    def _edge_class(self, gp: int, gc: int) -> int | None:
+    def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
-        hit = self._edge_classes.get((gp, gc), -1)
+        hit = self._edge_classes.get((gp, gc, shared), -1)
         if hit == -1:
-            key = self._edge_key(gp, gc, self._edges.get((gp, gc), ()))
+            key = self._edge_key(gp, gc, self._edge_list(gp, gc, shared))
             hit = None if key is None else self._edge_class_ids.setdefault(
                 key, len(self._edge_class_ids))
-            self._edge_classes[(gp, gc)] = hit
+            self._edge_classes[(gp, gc, shared)] = hit
         return hit
 
-    def edge_matrix(self, gp: int, gc: int, cps=None, ccs=None) -> np.ndarray:
-        """Edge times for every (producer candidate, consumer candidate) pair."""
+    def edge_matrix(self, gp: int, gc: int, cps=None, ccs=None, *, shared: bool = True
+                    ) -> np.ndarray:
+        """Edge times for every (producer candidate, consumer candidate) pair (``shared``: as
+        :meth:`edge_time`)."""
         cps = range(len(self.groups[gp].candidates)) if cps is None else cps
         ccs = range(len(self.groups[gc].candidates)) if ccs is None else ccs
-        items = self._edges.get((gp, gc), ())
+        items = self._edge_list(gp, gc, shared)
         # An edge between repeated layers is the same matrix as the first layers' edge: cached
         # under the table classes' ids (what every entry reads: :meth:`spec`, :meth:`required`,
         # :meth:`move_time`).
-        key = self._edge_class(gp, gc)
+        key = self._edge_class(gp, gc, shared)
         if key is not None:
             key = (key, tuple(cps), tuple(ccs))
             hit = self._matrix_cache.get(key)
@@ -1239,8 +1344,7 @@ class CostModel:
             loc = self.local(gid, c)
             compute += loc.compute
             comms.extend(loc.comms)
-        for (gp, gc), _ in self._edges.items():
-            comms.extend(self.edge_comms(gp, assignment[gp], gc, assignment[gc]))
+        comms.extend(self._edge_charges(assignment))
         by_axis: dict[str, float] = defaultdict(float)
         bytes_axis: dict[str, float] = defaultdict(float)
         grouped: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
@@ -1693,15 +1797,29 @@ class CostModel:
         out: list[Comm] = []
         for gid, c in enumerate(assignment):
             out.extend(self.local(gid, c).comms)
-        for (gp, gc), _ in self._edges.items():
-            out.extend(self.edge_comms(gp, assignment[gp], gc, assignment[gc]))
+        out.extend(self._edge_charges(assignment))
+        return out
+
+    def _edge_charges(self, assignment) -> list[Comm]:
+        """The collectives the objective charges for layout changes between groups: each edge's
+        own (``shared=False``), and each shared value's once per layout (:meth:`shared_time`)."""
+        out: list[Comm] = []
+        for (gp, gc), items in self._pair_edges.items():
+            out.extend(self._edge_changes(gp, assignment[gp], gc, assignment[gc], items))
+        for v, readers in self._shared_readers.items():
+            src = self.spec(self.group_of_value[v], assignment[self.group_of_value[v]], v)
+            for dst, (_, i) in self._shared_changes(v, assignment).items():
+                nid = readers[i][1]
+                out.extend(self._defer_shared(self.reshard(v, src, dst), nid))
         return out
 
     def objective(self, assignment) -> float:
         """``evaluate(assignment).step_time`` computed from the tables (what the ILP minimizes)."""
         t = sum(self.table(gid, c).time for gid, c in enumerate(assignment))
-        for (gp, gc), _ in self._edges.items():
-            t += self.edge_time(gp, assignment[gp], gc, assignment[gc])
+        for gp, gc in self._pair_edges:
+            t += self.edge_time(gp, assignment[gp], gc, assignment[gc], shared=False)
+        for v in self._shared_readers:
+            t += self.shared_time(v, assignment)
         return t
 
     def memory(self, assignment) -> float:
@@ -1758,15 +1876,10 @@ class CostModel:
                 compute[nid] = t
             own.update(loc.node_comms)
             moves.extend(loc.moves)
-        for (gp, gc), items in self._edges.items():
-            src_loc = self.local(gp, assignment[gp])
-            for v, nid, k in items:
-                dst = self.required(gc, assignment[gc], nid, k)
-                src = src_loc.specs.get(v)
-                if src is not None and dst is not None:
-                    moves.extend(Move(v, nid, gc, m, step) for step, m in
-                                 enumerate(self._defer_shared(
-                                     self.reshard(v, src, dst, direct=nid < 0), nid)))
+        for v, nid, _, gc, src, dst, repeat in self._edge_moves(assignment):
+            moves.extend(Move(v, nid, gc, m, step, repeat) for step, m in
+                         enumerate(self._defer_shared(
+                             self.reshard(v, src, dst, direct=nid < 0), nid)))
         return specs, compute, own, moves
 
     # ---- plan output ---------------------------------------------------------------------

@@ -58,8 +58,11 @@ collective, ``step_time == compute_time``.
 
 **Against the additive cost.** ``compute_time + comm_time <= Cost.step_time``, so
 ``max(compute_time, comm_time) <= step_time <= Cost.step_time``. ``comm_time`` is the compiled
-program's: a layout change of one value that several operators read is made once (XLA's CSE),
-where ``Cost.comm_time`` charges it per reader (``reused_comm_time`` is the difference).
+program's: a layout change of one value that several operators read is made once (XLA's
+partitioner keeps one reshard per instruction and sharding), as ``Cost.comm_time`` charges it
+(:meth:`~hulkjax.cost.CostModel.shared_time`); ``reused_comm_time`` is what the cost still
+charges beyond the program: a change inside a group that another group's operator also needs,
+or a direct change to a layout that another reader's two-step path passes through.
 
 Limits: the schedule is greedy, in post-order priority, not the scheduler's own cost-driven
 bottom-up choices, and ignores its memory-pressure limits (it may start a gather earlier than
@@ -144,7 +147,8 @@ class Overlap:
       hidden_comm_time: ``comm_time - exposed_comm_time``: run under compute.  # float
       additive_time: the cost model's ``Cost.step_time`` (compute + comm, no overlap).  # float
       reused_comm_time: what ``Cost.comm_time`` charges beyond ``comm_time``: a layout change
-        charged per reader that the program makes once (``>= 0`` up to rounding).  # float
+        the cost prices twice that the program makes once (see above; ``>= 0`` up to
+        rounding).  # float
       collectives: every collective, in the order the schedule starts them (loop bodies' after
         the step's, per loop).  # tuple of ScheduledCollective
       backend: the backend whose combiners and async resources were modelled.  # str

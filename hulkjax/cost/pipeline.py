@@ -120,7 +120,9 @@ class NodeCosts:
 
     Attributes:
       time / compute / comm: seconds per node (``time = compute + comm``); ``comm`` holds the
-        node's own collectives and the layout changes of its operands.  # np.ndarray
+        node's own collectives and the layout changes of its operands, each reader's own (a
+        ``repeat`` move too: a stage is a range of nodes, and each stage that reads a value
+        makes its own copy; an SPMD plan's cost charges a shared change once).  # np.ndarray
       state_moves: ``{input index: seconds}``: carried state results brought back to the layout of
         their input.  # dict
       memory: ``(node or None, input indices of its group, kind, bytes)`` per device.  # list

@@ -304,7 +304,7 @@ def attribute(plan, depth: int | None = None) -> Attribution:
 
     b = cm.breakdown(a)
     own = {nid: [charge(c) for c in comms] for nid, comms in b.own.items()}
-    moves = [(m.value, m.node, m.group, charge(m.comm)) for m in b.moves]
+    moves = [(m.value, m.node, m.group, charge(m.comm)) for m in b.moves if not m.repeat]
     memory = [(u.node, u.group, u.kind, u.bytes) for u in b.memory]
     return Attribution(graph=g, topology=topo, cm=cm, assignment=a, group_layer=group_layer,
                        node_layer=node_layer, specs=b.specs, compute=b.compute, own=own,

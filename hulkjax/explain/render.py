@@ -95,9 +95,10 @@ def _overlap_lines(e: Explanation, limit: int = 3) -> list[str]:
     if not any(c.asynchronous for c in o.collectives):
         lines[-1] += f"; {o.backend} runs collectives synchronously, so none can hide"
     if o.reused_comm_time > 1e-3 * o.additive_time:
-        lines.append(f"  the predicted step above charges {format_time(o.reused_comm_time)} more: "
-                     f"it prices a layout change once per reader, the program makes it once per "
-                     f"value and layout (XLA's partitioner shares it among the readers)")
+        lines.append(f"  the predicted step above charges {format_time(o.reused_comm_time)} more "
+                     f"for layout changes than the program makes: XLA's partitioner makes a "
+                     f"change once per value and layout, and shares a path's first steps with a "
+                     f"direct change to them, which the cost model prices apart")
     waits = sorted(o.exposed, key=lambda c: -c.exposed_seconds * c.trips)[:limit]
     for c in waits:
         where = f" in loop {c.loop}'s body (x{c.trips})" if c.loop is not None else ""

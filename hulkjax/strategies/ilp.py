@@ -2,9 +2,14 @@
 
 Variables: for each group class (repeated layers share one), a one-hot choice ``x_G`` over its
 candidates; for each pair of classes joined by tensors, a coupling ``y_GH`` with marginals ``x_G``
-and ``x_H`` (so ``y_GH[a, b] = x_G[a] x_H[b]`` at integral points). Objective: the cost model's
-step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH``, exactly the sum :meth:`CostModel.objective`
-computes. Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
+and ``x_H`` (so ``y_GH[a, b] = x_G[a] x_H[b]`` at integral points); for each layout change of a
+value that several operators of other groups read (:meth:`CostModel.shared_items`) and that two
+of them can need, a ``z`` at least each reader's indicator of needing it (a sum of ``y``
+entries), so the change is charged once however many need it (:func:`_shared_terms`).
+Objective: the cost model's step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH + sum w_z z``,
+exactly the sum :meth:`CostModel.objective` computes. The shared changes make the program larger
+and slower to solve (GPT-2 small on two DGX-H100 nodes: 5,539 ``z``, about 4x the solve time), but
+a pairwise program charges a change once per reader, which the compiled program does not. Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
 time, a polishing pass then moves each group to its smallest-footprint candidate that leaves the
 objective unchanged.
 
@@ -302,11 +307,12 @@ class _Program:
         node_mem = [np.array([sum(cm.table(g2, k).memory for g2 in members[c]) for k in keep[c]])
                     for c in range(n_classes)]
 
-        # Edge costs between classes (an edge inside one class only sees equal choices).
+        # Edge costs between classes (an edge inside one class only sees equal choices), the
+        # readers of shared values left out: they are charged once per layout below.
         edge_cost: dict[tuple[int, int], np.ndarray] = {}
         for (gp, gc), _ in cm.edge_items():
             cp, cc = cls_of[gp], cls_of[gc]
-            m = cm.edge_matrix(gp, gc, keep[cp], keep[cc])
+            m = cm.edge_matrix(gp, gc, keep[cp], keep[cc], shared=False)
             if cp == cc:
                 node_cost[cp] = node_cost[cp] + np.diag(m)
                 continue
@@ -315,6 +321,12 @@ class _Program:
             key = (cp, cc) if cp < cc else (cc, cp)
             mm = m if cp < cc else m.T
             edge_cost[key] = edge_cost.get(key, 0) + mm
+        hyper = _shared_terms(cm, cls_of, keep, node_cost, edge_cost)
+        for row_keys in hyper:  # every pair of classes a shared change's rows read has a y block
+            for rk in row_keys:
+                if rk[0] == "y":
+                    a_, b_ = sorted(rk[1:3])
+                    edge_cost.setdefault((a_, b_), np.zeros((len(keep[a_]), len(keep[b_]))))
 
         self.cls_of, self.members, self.keep, self.pruned = cls_of, members, keep, pruned
         self.n_classes, self.n_groups = n_classes, len(groups)
@@ -333,9 +345,17 @@ class _Program:
         for (a, b), m in edge_cost.items():
             self.blocks.append((a, b, n, m.shape[0], m.shape[1]))
             n += m.size
+        # z variables (continuous, last): one per shared change, at least every reading of it.
+        block_at = {(a, b): (base, ka, kb) for a, b, base, ka, kb in self.blocks}
+        self.z_rows: list[tuple[int, list[np.ndarray]]] = []
+        z_cost = []
+        for row_keys, w in hyper.items():
+            self.z_rows.append((n, [self._columns(rk, block_at) for rk in row_keys]))
+            z_cost.append(w)
+            n += 1
         self.n = n
-        self.cost = np.concatenate([*node_cost, *(m.ravel() for m in edge_cost.values())]) \
-            if n else np.zeros(0)
+        self.cost = np.concatenate([*node_cost, *(m.ravel() for m in edge_cost.values()),
+                                    np.asarray(z_cost, dtype=np.float64)]) if n else np.zeros(0)
 
         # Rows: one candidate per class; the marginals of every y block; memory (last).
         rows, cols, vals = [np.repeat(np.arange(n_classes), sizes)], [np.arange(self.n_x)], \
@@ -353,16 +373,36 @@ class _Program:
             cols += [ys, self.offsets[b] + np.arange(kb)]
             vals += [np.ones(ka * kb), -np.ones(kb)]
             r += kb
+        r_eq = r
+        for z, readings in self.z_rows:  # z - (sum of a reading's x or y) >= 0
+            for c in readings:
+                rows += [np.full(len(c) + 1, r)]
+                cols += [np.concatenate([[z], c])]
+                vals += [np.concatenate([[1.0], -np.ones(len(c))])]
+                r += 1
         mem = np.concatenate(node_mem) if n_classes else np.zeros(0)
         rows.append(np.full(self.n_x, r))
         cols.append(np.arange(self.n_x))
         vals.append(mem)
         self.n_rows = r + 1
         self.row_lo = np.concatenate([np.ones(n_classes), np.zeros(r - n_classes), [-np.inf]])
-        self.row_hi_wo_memory = np.concatenate([np.ones(n_classes), np.zeros(r - n_classes)])
+        self.row_hi_wo_memory = np.concatenate([np.ones(n_classes), np.zeros(r_eq - n_classes),
+                                                np.full(r - r_eq, np.inf)])
         self.matrix = sp.csc_array(
             (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
             shape=(self.n_rows, n))
+
+    def _columns(self, rk: tuple, block_at: dict) -> np.ndarray:
+        """The columns of one reading of a shared change (:func:`_shared_terms`)."""
+        if rk[0] == "x":
+            _, c, pos = rk
+            return self.offsets[c] + np.asarray(pos, dtype=np.int64)
+        _, a, b, S, D = rk
+        S, D = np.asarray(S, dtype=np.int64), np.asarray(D, dtype=np.int64)
+        if a > b:
+            a, b, S, D = b, a, D, S
+        base, _, kb = block_at[(a, b)]
+        return (base + S[:, None] * kb + D[None, :]).ravel()
 
     def representable(self, assignment) -> bool:
         """Whether every class's groups take one candidate the program kept."""
@@ -381,6 +421,8 @@ class _Program:
         x[self.offsets + pick] = 1.0
         for a, b, base, _ka, kb in self.blocks:
             x[base + pick[a] * kb + pick[b]] = 1.0
+        for z, readings in self.z_rows:
+            x[z] = max(float(x[c].sum()) for c in readings)
         return x
 
     def decode(self, x: np.ndarray) -> list[int]:
@@ -470,6 +512,112 @@ def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit
         log.warning("HiGHS stopped with %r (run status %s); returning the best plan known",
                     status, run_status)
     return found, status, float(info.mip_dual_bound) * unit
+
+
+def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tuple, float]:
+    """The layout changes of shared values (:meth:`CostModel.shared_items`) as the program
+    charges them: once per (value, source layout, target layout), however many readers need it.
+
+    A change only one reader can need is a pairwise term: added to ``node_cost`` (the reader in
+    the producer's class) or ``edge_cost`` in place. A change several can need is a variable
+    ``z`` at least each reading's indicator (``sum`` of the y entries where the producer's class
+    has the source layout and the reader's class the target one; of x entries within one
+    class), so ``z`` is their maximum at the optimum. Readers charged differently (a change
+    deferred for some) are levels: ``z_j`` over the readers charged at least ``w_j``, costing
+    ``w_j - w_(j+1)``, which adds up to the dearest reading's charge, as
+    :meth:`CostModel.shared_time` charges it. Returns ``{readings: cost}`` with each reading
+    ``("x", class, positions)`` or ``("y", producer class, reader class, source positions,
+    target positions)``; equal readings (tied repeated layers) share one variable.
+    """
+    hyper: dict[tuple, float] = defaultdict(float)
+    memo: dict[tuple, list] = {}  # repeated layers' values have the same terms
+    for v, readers in cm.shared_items():
+        gp = cm.group_of_value[v]
+        a = cls_of[gp]
+        srcs = tuple(cm.spec(gp, k, v) for k in keep[a])
+        dsts = tuple((cls_of[gc], nid in cm.tail, tuple(cm.required(gc, c, nid, k)
+                                                         for c in keep[cls_of[gc]]))
+                     for gc, nid, k in readers)
+        val = cm.graph.values[v]
+        key = (a, val.shape, val.dtype, srcs, dsts)
+        terms = memo.get(key)
+        if terms is None:
+            terms = memo[key] = _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])
+        for t in terms:
+            if t[0] == "pair":
+                _add_pairwise(*t[1:], keep, node_cost, edge_cost)
+            else:
+                hyper[t[1]] += t[2]
+    return dict(hyper)
+
+
+def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: list) -> list:
+    """:func:`_shared_terms` of one value: ``("pair", a, b, S, D, w)`` and ``("z", readings,
+    w)`` terms."""
+    out: list = []
+    src_pos = _positions(srcs)
+    dst_pos = [(b, nid, _positions(d)) for (b, _, d), nid in zip(dsts, nids)]
+    # One term per source layout: the sum over the producer's candidates of one layout is as
+    # strong as the program gets (merging source layouts of equal charge into one term makes
+    # fewer variables, but a weaker relaxation: HiGHS took several times longer).
+    for s, S in src_pos.items():
+        if s is None:
+            continue
+        need: dict = defaultdict(list)  # target layout -> [(reader's class, positions, s)]
+        for b, nid, pos in dst_pos:
+            for d, D in pos.items():
+                if d is not None and d != s:
+                    w = cm.move_time(v, s, d, nid)
+                    if w > 0:
+                        need[d].append((b, D, w))
+        for entries in need.values():
+            levels = sorted({w for *_, w in entries}, reverse=True)
+            for j, wj in enumerate(levels):
+                below = levels[j + 1] if j + 1 < len(levels) else 0.0
+                # Readers in one class take one candidate: one reading, the union of their
+                # positions. Readers in one class alone are a pairwise term.
+                by_class: dict[int, set] = defaultdict(set)
+                for b, D, w in entries:
+                    if w >= wj:
+                        by_class[b].update(D)
+                if a in by_class:
+                    by_class[a] &= set(S)
+                    if not by_class[a]:
+                        del by_class[a]
+                if len(by_class) == 1:
+                    (b, D), = by_class.items()
+                    out.append(("pair", a, b, S, sorted(D), wj - below))
+                elif by_class:
+                    readings = tuple(sorted(
+                        ("x", a, tuple(sorted(D))) if b == a else
+                        ("y", a, b, tuple(S), tuple(sorted(D)))
+                        for b, D in by_class.items()))
+                    out.append(("z", readings, wj - below))
+    return out
+
+
+def _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost) -> None:
+    """Charge ``w`` where class ``a`` takes a position of ``S`` and class ``b`` one of ``D``
+    (within one class: a position of both)."""
+    if a == b:
+        node_cost[a][sorted(set(S) & set(D))] += w
+        return
+    key = (a, b) if a < b else (b, a)
+    m = edge_cost.get(key)
+    if m is None:
+        m = edge_cost[key] = np.zeros((len(keep[key[0]]), len(keep[key[1]])))
+    if a < b:
+        m[np.ix_(S, D)] += w
+    else:
+        m[np.ix_(D, S)] += w
+
+
+def _positions(items) -> dict:
+    """``{item: [positions where it occurs]}``, in order of first occurrence."""
+    out: dict = {}
+    for i, it in enumerate(items):
+        out.setdefault(it, []).append(i)
+    return out
 
 
 def _cand_key(grp) -> tuple:

@@ -13,22 +13,31 @@ from hulkjax.cost.model import INPUT, LEADER, CostModel
 
 
 def neighbours(cm: CostModel) -> dict[int, list[tuple[int, bool]]]:
-    """``{group: [(other group, other is the producer), ...]}``."""
+    """``{group: [(other group, other is the producer), ...]}``. A state result going back to
+    its own group's input layout is an edge of the group to itself: listed once, as
+    ``(group, True)``."""
     nb: dict[int, list[tuple[int, bool]]] = defaultdict(list)
     for (gp, gc), _ in cm.edge_items():
         nb[gc].append((gp, True))
-        nb[gp].append((gc, False))
+        if gp != gc:
+            nb[gp].append((gc, False))
     return nb
 
 
 def local_cost(cm: CostModel, nb, gid: int, c: int, assignment) -> float:
-    """The part of the objective that depends on group ``gid``'s candidate."""
+    """The part of the objective that depends on group ``gid``'s candidate: its table, its
+    edges (without the shared values' readers) and the shared values it makes or reads, whose
+    changes are charged once per layout (:meth:`CostModel.shared_time`)."""
     t = cm.table(gid, c).time
     for other, is_producer in nb.get(gid, ()):
-        if is_producer:
-            t += cm.edge_time(other, assignment[other], gid, c)
+        if other == gid:  # its own state result, back to its input's layout: both ends are c
+            t += cm.edge_time(gid, c, gid, c, shared=False)
+        elif is_producer:
+            t += cm.edge_time(other, assignment[other], gid, c, shared=False)
         else:
-            t += cm.edge_time(gid, c, other, assignment[other])
+            t += cm.edge_time(gid, c, other, assignment[other], shared=False)
+    for v in cm.shared_of_group.get(gid, ()):
+        t += cm.shared_time(v, assignment, gid, c)
     return t
 
 

@@ -1,5 +1,6 @@
 """Plan explanations: per-layer rows that add up to the cost, in text, markdown and rich."""
 
+import random
 import re
 
 import pytest
@@ -197,8 +198,22 @@ def test_the_overlap_lines_say_what_the_step_waits_for(gpt2_plans):
     first = next(ln for ln in text.splitlines() if ln.startswith("  waits for "))
     assert first.startswith(f"  waits for {worst.kind} over {'+'.join(worst.axes)}")
     assert f"{format_time(worst.exposed_seconds * worst.trips)} exposed" in first
-    fsdp = gpt2_plans["fsdp"]  # a weight's gather read by the forward and backward matmuls
+    # fsdp: a weight's gather read by the forward and the backward matmul, made once by the
+    # program and charged once by the cost (it was charged per reader): nothing more to say.
+    fsdp = gpt2_plans["fsdp"]
     o = explanation(fsdp).overlap
+    assert abs(o.reused_comm_time) < 1e-9 * o.additive_time
+    assert "more for layout changes than the program makes" not in explain(fsdp)
+    # Layouts at random: some change inside a group is also needed by another group's operator
+    # (or a path's step by a direct change), which the cost prices apart.
+    from hulkjax.strategies.realize import cost_model, plan_from_assignment
+
+    cm = cost_model(fsdp.graph, fsdp.topology)
+    rng = random.Random(2)
+    a = [rng.randrange(len(grp.candidates)) for grp in cm.groups]
+    odd = plan_from_assignment(cm, a, "random")
+    odd.graph, odd.topology = fsdp.graph, fsdp.topology
+    o = explanation(odd).overlap
     assert o.reused_comm_time > 1e-3 * o.additive_time
-    assert (f"charges {format_time(o.reused_comm_time)} more: it prices a layout change once "
-            f"per reader" in explain(fsdp))
+    assert (f"charges {format_time(o.reused_comm_time)} more for layout changes than the "
+            f"program makes" in explain(odd))
