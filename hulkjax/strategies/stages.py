@@ -159,19 +159,54 @@ class UnitTable:
     u_ops: np.ndarray | None = None  # ``u`` without the state's layout changes
 
 
+def _table_structure(part: Partition, g: OpGraph):
+    """What :func:`_unit_table` reads of the partition and of ``g``'s data flow alone, whatever
+    the plan: ``(phase codes, units, cuts)`` (cached on ``g`` per partition). ``phase codes``:
+    0 forward, 1 backward, 2 update, per node; ``cuts``: ``(value, row, lo, hi)`` for every
+    non-update result whose non-update readers make it cross the unit boundaries ``lo .. hi - 1``
+    (row 0: forward, ``cut_f[lo:hi]``; row 1: backward, ``cut_b[lo:hi]``), in node and result
+    order (the order :func:`_unit_table` adds their bytes in, so the sums are the same floats).
+    The tables of one microbatch count (one graph) share it: three plans per group shape."""
+    key = ("unit table structure", id(part))
+    hit = g.memo.get(key)
+    if hit is not None and hit[0] is part:
+        return hit[1]
+    code = {FORWARD: 0, BACKWARD: 1, UPDATE: 2}
+    phase = np.array([code[part.phase[n.id]] for n in g.nodes], dtype=np.int64)
+    unit = np.array([part.unit[n.id] for n in g.nodes], dtype=np.int64)
+    cuts = []
+    for n in g.nodes:
+        ph = part.phase[n.id]
+        if ph == UPDATE:
+            continue
+        for o in n.outputs:
+            uses = [c for c, _ in g.consumers(o) if part.phase[c] != UPDATE]
+            if not uses:
+                continue
+            here = part.unit[n.id]
+            if ph == FORWARD:
+                hi = max(part.unit[c] for c in uses)
+                if hi > here:
+                    cuts.append((o, 0, here + 1, hi + 1))
+            else:
+                lo = min(part.unit[c] for c in uses if part.phase[c] == BACKWARD) \
+                    if any(part.phase[c] == BACKWARD for c in uses) else here
+                if lo < here:
+                    cuts.append((o, 1, lo + 1, here + 1))
+    out = (phase, unit, cuts)
+    g.memo[key] = (part, out)
+    return out
+
+
 def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable:
     g = cm.graph
     U = len(part.units)
     nc = node_costs(cm, assignment)
-    f, b, u = np.zeros(U), np.zeros(U), np.zeros(U)
-    for n in g.nodes:
-        ph, k = part.phase[n.id], part.unit[n.id]
-        if ph == FORWARD:
-            f[k] += nc.time[n.id]
-        elif ph == BACKWARD:
-            b[k] += nc.time[n.id]
-        else:
-            u[k] += nc.time[n.id]
+    phase, unit, cuts = _table_structure(part, g)
+    # Per-unit sums in node order: bincount adds its weights in index order, as a loop over the
+    # nodes adding ``f[k] += time`` does (the same floats).
+    f, b, u = (np.bincount(unit[phase == c], weights=nc.time[phase == c], minlength=U)
+               for c in (0, 1, 2))
     u_ops = u.copy()
     for i, t in nc.state_moves.items():
         u[part.home.get(i, 0)] += t
@@ -194,28 +229,12 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
                 elems = local_bytes(g, v, nc.specs.get(v), cm.sizes) / max(
                     g.values[v].nbytes / max(g.values[v].size, 1), 1)
                 acc[part.unit[p]] += 4.0 * elems
-    cut_f, cut_b = np.zeros(U + 1), np.zeros(U + 1)
-    for n in g.nodes:
-        ph = part.phase[n.id]
-        if ph == UPDATE:
-            continue
-        for o in n.outputs:
-            uses = [c for c, _ in g.consumers(o) if part.phase[c] != UPDATE]
-            if not uses:
-                continue
-            nb = local_bytes(g, o, nc.specs.get(o), cm.sizes)
-            here = part.unit[n.id]
-            if ph == FORWARD:
-                hi = max(part.unit[c] for c in uses)
-                if hi > here:
-                    cut_f[here + 1:hi + 1] += nb
-            else:
-                lo = min(part.unit[c] for c in uses if part.phase[c] == BACKWARD) \
-                    if any(part.phase[c] == BACKWARD for c in uses) else here
-                if lo < here:
-                    cut_b[lo + 1:here + 1] += nb
+    cut = (np.zeros(U + 1), np.zeros(U + 1))  # cut_f, cut_b
+    specs, sizes = nc.specs, cm.sizes
+    for o, row, lo, hi in cuts:
+        cut[row][lo:hi] += local_bytes(g, o, specs.get(o), sizes)
     cap = min(d.spec.memory for d in cm.topology.devices)
-    return UnitTable(name, f, b, u, static, act, data, acc, cut_f, cut_b, cap,
+    return UnitTable(name, f, b, u, static, act, data, acc, cut[0], cut[1], cap,
                      cm.topology.num_devices, u_ops)
 
 
@@ -1321,7 +1340,11 @@ def _range_costs(tables: list[UnitTable], U: int, inflight: int, share: float = 
 def _dp_tau(W, Z, links, G: int, U: int, tau: float):
     """Minimum sum of stage and link times with every stage and link at most ``tau``."""
     best = np.full((G, U + 1), np.inf)
-    arg: dict[tuple[int, int], tuple[int, int] | None] = {}
+    # Back pointers per (position, end): the start of the stage ending there, and the position
+    # before it (-1: the first stage); read only where ``best`` is finite.
+    arg_start = np.zeros((G, U + 1), dtype=np.int64)
+    arg_prev = np.full((G, U + 1), -1, dtype=np.int64)
+    cols = np.arange(U + 1)
     for pos in range(G):
         z = np.where(W[pos] <= tau, Z[pos], np.inf)
         first = z[0, :]  # the first stage starts at unit 0
@@ -1337,20 +1360,21 @@ def _dp_tau(W, Z, links, G: int, U: int, tau: float):
             inc_arg = np.where(better, prev, inc_arg)
         cand = incoming[:, None] + z  # [start, end]
         j = np.argmin(cand, axis=0)
-        via = cand[j, np.arange(U + 1)]
-        for end in range(1, U + 1):
-            if first[end] <= via[end] and np.isfinite(first[end]):
-                best[pos, end] = first[end]
-                arg[(pos, end)] = (0, -1)
-            elif np.isfinite(via[end]):
-                best[pos, end] = via[end]
-                arg[(pos, end)] = (int(j[end]), int(inc_arg[j[end]]))
+        via = cand[j, cols]
+        # Per end (>= 1): the first stage where it is no slower than coming from an earlier
+        # position, else the way in (the choice a loop over the ends makes, end by end).
+        take_first = (first <= via) & np.isfinite(first)
+        take_via = ~take_first & np.isfinite(via)
+        take_first[0] = take_via[0] = False
+        best[pos] = np.where(take_first, first, np.where(take_via, via, np.inf))
+        arg_start[pos] = np.where(take_first, 0, j)
+        arg_prev[pos] = np.where(take_first, -1, inc_arg[j])
     pos = int(np.argmin(best[:, U]))
     if not np.isfinite(best[pos, U]):
         return None
     picks, end = [], U
     while True:
-        start, prev = arg[(pos, end)]
+        start, prev = int(arg_start[pos, end]), int(arg_prev[pos, end])
         picks.append((pos, start, end))
         if prev == -1:
             break

@@ -249,6 +249,17 @@ def scaled_graph(graph: OpGraph, micro: OpGraph, k: int, microbatches: int) -> O
 class _Scaler:
     def __init__(self, g: OpGraph, m: OpGraph, k: int, M: int):
         self.g, self.m, self.k, self.M = g, m, k, M
+        # What the checks of _flops and _bytes read of the two traced graphs alone (not of M):
+        # kept with ``g`` per micro trace, so every count scaled from one trace checks each node
+        # once. ``nbytes``: each value's bytes in g and in m; ``checks``: node id -> whether the
+        # tracer's FLOPs formula reproduces both traced FLOPs, and the literals' bytes (None
+        # where the two traces disagree on them).
+        key = ("scaler checks", id(m), k)
+        hit = g.memo.get(key)
+        if hit is None or hit[0] is not m:
+            hit = g.memo[key] = (m, [v.nbytes for v in g.values], [v.nbytes for v in m.values],
+                                 {}, {})
+        _, self.g_nbytes, self.m_nbytes, self.flops_ok, self.rest = hit
 
     def size(self, full, micro):
         if full == micro:
@@ -299,6 +310,9 @@ class _Scaler:
             shape = self.shape(a.shape, c.shape)
             values.append(a if shape is a.shape else
                           Value(a.id, shape, a.dtype, a.producer, a.index, a.name))
+        # The scaled values' bytes (a value left as it was keeps its bytes in g).
+        self.nbytes = [nb if v is gv else v.nbytes
+                       for v, gv, nb in zip(values, g.values, self.g_nbytes)]
         nodes = []
         for a, c in zip(g.nodes, m.nodes):
             if a.primitive is not c.primitive or a.inputs != c.inputs or a.outputs != c.outputs \
@@ -342,21 +356,31 @@ class _Scaler:
     def _flops(self, flops_of, a, c, values, params) -> float:
         """FLOPs at the new shapes, by the tracer's formula, which must give the traced FLOPs at
         both traced batch sizes (literal operands are taken as scalars)."""
-        for node, vals in ((a, self.g.values), (c, self.m.values)):
-            if flops_of(node.primitive, *self._shapes(node, vals), node.params) != node.flops:
-                raise _NotScalable
+        ok = self.flops_ok.get(a.id)
+        if ok is None:  # a function of the two traces alone: the same for every M
+            ok = self.flops_ok[a.id] = all(
+                flops_of(node.primitive, *self._shapes(node, vals), node.params) == node.flops
+                for node, vals in ((a, self.g.values), (c, self.m.values)))
+        if not ok:
+            raise _NotScalable
         return flops_of(a.primitive, *self._shapes(a, values), params)
 
     def _bytes(self, a, c, values) -> float:
         """Bytes at the new shapes: the traced bytes less the values' (what remains is the
         literals', the same at every batch size, or this is no exact rescaling)."""
-        def sized(node, vals):
-            return sum(vals[v].nbytes for v in (*node.inputs, *node.outputs) if v is not None)
+        def sized(node, nbytes):  # (integer sums: exact in any order)
+            return sum(nbytes[v] for v in (*node.inputs, *node.outputs) if v is not None)
 
-        rest = a.bytes - sized(a, self.g.values)
-        if rest != c.bytes - sized(c, self.m.values) or rest < 0:
+        if a.id in self.rest:  # a function of the two traces alone: the same for every M
+            rest = self.rest[a.id]
+        else:
+            rest = a.bytes - sized(a, self.g_nbytes)
+            if rest != c.bytes - sized(c, self.m_nbytes) or rest < 0:
+                rest = None
+            self.rest[a.id] = rest
+        if rest is None:
             raise _NotScalable
-        return float(rest + sized(a, values))
+        return float(rest + sized(a, self.nbytes))
 
 
 # ---- the analysis ------------------------------------------------------------------------------

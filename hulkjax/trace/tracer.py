@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -212,8 +213,10 @@ def _aval_bytes(aval) -> int:
 _TRANSFORM = re.compile(r"\w+\(([^()]*)\)")
 
 
+@functools.lru_cache(maxsize=4096)
 def _clean_scope(stack: str) -> str:
-    """``"transpose(jvp(MLP))/Dense_1"`` -> ``"MLP/Dense_1"``."""
+    """``"transpose(jvp(MLP))/Dense_1"`` -> ``"MLP/Dense_1"`` (a function of the string alone,
+    kept per name stack: a step's equations share a few hundred)."""
     prev = None
     while prev != stack:
         prev, stack = stack, _TRANSFORM.sub(r"\1", stack)
@@ -353,8 +356,10 @@ def _input_roles(g: OpGraph) -> None:
         if out is not None:
             carried[i] = out_index[out]
     g.carried = carried  # (what is state decides what is a result other than state)
+    other_out = _other_outputs(g)  # the same for every leaf: made once
     roles = [DATA if i not in carried else
-             PARAMETER if _feeds_computation(g, vid, g.values[vid].shape) else OPTIMIZER
+             PARAMETER if _feeds_computation(g, vid, g.values[vid].shape, other_out)
+             else OPTIMIZER
              for i, vid in enumerate(g.inputs)]
     g.input_roles = tuple(roles)
     param_of = {}  # value id -> param input index, through casts/reshapes
@@ -420,14 +425,20 @@ def _owner_param(g: OpGraph, vid: int, param_of: dict[int, int]) -> int | None:
     return None
 
 
-def _feeds_computation(g: OpGraph, vid: int, shape) -> bool:
+def _other_outputs(g: OpGraph) -> set[int]:
+    """The graph's results that are not carried state (the loss, metrics)."""
+    state_out = {g.outputs[o] for o in g.carried.values()}
+    return {v for v in g.outputs if v is not None} - state_out
+
+
+def _feeds_computation(g: OpGraph, vid: int, shape, other_out: set[int] | None = None) -> bool:
     """Whether a state leaf is computed with, not only updated: it reaches the backward pass or a
     result that is not state (the loss), or it meets an operator that is not a same-shape update
     (a matmul, a broadcast into activations). Optimizer moments and step counters only ever flow
     into the update of state; a parameter used first elementwise (Gemma's ``1 + scale``) still
-    reaches the loss."""
-    state_out = {g.outputs[o] for o in g.carried.values()}
-    other_out = {v for v in g.outputs if v is not None} - state_out
+    reaches the loss. ``other_out``: :func:`_other_outputs` of ``g`` (made here without it)."""
+    if other_out is None:
+        other_out = _other_outputs(g)
     seen, todo = {vid}, [(vid, True)]  # (value, reached through reshapes and casts only)
     while todo:
         v, direct = todo.pop()
