@@ -87,6 +87,11 @@ class InvalidHloError(HulkjaxError, ValueError):
     """HLO text (or the mesh it is read against) that the collective reader cannot make sense of."""
 
 
+class UncompilableLayoutChangeError(HulkjaxError, ValueError):
+    """A layout change XLA's SPMD partitioner fails on (one constraint, as jaxlib compiles it):
+    the cost model makes it in two steps (``CostModel.reshard_via``) or prices it out."""
+
+
 class DonatedArgumentError(HulkjaxError, RuntimeError):
     """An argument's buffer was donated to (and deleted by) an earlier call of the step: pass the
     state the step returned, or emit with ``donate=False``."""

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from hulkjax.errors import InvalidPlanError
+from hulkjax.errors import InvalidPlanError, UncompilableLayoutChangeError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.specs import Spec
 from hulkjax.trace.graph import dtype_size
@@ -269,6 +269,14 @@ def _a2a_sharding(s, sdims, tdims):
     """GetAllToAllSharding."""
     tile = s.tile
     for sd, td in zip(sdims, tdims):
+        if tile.shape[sd] % tile.shape[td]:
+            # XLA CHECKs this only in debug builds; a release jaxlib divides by zero further on
+            # and the process dies of SIGFPE (two pairs of dimensions swapped at once, the
+            # second seeing the first's result: TryMultipleSourceTargetDims).
+            raise UncompilableLayoutChangeError(
+                f"XLA's partitioner would all-to-all tile dimension {sd} ({tile.shape[sd]} "
+                f"tiles) onto dimension {td} ({tile.shape[td]} tiles), not a multiple: it divides "
+                f"by zero there (GetAllToAllSharding)")
         shape1, added_s, added_t = [], 0, 0
         for i, n in enumerate(tile.shape):
             if i == sd:
@@ -793,6 +801,11 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
     Checked against XLA:CPU's compiled reshards (``tests/cost/test_reshard.py``). Not modelled:
     uneven shapes' halo exchanges and padding, and XLA's later passes (CSE, combiners).
 
+    Raises :class:`~hulkjax.errors.UncompilableLayoutChangeError` where the partitioner fails:
+    two pairs of dimensions swapped in one all-to-all whose second tile count no longer divides
+    (jaxlib 0.10 dies of SIGFPE compiling it; e.g. ``(y, z, -, -) -> (-, x, z, y)`` on a 2x2x4
+    mesh).
+
     >>> reshard_comms((8, 8), "float32", (("a", "b"), ()), (("b", "a"), ()), {"a": 2, "b": 2})
     (Comm(kind='collective-permute', axes=('a', 'b'), bytes=64, deferred=False),)
     """
@@ -807,9 +820,15 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
                 if a not in sizes:
                     raise InvalidPlanError(f"layout {spec} names mesh axis {a!r}, not one of "
                                            f"{list(sizes)}. Use the mesh's axis names.")
-    return _replayed(tuple(int(n) for n in shape), dtype_size(dtype),
-                     tuple(tuple(axes) for axes in src), tuple(tuple(axes) for axes in dst),
-                     tuple(sizes.items()))
+    try:
+        return _replayed(tuple(int(n) for n in shape), dtype_size(dtype),
+                         tuple(tuple(axes) for axes in src), tuple(tuple(axes) for axes in dst),
+                         tuple(sizes.items()))
+    except UncompilableLayoutChangeError as e:
+        raise UncompilableLayoutChangeError(
+            f"the layout change {src} -> {dst} of a {tuple(shape)} array on mesh {dict(sizes)}: "
+            f"{e}. Make it in two steps (CostModel.reshard_via finds them; the emitter "
+            f"constrains each) or choose other layouts.") from None
 
 
 @lru_cache(maxsize=1 << 16)

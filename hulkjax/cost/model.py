@@ -73,7 +73,7 @@ from hulkjax.cost.comm import (
     reshard_intermediates,
 )
 from hulkjax.cost.memory import liveness
-from hulkjax.errors import InvalidPlanError
+from hulkjax.errors import InvalidPlanError, UncompilableLayoutChangeError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
 from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
@@ -965,15 +965,28 @@ class CostModel:
         if hit is not None:
             return hit
         dtype = self.backend.wire_dtype(v.dtype)
-        comms = reshard_comms(v.shape, dtype, src, dst, self.sizes)
-        hit = ((), comms, (len(comms),))
-        if not direct and comms:
-            best = sum(self.comm_time(cm) for cm in comms)
-            for mid in reshard_intermediates(src, dst):
+        try:
+            comms = reshard_comms(v.shape, dtype, src, dst, self.sizes)
+            hit, best = ((), comms, (len(comms),)), sum(self.comm_time(cm) for cm in comms)
+        except UncompilableLayoutChangeError:
+            # XLA's partitioner fails on the change (jaxlib dies compiling it): a planner must
+            # make it in two steps (through the replicated layout at worst, a gather then a
+            # slice) or, where it is one constraint, never choose it: an infinite price.
+            axes = tuple(sorted({a for spec in (src, dst) for ax in spec for a in ax}))
+            never = (Comm("all-to-all", axes, math.inf),)
+            hit, best, comms = ((), never, (1,)), math.inf, None
+        if not direct and (comms is None or comms):
+            mids = reshard_intermediates(src, dst)
+            if comms is None:
+                mids = (*mids, tuple(() for _ in src))
+            for mid in dict.fromkeys(mids):
                 if not divides(v.shape, mid, self.sizes):
                     continue  # uneven: XLA pads, which the partitioner's model leaves out
-                first = reshard_comms(v.shape, dtype, src, mid, self.sizes)
-                steps = first + reshard_comms(v.shape, dtype, mid, dst, self.sizes)
+                try:
+                    first = reshard_comms(v.shape, dtype, src, mid, self.sizes)
+                    steps = first + reshard_comms(v.shape, dtype, mid, dst, self.sizes)
+                except UncompilableLayoutChangeError:
+                    continue
                 t = sum(self.comm_time(cm) for cm in steps)
                 if t < best * (1 - 1e-9):
                     best, hit = t, ((mid,), steps, (len(first), len(steps) - len(first)))

@@ -460,14 +460,18 @@ def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit
     # Step times are seconds (1e-6 for a tiny model): HiGHS's absolute tolerances (mip_abs_gap
     # 1e-6, dual feasibility 1e-7) would call a plan 50% above the optimum "optimal". The program
     # is solved in units of its trivial bound, with no absolute gap.
-    positive = prog.cost[prog.cost > 0]
-    unit = prog.trivial_bound if prog.trivial_bound > 0 else \
+    # A choice priced infinitely (a layout change XLA's partitioner fails on, made by one
+    # constraint: CostModel.reshard) is ruled out: its variable fixed at 0.
+    never = ~np.isfinite(prog.cost)
+    cost = np.where(never, 0.0, prog.cost)
+    positive = cost[cost > 0]
+    unit = prog.trivial_bound if 0 < prog.trivial_bound < np.inf else \
         (float(positive.max()) if positive.size else 1.0)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = prog.n, prog.n_rows
-    lp.col_cost_ = prog.cost / unit
+    lp.col_cost_ = cost / unit
     lp.col_lower_ = np.zeros(prog.n)
-    lp.col_upper_ = np.ones(prog.n)
+    lp.col_upper_ = np.where(never, 0.0, 1.0)
     lp.row_lower_ = np.where(np.isfinite(prog.row_lo), prog.row_lo, -highspy.kHighsInf)
     lp.row_upper_ = np.concatenate([prog.row_hi_wo_memory, [capacity]])
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise

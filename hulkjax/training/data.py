@@ -35,7 +35,8 @@ log = logging.getLogger("hulkjax.training")
 
 FAMILIES = ("mlp", "transformer-block", "cnn", "moe", "llama")
 HELD_OUT_FAMILIES = ("gpt2", "bert", "vit")
-DATA_VERSION = 2  # 2: the combiner-aware cost model, llama and bf16 samples
+DATA_VERSION = 3  # 2: the combiner-aware cost model, llama and bf16 samples; 3: a layout change
+# read by several operators charged once per (value, layout)
 
 
 def cache_dir() -> str:

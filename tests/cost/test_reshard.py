@@ -210,3 +210,60 @@ def test_readers_of_a_value_share_its_path(mesh, src, dst):
                 out_shardings=NamedSharding(jmesh, dst))
     hlo = f.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile().as_text()
     assert hlo_collectives(hlo, mesh_shape, names) == sorted((c.kind, c.axes, c.bytes) for c in cm.reshard(g.inputs[0], s, d))
+
+
+_UNCOMPILABLE = ((2, 2, 4), ("x", "y", "z"), (4, 8, 16, 8), P("y", "z"), P(None, "x", "z", "y"))
+
+_COMPILE_IN_16 = """
+import json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 16)
+from jax.sharding import PartitionSpec as P
+from tests.helpers import compiled_layout_change
+mesh, names, shape, src, dst, via = json.loads(sys.argv[1])
+spec = lambda s: P(*[tuple(a) if a else None for a in s])
+print(json.dumps(compiled_layout_change(mesh, names, shape, spec(src), spec(dst),
+                                        via=tuple(spec(v) for v in via))))
+"""
+
+
+def test_a_layout_change_xla_fails_on_is_made_in_steps_or_priced_out():
+    """Two pairs of dimensions swapped in one all-to-all, the second tile count no longer a
+    multiple of the first: XLA's partitioner divides by zero (jaxlib dies compiling it, found by
+    a training sample on a 2x2x4 mesh). The replay says so; the cost model makes the change
+    through a layout it compiles, as priced, and prices the one-constraint change out."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import hulkjax as hj
+    from hulkjax.cost import CostModel
+    from hulkjax.errors import UncompilableLayoutChangeError
+
+    mesh_shape, names, shape, src, dst = _UNCOMPILABLE
+    s, d = from_pspec(src, 4), from_pspec(dst, 4)
+    sizes = dict(zip(names, mesh_shape))
+    with pytest.raises(UncompilableLayoutChangeError, match="divides by zero"):
+        reshard_comms(shape, "float32", s, d, sizes)
+    g = hj.trace(lambda x: x * 2, jnp.ones(shape))
+    cm = CostModel(g, hj.Topology.grid(mesh_shape, names))
+    vid = g.inputs[0]
+    via = cm.reshard_via(vid, s, d)
+    steps = cm.reshard(vid, s, d)
+    assert len(via) == 1 and math.isfinite(sum(map(cm.comm_time, steps)))
+    assert cm.reshard(vid, s, d, direct=True) and \
+        sum(map(cm.comm_time, cm.reshard(vid, s, d, direct=True))) == math.inf
+
+    def compile_in_16(path):
+        arg = json.dumps([mesh_shape, names, shape, s, d, path])
+        return subprocess.run([sys.executable, "-c", _COMPILE_IN_16, arg], capture_output=True,
+                              text=True, cwd=Path(__file__).resolve().parents[2], timeout=600)
+
+    direct = compile_in_16([])
+    assert direct.returncode != 0  # jaxlib dies (SIGFPE in 0.10)
+    stepped = compile_in_16(list(via))
+    assert stepped.returncode == 0, stepped.stderr[-2000:]
+    assert json.loads(stepped.stdout.strip().splitlines()[-1]) == [
+        list(t) for t in sorted((c.kind, list(c.axes), c.bytes) for c in steps)]
