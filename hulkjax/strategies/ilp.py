@@ -9,7 +9,8 @@ entries), so the change is charged once however many need it (:func:`_shared_ter
 Objective: the cost model's step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH + sum w_z z``,
 exactly the sum :meth:`CostModel.objective` computes. The shared changes make the program larger
 and slower to solve (GPT-2 small on two DGX-H100 nodes: 5,539 ``z``, about 4x the solve time), but
-a pairwise program charges a change once per reader, which the compiled program does not. Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
+a pairwise program charges a change once per reader, which the compiled program does not.
+Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
 time, a polishing pass then moves each group to its smallest-footprint candidate that leaves the
 objective unchanged.
 
