@@ -338,6 +338,9 @@ class CostModel:
         self.table_rep: list[int] = self._table_reps()
         self._edges = self._cross_edges()
         self._shared_readers, self._pair_edges, self.shared_of_group = self._shared_values()
+        self._shared_reader_groups = {v: tuple(dict.fromkeys(r[0] for r in rs))
+                                      for v, rs in self._shared_readers.items()}
+        self._shared_memo: dict[tuple, list] = {}
 
     # ---- structure -----------------------------------------------------------------------
     def _build_groups(self) -> None:
@@ -1035,11 +1038,15 @@ class CostModel:
         read it: ``({value: ((group, node, operand), ...)}, the edges' other items, {group:
         [value, ...]})``, the last naming for each group the shared values it produces or reads.
         A carried state result going back to its input's layout (node ``-1``) is a constraint of
-        its own, made directly: it stays on its edge."""
+        its own, made directly: it stays on its edge. So does a value no layout can split (a
+        scalar, every dimension of size 1): it is never changed, whoever reads it (the scalars
+        an optimizer's update reads hundreds of times, left out, make the local searches several
+        times faster)."""
         readers: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        vals = self.graph.values
         for (_, gc), items in self._edges.items():
             for v, nid, k in items:
-                if nid >= 0:
+                if nid >= 0 and any(d > 1 for d in vals[v].shape):
                     readers[v].append((gc, nid, k))
         shared = {v: tuple(sorted(rs, key=lambda r: (r[1], r[2])))
                   for v, rs in readers.items() if len(rs) > 1}
@@ -1080,18 +1087,38 @@ class CostModel:
                         c: int | None = None) -> dict[Spec, tuple[float, int]]:
         """``{layout: (seconds, index of the reader charged)}`` of :meth:`shared_time`."""
         gp = self.group_of_value[vid]
-        src = self.spec(gp, c if gp == gid else assignment[gp], vid)
+        cp = c if gp == gid else assignment[gp]
         out: dict[Spec, tuple[float, int]] = {}
-        if src is None:
-            return out
-        for i, (gc, nid, k) in enumerate(self._shared_readers[vid]):
-            dst = self.required(gc, c if gc == gid else assignment[gc], nid, k)
-            if dst is None or dst == src:
-                continue
-            t = self.move_time(vid, src, dst, nid)
-            if dst not in out or t > out[dst][0]:
-                out[dst] = (t, i)
+        for gc in self._shared_reader_groups[vid]:
+            cc = c if gc == gid else assignment[gc]
+            for dst, t, i in self._shared_moves(vid, cp, gc, cc):
+                had = out.get(dst)
+                # the dearest reading; of equal ones, the first reader's (the readers' order)
+                if had is None or t > had[0] or (t == had[0] and i < had[1]):
+                    out[dst] = (t, i)
         return out
+
+    def _shared_moves(self, vid: int, cp: int, gc: int, cc: int) -> list[tuple[Spec, float, int]]:
+        """``[(layout, seconds, reader index)]`` of the readers of shared value ``vid`` in group
+        ``gc`` (on candidate ``cc``) that need its layout changed, its producer on ``cp``.
+        Memoized: the local searches ask for the same few pairs of candidates many times."""
+        key = (vid, cp, gc, cc)
+        moves = self._shared_memo.get(key)
+        if moves is not None:
+            return moves
+        if len(self._shared_memo) > 1 << 20:  # a bound on the memo's memory
+            self._shared_memo.clear()
+        moves = []
+        src = self.spec(self.group_of_value[vid], cp, vid)
+        if src is not None:
+            for i, (g, nid, k) in enumerate(self._shared_readers[vid]):
+                if g != gc:
+                    continue
+                dst = self.required(gc, cc, nid, k)
+                if dst is not None and dst != src:
+                    moves.append((dst, self.move_time(vid, src, dst, nid), i))
+        self._shared_memo[key] = moves
+        return moves
 
     def _edge_moves(self, assignment):
         """``(value, node, operand, consumer group, src, dst, repeat)`` of every layout change

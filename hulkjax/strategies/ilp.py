@@ -535,6 +535,7 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
     target positions)``; equal readings (tied repeated layers) share one variable.
     """
     hyper: dict[tuple, float] = defaultdict(float)
+    pairs: dict[tuple, float] = defaultdict(float)  # equal pairwise terms added up first
     memo: dict[tuple, list] = {}  # repeated layers' values have the same terms
     for v, readers in cm.shared_items():
         gp = cm.group_of_value[v]
@@ -550,9 +551,11 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
             terms = memo[key] = _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])
         for t in terms:
             if t[0] == "pair":
-                _add_pairwise(*t[1:], keep, node_cost, edge_cost)
+                pairs[t[1:5]] += t[5]
             else:
                 hyper[t[1]] += t[2]
+    for (a, b, S, D), w in pairs.items():
+        _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost)
     return dict(hyper)
 
 
@@ -591,7 +594,7 @@ def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: 
                         del by_class[a]
                 if len(by_class) == 1:
                     (b, D), = by_class.items()
-                    out.append(("pair", a, b, S, sorted(D), wj - below))
+                    out.append(("pair", a, b, tuple(S), tuple(sorted(D)), wj - below))
                 elif by_class:
                     readings = tuple(sorted(
                         ("x", a, tuple(sorted(D))) if b == a else

@@ -131,3 +131,26 @@ def test_input_groups_of_shared_values_are_known_to_the_descent(gpt2_tiny):
         for gid in {cm.group_of_value[v], *(r[0] for r in readers)}:
             assert v in cm.shared_of_group[gid]
     assert any(cm.groups[cm.group_of_value[v]].kind == INPUT for v, _ in cm.shared_items())
+
+
+def test_values_no_layout_splits_are_not_shared_terms(gpt2_tiny):
+    """An optimizer's scalars (its step count's powers) are read by every parameter's update:
+    they are never changed, so they are not shared terms (they made the descent's shared terms
+    several times dearer), and the objective charges them nothing either way."""
+    cm = gpt2_tiny
+    g = cm.graph
+    unsplittable = lambda v: all(d <= 1 for d in g.values[v].shape)  # noqa: E731
+    assert not any(unsplittable(v) for v, _ in cm.shared_items())
+    many = [v for v, n in _readers(cm).items() if n > 2 and unsplittable(v)]
+    assert many  # the Adam update's scalars are read by every parameter's update group
+    for a in _random(cm, 3, seed=11):
+        assert not any(m.value in many for m in cm.breakdown(a, memory=False).moves)
+
+
+def _readers(cm) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for (_, _gc), items in cm.edge_items():
+        for v, nid, _k in items:
+            if nid >= 0:
+                counts[v] = counts.get(v, 0) + 1
+    return counts
