@@ -133,7 +133,9 @@ class Move:
     each reading the previous one's result; 0: the first). ``repeat``: another operator's change
     of the same value to the same layout is the one the program makes (XLA makes a change once
     per layout however many read it), so the cost does not charge this one: it is listed for
-    what reads the copy (memory, a pipeline stage's own operators).
+    what reads the copy (memory, a pipeline stage's own operators). ``target``: the layout a
+    change between groups brings the value to (``None`` for changes inside a group): the
+    readers of one value with one target share one change in one program.
     """
 
     value: int
@@ -142,6 +144,7 @@ class Move:
     comm: Comm
     step: int = 0
     repeat: bool = False
+    target: Spec | None = None
 
 
 @dataclass(frozen=True)
@@ -1917,7 +1920,7 @@ class CostModel:
             own.update(loc.node_comms)
             moves.extend(loc.moves)
         for v, nid, _, gc, src, dst, repeat in self._edge_moves(assignment):
-            moves.extend(Move(v, nid, gc, m, step, repeat) for step, m in
+            moves.extend(Move(v, nid, gc, m, step, repeat, dst) for step, m in
                          enumerate(self._defer_shared(
                              self.reshard(v, src, dst, direct=nid < 0), nid)))
         return specs, compute, own, moves

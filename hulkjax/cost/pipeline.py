@@ -121,8 +121,12 @@ class NodeCosts:
     Attributes:
       time / compute / comm: seconds per node (``time = compute + comm``); ``comm`` holds the
         node's own collectives and the layout changes of its operands, each reader's own (a
-        ``repeat`` move too: a stage is a range of nodes, and each stage that reads a value
-        makes its own copy; an SPMD plan's cost charges a shared change once).  # np.ndarray
+        ``repeat`` move too: a stage runs a program per phase, and each program that reads a
+        value makes its own copy; an SPMD plan's cost charges a shared change once). A stage's
+        time takes :func:`shared_excess` off: the copies its programs share.  # np.ndarray
+      shared: ``{(value, target layout): ((node, seconds, move indices), ...)}``: the readings
+        of one layout change of a value between groups (where there are several), each with its
+        change's seconds and the indices of its steps in ``moves``.  # dict
       state_moves: ``{input index: seconds}``: carried state results brought back to the layout of
         their input.  # dict
       memory: ``(node or None, input indices of its group, kind, bytes)`` per device.  # list
@@ -139,6 +143,38 @@ class NodeCosts:
     specs: dict = field(default_factory=dict)
     own: dict = field(default_factory=dict)
     moves: list = field(default_factory=list)
+    shared: dict = field(default_factory=dict)
+
+
+def shared_excess(nc: NodeCosts, nodes) -> float:
+    """Seconds :attr:`NodeCosts.time` charges ``nodes`` (one program's operators) for layout
+    changes that program makes once: of several readings of the same change of a value (to one
+    layout), only the dearest is made (XLA's partitioner keeps one reshard per instruction and
+    sharding), the rest is excess."""
+    if not nc.shared:
+        return 0.0
+    mine = set(nodes)
+    out = 0.0
+    for readings in nc.shared.values():
+        ts = [t for n, t, _ in readings if n in mine]
+        if len(ts) > 1:
+            out += sum(ts) - max(ts)
+    return out
+
+
+def _shared_copies(nc: NodeCosts, nodes) -> set[int]:
+    """Indices in :attr:`NodeCosts.moves` of the readings :func:`shared_excess` leaves out (all
+    but the dearest, the first of equal ones, per program)."""
+    mine = set(nodes)
+    out: set[int] = set()
+    for readings in nc.shared.values():
+        rs = [r for r in readings if r[0] in mine]
+        if len(rs) > 1:
+            keep = max(range(len(rs)), key=lambda j: (rs[j][1], -j))
+            for j, r in enumerate(rs):
+                if j != keep:
+                    out.update(r[2])
+    return out
 
 
 def node_costs(cm: CostModel, assignment) -> NodeCosts:
@@ -156,16 +192,25 @@ def node_costs(cm: CostModel, assignment) -> NodeCosts:
         comm[nid] += sum(cm.comm_time(c) for c in comms)
     carried_input = {g.outputs[o]: i for i, o in g.carried.items() if g.outputs[o] is not None}
     state_moves: dict[int, float] = defaultdict(float)
-    for m in b.moves:
+    readings: dict[tuple, list] = defaultdict(list)  # (value, target) -> [[node, s, steps]]
+    for i, m in enumerate(b.moves):
         t = cm.comm_time(m.comm)
         if m.node >= 0:
             comm[m.node] += t
+            if m.target is not None:  # a change between groups: one reading, step by step
+                rs = readings[(m.value, m.target)]
+                if m.step == 0 or not rs or rs[-1][0] != m.node:
+                    rs.append([m.node, 0.0, []])
+                rs[-1][1] += t
+                rs[-1][2].append(i)
         elif m.value in carried_input:
             state_moves[carried_input[m.value]] += t
+    shared = {k: tuple((n, t, tuple(ix)) for n, t, ix in rs)
+              for k, rs in readings.items() if len(rs) > 1}
     memory = [(u.node, cm.groups[u.group].inputs, u.kind, u.bytes) for u in b.memory]
     out = NodeCosts(time=compute + comm, compute=compute, comm=comm,
                     state_moves=dict(state_moves), memory=memory, specs=b.specs, own=b.own,
-                    moves=b.moves)
+                    moves=b.moves, shared=shared)
     memo[key] = (cm, out)
     return out
 
@@ -340,10 +385,11 @@ def _makespan(schedule: str, G: int, v: int, M: int, f, b, transfers) -> float:
 
 def _stage_times(s: StageWork) -> dict:
     nc = node_costs(s.cost_model, s.assignment)
-    f = float(sum(nc.time[n] for n in s.forward))
-    b = float(sum(nc.time[n] for n in s.backward))
-    u = float(sum(nc.time[n] for n in s.update)) + sum(nc.state_moves.get(i, 0.0)
-                                                         for i in s.inputs)
+    # A program per phase: each makes a shared layout change once, however many read it.
+    f = float(sum(nc.time[n] for n in s.forward)) - shared_excess(nc, s.forward)
+    b = float(sum(nc.time[n] for n in s.backward)) - shared_excess(nc, s.backward)
+    u = float(sum(nc.time[n] for n in s.update)) - shared_excess(nc, s.update) + sum(
+        nc.state_moves.get(i, 0.0) for i in s.inputs)
     cf = float(sum(nc.compute[n] for n in s.forward + s.backward))
     cu = float(sum(nc.compute[n] for n in s.update))
     cm = s.cost_model
@@ -364,9 +410,11 @@ def _stage_times(s: StageWork) -> dict:
             for c in comms:
                 if times:
                     add(c, times)
-        for m in b_.moves:
+        copies = (_shared_copies(b_, s.forward) | _shared_copies(b_, s.backward)
+                  | _shared_copies(b_, s.update))
+        for i, m in enumerate(b_.moves):
             times = M if m.node in mine_mb else 1 if m.node in mine_u else 0
-            if times:
+            if times and i not in copies:
                 add(m.comm, times)
         return dict(per)
 

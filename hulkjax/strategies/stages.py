@@ -207,6 +207,17 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
     # nodes adding ``f[k] += time`` does (the same floats).
     f, b, u = (np.bincount(unit[phase == c], weights=nc.time[phase == c], minlength=U)
                for c in (0, 1, 2))
+    # A stage's program per phase makes a shared layout change once (pipeline_cost charges its
+    # dearest reading there): the tables charge it at the phase's first reader's unit alone,
+    # so that a range's sum is at most the stage's (the floors stay lower bounds).
+    for readings in nc.shared.values():
+        first: dict[int, int] = {}
+        for n, t, _ in sorted(readings):
+            c = int(phase[n])
+            if c in first:
+                (f, b, u)[c][unit[n]] -= t
+            else:
+                first[c] = n
     u_ops = u.copy()
     for i, t in nc.state_moves.items():
         u[part.home.get(i, 0)] += t
@@ -774,7 +785,9 @@ def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
     transfers every chunk boundary must make in the fill and drain (:func:`_boundary_floor`)
     and none in the steady state, plus the slowest group's update without the state's layout
     changes (each stage's forward, backward and update operators from the unit tables the search
-    built: the sums the exact cost makes); ``0`` where a table is missing."""
+    built: the sums the exact cost makes, less a shared layout change's readings after its
+    first per phase, which a stage's program makes at most once); ``0`` where a table is
+    missing."""
     f, b, u = [], [], []
     for devs, (lo, hi), name in zip(layout.groups, layout.ranges, layout.plans):
         t = ctx.tables.get((layout.microbatches, group_topology(ctx.topology, devs), name))
