@@ -146,35 +146,25 @@ class NodeCosts:
     shared: dict = field(default_factory=dict)
 
 
-def shared_excess(nc: NodeCosts, nodes) -> float:
-    """Seconds :attr:`NodeCosts.time` charges ``nodes`` (one program's operators) for layout
-    changes that program makes once: of several readings of the same change of a value (to one
-    layout), only the dearest is made (XLA's partitioner keeps one reshard per instruction and
-    sharding), the rest is excess."""
-    if not nc.shared:
-        return 0.0
+def _copies(nc: NodeCosts, nodes) -> list[tuple[int, float, tuple]]:
+    """The readings in ``nodes`` (one program's operators) of a shared change that the program
+    does not make: of several readings of the same change of a value (to one layout), only the
+    dearest (the first of equal ones) is made, as XLA's partitioner keeps one reshard per
+    instruction and sharding."""
     mine = set(nodes)
-    out = 0.0
-    for readings in nc.shared.values():
-        ts = [t for n, t, _ in readings if n in mine]
-        if len(ts) > 1:
-            out += sum(ts) - max(ts)
-    return out
-
-
-def _shared_copies(nc: NodeCosts, nodes) -> set[int]:
-    """Indices in :attr:`NodeCosts.moves` of the readings :func:`shared_excess` leaves out (all
-    but the dearest, the first of equal ones, per program)."""
-    mine = set(nodes)
-    out: set[int] = set()
+    out = []
     for readings in nc.shared.values():
         rs = [r for r in readings if r[0] in mine]
         if len(rs) > 1:
             keep = max(range(len(rs)), key=lambda j: (rs[j][1], -j))
-            for j, r in enumerate(rs):
-                if j != keep:
-                    out.update(r[2])
+            out.extend(r for j, r in enumerate(rs) if j != keep)
     return out
+
+
+def shared_excess(nc: NodeCosts, nodes) -> float:
+    """Seconds :attr:`NodeCosts.time` charges ``nodes`` (one program's operators) for layout
+    changes that program makes once (:func:`_copies`)."""
+    return float(sum(t for _, t, _ in _copies(nc, nodes))) if nc.shared else 0.0
 
 
 def node_costs(cm: CostModel, assignment) -> NodeCosts:
@@ -410,8 +400,8 @@ def _stage_times(s: StageWork) -> dict:
             for c in comms:
                 if times:
                     add(c, times)
-        copies = (_shared_copies(b_, s.forward) | _shared_copies(b_, s.backward)
-                  | _shared_copies(b_, s.update))
+        copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in _copies(b_, ph)
+                  for i in ix}
         for i, m in enumerate(b_.moves):
             times = M if m.node in mine_mb else 1 if m.node in mine_u else 0
             if times and i not in copies:
