@@ -59,6 +59,7 @@ program's collectives against its compute as XLA's latency-hiding scheduler does
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -340,10 +341,90 @@ class CostModel:
         self._rep_maps: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
         self.table_rep: list[int] = self._table_reps()
         self._edges = self._cross_edges()
+        self.program_of: tuple | None = None  # node -> program (None: one program)
+        self.program_runs: dict | None = None  # program -> runs per step (None: once each)
+        self._share_readers()
+
+    def by_programs(self, program_of, runs=None) -> CostModel:
+        """This cost model for a step run as several programs (a pipeline stage's forward,
+        backward and update), ``program_of[node]`` naming each operator's, and ``runs`` (if
+        given) how many times each program runs per step (``{program: count}``; a stage runs its
+        forward and backward once per microbatch, its update once).
+
+        A shared layout change is made once per program that reads it (XLA's partitioner
+        dedupes reshards within one program, not across programs), so its readers are grouped
+        per (value, program). With ``runs``, :meth:`objective` (and what the ILP and the descent
+        price: :meth:`table_time`, :meth:`edge_time`, :meth:`edge_matrix`,
+        :meth:`reading_time`, :meth:`shared_time`) charges each operator's time and each
+        reading's layout change times its program's runs: the step's time. :meth:`evaluate` and
+        :meth:`breakdown` stay one run of each program.
+
+        The view shares this model's groups, tables and the caches that do not depend on the
+        grouping or the runs."""
+        view = copy.copy(self)
+        view.program_of = tuple(program_of)
+        view.program_runs = None if runs is None else {p: float(n) for p, n in runs.items()}
+        view._edge_cache = {}
+        view._edge_classes = {}
+        view._breakdowns = {}
+        if runs is not None:  # entries keyed by content, priced once per run count
+            view._edge_class_time = {}
+            view._matrix_cache = {}
+            view._table_times = {}
+        view._share_readers()
+        return view
+
+    def runs(self, nid: int) -> float:
+        """How many times per step node ``nid``'s program runs (:meth:`by_programs`; ``-1``,
+        a carried state result brought back to its input's layout: once)."""
+        if self.program_runs is None or nid < 0:
+            return 1.0
+        return self.program_runs.get(self.program_of[nid], 1.0)
+
+    def table_time(self, gid: int, c: int) -> float:
+        """``table(gid, c).time`` per step: each of the group's operators and in-group layout
+        changes times its program's :meth:`runs`."""
+        if self.program_runs is None:
+            return self.table(gid, c).time
+        hit = self._table_times.get((gid, c))
+        if hit is None:
+            ws = {self.runs(n) for n in self._sequence_nodes(gid)}
+            if len(ws) <= 1:
+                hit = (ws.pop() if ws else 1.0) * self.table(gid, c).time
+            else:
+                loc = self.local(gid, c)
+                ct = self.comm_time
+                hit = (sum(self.runs(n) * t for n, t in loc.node_compute.items())
+                       + sum(self.runs(n) * ct(x) for n, xs in loc.node_comms.items() for x in xs)
+                       + sum(self.runs(m.node) * ct(m.comm) for m in loc.moves))
+            self._table_times[(gid, c)] = hit
+        return hit
+
+    def _sequence_nodes(self, gid: int) -> list[int]:
+        seq = self._seq_cache
+        if gid not in seq:
+            seq[gid] = self._sequence(gid)
+        return seq[gid][0]
+
+    def reading_time(self, vid: int, src: Spec, dst: Spec, nid: int) -> float:
+        """:meth:`move_time` times the reader's program's :meth:`runs`."""
+        t = self.move_time(vid, src, dst, nid)
+        return t if self.program_runs is None else t * self.runs(nid)
+
+    def _share_readers(self) -> None:
         self._shared_readers, self._pair_edges, self.shared_of_group = self._shared_values()
-        self._shared_reader_groups = {v: tuple(dict.fromkeys(r[0] for r in rs))
-                                      for v, rs in self._shared_readers.items()}
+        self._shared_reader_groups = {s: tuple(dict.fromkeys(r[0] for r in rs))
+                                      for s, rs in self._shared_readers.items()}
         self._shared_memo: dict[tuple, list] = {}
+
+    def _share_key(self, vid: int, nid: int):
+        """The key of value ``vid``'s readers sharing a change with reader ``nid``: the value,
+        or (value, program) under :meth:`by_programs`."""
+        return vid if self.program_of is None else (vid, self.program_of[nid])
+
+    def shared_value(self, key) -> int:
+        """The value of a shared key (:attr:`shared_of_group`'s entries)."""
+        return key if self.program_of is None else key[0]
 
     # ---- structure -----------------------------------------------------------------------
     def _build_groups(self) -> None:
@@ -1038,30 +1119,32 @@ class CostModel:
     def _shared_values(self):
         """The values operators of other groups read more than once (two operators, or two
         operands of one), whose layout changes the program makes once per layout however many
-        read it: ``({value: ((group, node, operand), ...)}, the edges' other items, {group:
-        [value, ...]})``, the last naming for each group the shared values it produces or reads.
-        A carried state result going back to its input's layout (node ``-1``) is a constraint of
-        its own, made directly: it stays on its edge. So does a value no layout can split (a
-        scalar, every dimension of size 1): it is never changed, whoever reads it (the scalars
-        an optimizer's update reads hundreds of times, left out, make the local searches several
-        times faster)."""
-        readers: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        read it: ``({key: ((group, node, operand), ...)}, the edges' other items, {group:
+        [key, ...]})``, the last naming for each group the shared keys of values it produces or
+        reads. A key is the value (:meth:`_share_key`; with its readers' program under
+        :meth:`by_programs`). A carried state result going back to its input's layout (node
+        ``-1``) is a constraint of its own, made directly: it stays on its edge. So does a value
+        no layout can split (a scalar, every dimension of size 1): it is never changed, whoever
+        reads it (the scalars an optimizer's update reads hundreds of times, left out, make the
+        local searches several times faster)."""
+        readers: dict = defaultdict(list)
         vals = self.graph.values
         for (_, gc), items in self._edges.items():
             for v, nid, k in items:
                 if nid >= 0 and any(d > 1 for d in vals[v].shape):
-                    readers[v].append((gc, nid, k))
-        shared = {v: tuple(sorted(rs, key=lambda r: (r[1], r[2])))
-                  for v, rs in readers.items() if len(rs) > 1}
+                    readers[self._share_key(v, nid)].append((gc, nid, k))
+        shared = {s: tuple(sorted(rs, key=lambda r: (r[1], r[2])))
+                  for s, rs in readers.items() if len(rs) > 1}
         pair = {}
         for e, items in self._edges.items():
-            rest = [it for it in items if it[1] < 0 or it[0] not in shared]
+            rest = [it for it in items if it[1] < 0 or self._share_key(it[0], it[1]) not in shared]
             if rest:
                 pair[e] = rest
-        of_group: dict[int, list[int]] = defaultdict(list)
-        for v, rs in shared.items():
-            for gid in dict.fromkeys((self.group_of_value[v], *(r[0] for r in rs))):
-                of_group[gid].append(v)
+        of_group: dict[int, list] = defaultdict(list)
+        for s, rs in shared.items():
+            for gid in dict.fromkeys((self.group_of_value[self.shared_value(s)],
+                                      *(r[0] for r in rs))):
+                of_group[gid].append(s)
         return shared, pair, dict(of_group)
 
     def edge_items(self):
@@ -1074,52 +1157,56 @@ class CostModel:
         """``(value, ((consumer group, node, operand), ...))`` of every value that operators of
         other groups than its producer's read more than once: :meth:`shared_time` charges its
         layout changes once per layout, not per reader (the objective's one term that is not a
-        sum over groups and pairs of groups)."""
-        return self._shared_readers.items()
+        sum over groups and pairs of groups). Under :meth:`by_programs` a value comes once per
+        program that reads it more than once, with that program's readers."""
+        return [(self.shared_value(s), rs) for s, rs in self._shared_readers.items()]
 
-    def shared_time(self, vid: int, assignment, gid: int | None = None, c: int | None = None
+    def shared_time(self, key, assignment, gid: int | None = None, c: int | None = None
                     ) -> float:
-        """Seconds of the layout changes of shared value ``vid`` (:meth:`shared_items`) under
+        """Seconds of the layout changes of shared value ``key`` (an entry of
+        :attr:`shared_of_group`: the value, or (value, program) under :meth:`by_programs`) under
         ``assignment`` (with group ``gid`` on candidate ``c``, if given): one change per layout
         its readers need, as XLA's partitioner makes one per (instruction, sharding) however many
         operators read it; a change some readers need deferred (into the step's tail) and others
         not is charged at the dearest (not deferred)."""
-        return sum(t for t, _ in self._shared_changes(vid, assignment, gid, c).values())
+        return sum(t for t, _ in self._shared_changes(key, assignment, gid, c).values())
 
-    def _shared_changes(self, vid: int, assignment, gid: int | None = None,
+    def _shared_changes(self, key, assignment, gid: int | None = None,
                         c: int | None = None) -> dict[Spec, tuple[float, int]]:
         """``{layout: (seconds, index of the reader charged)}`` of :meth:`shared_time`."""
-        gp = self.group_of_value[vid]
+        gp = self.group_of_value[self.shared_value(key)]
         cp = c if gp == gid else assignment[gp]
         out: dict[Spec, tuple[float, int]] = {}
-        for gc in self._shared_reader_groups[vid]:
+        for gc in self._shared_reader_groups[key]:
             cc = c if gc == gid else assignment[gc]
-            for dst, t, i in self._shared_moves(vid, cp, gc, cc):
+            for dst, t, i in self._shared_moves(key, cp, gc, cc):
                 had = out.get(dst)
                 # the dearest reading; of equal ones, the first reader's (the readers' order)
                 if had is None or t > had[0] or (t == had[0] and i < had[1]):
                     out[dst] = (t, i)
         return out
 
-    def _shared_moves(self, vid: int, cp: int, gc: int, cc: int) -> list[tuple[Spec, float, int]]:
-        """``[(layout, seconds, reader index)]`` of the readers of shared value ``vid`` in group
-        ``gc`` (on candidate ``cc``) that need its layout changed, its producer on ``cp``.
-        Memoized: the local searches ask for the same few pairs of candidates many times."""
-        key = (vid, cp, gc, cc)
+    def _shared_moves(self, skey, cp: int, gc: int, cc: int) -> list[tuple[Spec, float, int]]:
+        """``[(layout, seconds, reader index)]`` of the readers of shared key ``skey`` in group
+        ``gc`` (on candidate ``cc``) that need its value's layout changed, its producer on
+        ``cp``. Memoized: the local searches ask for the same few pairs of candidates many
+        times."""
+        key = (skey, cp, gc, cc)
         moves = self._shared_memo.get(key)
         if moves is not None:
             return moves
         if len(self._shared_memo) > 1 << 20:  # a bound on the memo's memory
             self._shared_memo.clear()
         moves = []
+        vid = self.shared_value(skey)
         src = self.spec(self.group_of_value[vid], cp, vid)
         if src is not None:
-            for i, (g, nid, k) in enumerate(self._shared_readers[vid]):
+            for i, (g, nid, k) in enumerate(self._shared_readers[skey]):
                 if g != gc:
                     continue
                 dst = self.required(gc, cc, nid, k)
                 if dst is not None and dst != src:
-                    moves.append((dst, self.move_time(vid, src, dst, nid), i))
+                    moves.append((dst, self.reading_time(vid, src, dst, nid), i))
         self._shared_memo[key] = moves
         return moves
 
@@ -1129,9 +1216,9 @@ class CostModel:
         shared value to the same layout is the one made and charged)."""
         specs: dict[int, dict] = {}
         charged = {}
-        for v in self._shared_readers:
-            for _, i in self._shared_changes(v, assignment).values():
-                charged[(v, i)] = True
+        for key in self._shared_readers:
+            for _, i in self._shared_changes(key, assignment).values():
+                charged[(key, i)] = True
         for (gp, gc), items in self._edges.items():
             src_specs = specs.get(gp)
             if src_specs is None:
@@ -1142,9 +1229,10 @@ class CostModel:
                 if src is None or dst is None:
                     continue
                 repeat = False
-                if nid >= 0 and v in self._shared_readers:
-                    i = self._shared_readers[v].index((gc, nid, k))
-                    repeat = src != dst and (v, i) not in charged
+                key = self._share_key(v, nid) if nid >= 0 else None
+                if key in self._shared_readers:
+                    i = self._shared_readers[key].index((gc, nid, k))
+                    repeat = src != dst and (key, i) not in charged
                 yield v, nid, k, gc, src, dst, repeat
 
     def required(self, gid: int, c: int, nid: int, k: int) -> Spec | None:
@@ -1262,8 +1350,13 @@ class CostModel:
             ckey = None if cls is None else (cls, cp, cc)
             t = None if ckey is None else self._edge_class_time.get(ckey)
             if t is None:
-                t = sum(self.comm_time(cm) for cm in self._edge_changes(
-                    gp, cp, gc, cc, self._edge_list(gp, gc, shared)))
+                items = self._edge_list(gp, gc, shared)
+                if self.program_runs is None:
+                    t = sum(self.comm_time(cm) for cm in self._edge_changes(
+                        gp, cp, gc, cc, items))
+                else:
+                    t = sum(self.runs(it[1]) * self.comm_time(cm) for it in items
+                            for cm in self._edge_changes(gp, cp, gc, cc, (it,)))
                 if ckey is not None:
                     self._edge_class_time[ckey] = t
             self._edge_cache[key] = t
@@ -1273,7 +1366,10 @@ class CostModel:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
         hit = self._edge_classes.get((gp, gc, shared), -1)
         if hit == -1:
-            key = self._edge_key(gp, gc, self._edge_list(gp, gc, shared))
+            items = self._edge_list(gp, gc, shared)
+            key = self._edge_key(gp, gc, items)
+            if key is not None and self.program_runs is not None:
+                key = (key, tuple(self.runs(nid) for _, nid, _ in items))
             hit = None if key is None else self._edge_class_ids.setdefault(
                 key, len(self._edge_class_ids))
             self._edge_classes[(gp, gc, shared)] = hit
@@ -1307,7 +1403,7 @@ class CostModel:
                     continue
                 for b, d in enumerate(ud):
                     if d is not None and s != d:
-                        t[a, b] = self.move_time(v, s, d, nid)
+                        t[a, b] = self.reading_time(v, s, d, nid)
             m += t[np.ix_(ui, di)]
         if key is not None:
             self._matrix_cache[key] = m.copy()
@@ -1849,20 +1945,22 @@ class CostModel:
         out: list[Comm] = []
         for (gp, gc), items in self._pair_edges.items():
             out.extend(self._edge_changes(gp, assignment[gp], gc, assignment[gc], items))
-        for v, readers in self._shared_readers.items():
+        for key, readers in self._shared_readers.items():
+            v = self.shared_value(key)
             src = self.spec(self.group_of_value[v], assignment[self.group_of_value[v]], v)
-            for dst, (_, i) in self._shared_changes(v, assignment).items():
+            for dst, (_, i) in self._shared_changes(key, assignment).items():
                 nid = readers[i][1]
                 out.extend(self._defer_shared(self.reshard(v, src, dst), nid))
         return out
 
     def objective(self, assignment) -> float:
-        """``evaluate(assignment).step_time`` computed from the tables (what the ILP minimizes)."""
-        t = sum(self.table(gid, c).time for gid, c in enumerate(assignment))
+        """``evaluate(assignment).step_time`` computed from the tables (what the ILP minimizes;
+        under :meth:`by_programs` with runs, each program's share times its runs)."""
+        t = sum(self.table_time(gid, c) for gid, c in enumerate(assignment))
         for gp, gc in self._pair_edges:
             t += self.edge_time(gp, assignment[gp], gc, assignment[gc], shared=False)
-        for v in self._shared_readers:
-            t += self.shared_time(v, assignment)
+        for key in self._shared_readers:
+            t += self.shared_time(key, assignment)
         return t
 
     def memory(self, assignment) -> float:

@@ -294,7 +294,7 @@ class _Program:
                     chosen.update(restrict.get(g2, ()))
             else:
                 pruned += n > max_candidates
-                times = np.array([cm.table(gid, k).time for k in range(n)])
+                times = np.array([cm.table_time(gid, k) for k in range(n)])
                 chosen = set(np.argsort(times, kind="stable")[:max_candidates].tolist()) | {0}
             for seed in seeds:
                 for g2 in members[c]:
@@ -303,7 +303,7 @@ class _Program:
 
         n_classes = len(reps)
         # Node costs and memory per class (summed over the class's groups).
-        node_cost = [np.array([sum(cm.table(g2, k).time for g2 in members[c]) for k in keep[c]])
+        node_cost = [np.array([sum(cm.table_time(g2, k) for g2 in members[c]) for k in keep[c]])
                      for c in range(n_classes)]
         node_mem = [np.array([sum(cm.table(g2, k).memory for g2 in members[c]) for k in keep[c]])
                     for c in range(n_classes)]
@@ -545,7 +545,7 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
                                                          for c in keep[cls_of[gc]]))
                      for gc, nid, k in readers)
         val = cm.graph.values[v]
-        key = (a, val.shape, val.dtype, srcs, dsts)
+        key = (a, val.shape, val.dtype, srcs, dsts, tuple(cm.runs(r[1]) for r in readers))
         terms = memo.get(key)
         if terms is None:
             terms = memo[key] = _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])
@@ -575,7 +575,7 @@ def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: 
         for b, nid, pos in dst_pos:
             for d, D in pos.items():
                 if d is not None and d != s:
-                    w = cm.move_time(v, s, d, nid)
+                    w = cm.reading_time(v, s, d, nid)
                     if w > 0:
                         need[d].append((b, D, w))
         for entries in need.values():

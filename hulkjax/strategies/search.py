@@ -28,7 +28,7 @@ def local_cost(cm: CostModel, nb, gid: int, c: int, assignment) -> float:
     """The part of the objective that depends on group ``gid``'s candidate: its table, its
     edges (without the shared values' readers) and the shared values it makes or reads, whose
     changes are charged once per layout (:meth:`CostModel.shared_time`)."""
-    t = cm.table(gid, c).time
+    t = cm.table_time(gid, c)
     for other, is_producer in nb.get(gid, ()):
         if other == gid:  # its own state result, back to its input's layout: both ends are c
             t += cm.edge_time(gid, c, gid, c, shared=False)
@@ -125,7 +125,7 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
         # for its own cheaper work: what reads it later would have to gather it.
         best_c, best_key = options[0], (float("inf"), float("inf"), True, float("inf"))
         for c in options:
-            arriving, rest = 0.0, cm.table(grp.id, c).time
+            arriving, rest = 0.0, cm.table_time(grp.id, c)
             for other, is_producer in nb.get(grp.id, ()):
                 if other not in decided:
                     continue

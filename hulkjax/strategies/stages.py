@@ -299,7 +299,12 @@ class _Context:
         if "ilp" in missing and self.solver is not None:
             seeds = [a for (m, s, n), a in self.plans.items() if m == M and s == sub]
             try:
-                res = self.solver(cm, seeds=seeds, time_limit=self.time_limit,
+                # A stage runs a program per phase, each making a shared layout change once,
+                # its forward and backward once per microbatch and its update once per step
+                # (what pipeline_cost charges): the ILP minimizes that step.
+                runs = {FORWARD: M, BACKWARD: M, UPDATE: 1}
+                res = self.solver(cm.by_programs(self.part.phase, runs), seeds=seeds,
+                                  time_limit=self.time_limit,
                                   memory_limit=float("inf"))
                 self.plans[(M, sub, "ilp")] = res.assignment
             except Exception as e:  # noqa: BLE001 - a failed solve leaves the baselines

@@ -194,3 +194,49 @@ def test_a_stage_makes_a_shared_change_once_per_program(gpt2_tiny):
         assert sum(excess) <= shared_excess(nc, range(len(g.nodes))) + 1e-18
         shared_in_a_phase += sum(excess)
     assert shared_in_a_phase > 0
+
+
+@pytest.mark.parametrize("runs", [None, (1, 1, 1), (4, 4, 1)], ids=["once", "ones", "M=4"])
+def test_the_per_program_objective_is_what_a_stage_s_programs_make(gpt2_tiny, runs):
+    """``by_programs(phase, runs)`` charges a shared change once per phase program that reads
+    it, and each program's time times its runs: its objective is the per-reader charge less
+    :func:`shared_excess` of each phase (what ``pipeline_cost`` takes off a stage), each phase
+    times its runs (a stage's forward and backward once per microbatch, its update once), and
+    the ILP and descent over it see the same."""
+    cm = gpt2_tiny
+    g = cm.graph
+    part = partition(g)
+    names = (FORWARD, BACKWARD, UPDATE)
+    view = cm.by_programs(part.phase, None if runs is None else dict(zip(names, runs)))
+    assert cm.program_of is None and cm.program_runs is None  # the view is a copy
+    phases = [tuple(n.id for n in g.nodes if part.phase[n.id] == ph) for ph in names]
+    times = runs or (1, 1, 1)
+    dearer = 0
+    for a in _random(cm, 4, seed=19):
+        nc = node_costs(cm, a)
+        staged = sum(k * (float(sum(nc.time[n] for n in ph)) - shared_excess(nc, ph))
+                     for k, ph in zip(times, phases)) + sum(nc.state_moves.values())
+        assert view.objective(a) == pytest.approx(staged, rel=1e-12)
+        one = view.evaluate(a).step_time  # evaluate: one run of each program
+        assert one == pytest.approx(view.objective(a) if runs != (4, 4, 1) else sum(
+            float(sum(nc.time[n] for n in ph)) - shared_excess(nc, ph) for ph in phases)
+            + sum(nc.state_moves.values()), rel=1e-12)
+        assert cm.objective(a) == pytest.approx(float(nc.time.sum()) + sum(
+            nc.state_moves.values()) - shared_excess(nc, range(len(g.nodes))), rel=1e-12)
+        dearer += one > cm.objective(a) * (1 + 1e-9)
+    assert dearer  # a change read in the forward and the backward phase is made twice
+    # the integer program and the descent price the view's objective
+    prog = _Program(view, [], tie_layers=False, restrict=None, max_candidates=256)
+    nb = neighbours(view)
+    rng = random.Random(23)
+    for a in _random(cm, 3, seed=29):
+        assert prog.cost @ prog.vector(a) == pytest.approx(view.objective(a), rel=1e-12)
+        for _ in range(3):
+            gid = rng.choice([gid for gid in view.shared_of_group
+                              if len(view.groups[gid].candidates) > 2])
+            c1, c2 = rng.sample(range(len(view.groups[gid].candidates)), 2)
+            b1, b2 = list(a), list(a)
+            b1[gid], b2[gid] = c1, c2
+            delta = local_cost(view, nb, gid, c1, a) - local_cost(view, nb, gid, c2, a)
+            assert delta == pytest.approx(view.objective(b1) - view.objective(b2), rel=1e-9,
+                                          abs=1e-15)
