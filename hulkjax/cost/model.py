@@ -74,7 +74,7 @@ from hulkjax.cost.comm import (
     reshard_intermediates,
 )
 from hulkjax.cost.memory import liveness
-from hulkjax.errors import InvalidPlanError, UncompilableLayoutChangeError
+from hulkjax.errors import InvalidOptionError, InvalidPlanError, UncompilableLayoutChangeError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
 from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
@@ -361,8 +361,19 @@ class CostModel:
 
         The view shares this model's groups, tables and the caches that do not depend on the
         grouping or the runs."""
+        program_of = tuple(program_of)
+        if len(program_of) != len(self.graph.nodes):
+            raise InvalidOptionError(
+                f"by_programs: program_of names {len(program_of)} programs for a step of "
+                f"{len(self.graph.nodes)} operators; give one per operator (node id order)")
+        bad = sorted(set(runs or {}) - set(program_of), key=str)
+        if bad or any(not n > 0 for n in (runs or {}).values()):
+            raise InvalidOptionError(
+                f"by_programs: runs={runs!r} must map programs of program_of "
+                f"({sorted(set(program_of), key=str)}) to positive counts"
+                + (f"; {bad} name none" if bad else ""))
         view = copy.copy(self)
-        view.program_of = tuple(program_of)
+        view.program_of = program_of
         view.program_runs = None if runs is None else {p: float(n) for p, n in runs.items()}
         view._edge_cache = {}
         view._edge_classes = {}

@@ -354,6 +354,31 @@ def test_stage_times_come_from_the_stage_group_cost_model():
     assert slow.stages[0].memory_capacity == 16e9 and fast.stages[0].memory_capacity == 80e9
 
 
+def test_a_stage_s_spmd_plan_is_the_optimum_of_the_step_it_runs():
+    """A stage runs its forward and backward once per microbatch and its update once, each
+    phase a program of its own: its ILP plan minimizes that (``by_programs`` with runs), and
+    on GPT-2 tiny at 4 microbatches on 2x4 that plan is far faster than the one minimizing a
+    single run of the microbatch's step."""
+    from hulkjax.strategies.ilp import solve
+    from hulkjax.strategies.loops import cost_model
+
+    _, g = _graph("gpt2", size="tiny")
+    topo = hj.Topology.grid((2, 4), ("data", "model"))
+    ctx = _context(g, topo)
+    ctx.solver = solve
+    M = 4
+    cm = cost_model(ctx.micro(M), topo)
+    view = cm.by_programs(ctx.part.phase, {FORWARD: M, BACKWARD: M, UPDATE: 1})
+    plans = ctx.assignments(M, topo)
+    once = solve(cm.by_programs(ctx.part.phase), time_limit=30).assignment
+    assert view.objective(plans["ilp"]) <= min(view.objective(a) for a in plans.values())
+    assert view.objective(plans["ilp"]) < 0.9 * view.objective(once)
+    with pytest.raises(hj.HulkjaxError, match="one per operator"):
+        cm.by_programs(ctx.part.phase[:-1])
+    with pytest.raises(hj.HulkjaxError, match="positive counts"):
+        cm.by_programs(ctx.part.phase, {FORWARD: 0})
+
+
 # ---- the planners' choices ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
