@@ -26,7 +26,10 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
 * inside a stage the SPMD layouts are one of a few whole-step plans on the group at microbatch size
   (the ILP's optimum without a memory limit, seeded with the baselines; ``fsdp``, the leanest in
   memory; ``dp_tp``): a stage takes the fastest of them that fits its memory; repeated layers are
-  laid out alike;
+  laid out alike. The ILP minimizes the step a stage runs (``CostModel.by_programs``: forward and
+  backward ``M`` times, the update once, a layout change shared within each phase's program),
+  for the whole model: one plan serves every layer range, so a change shared by readers that
+  land in different stages is counted once where each stage makes its own;
 * the dynamic program charges the link between consecutive stages with everything crossing the
   boundary between their layers (values skipping a stage are charged at each boundary they
   cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest), and
