@@ -399,7 +399,7 @@ class CostModel:
             return self.table(gid, c).time
         hit = self._table_times.get((gid, c))
         if hit is None:
-            ws = {self.runs(n) for n in self._sequence_nodes(gid)}
+            ws = {self.runs(n) for n in self._sequence_of(gid)[0]}
             if len(ws) <= 1:
                 hit = (ws.pop() if ws else 1.0) * self.table(gid, c).time
             else:
@@ -411,11 +411,12 @@ class CostModel:
             self._table_times[(gid, c)] = hit
         return hit
 
-    def _sequence_nodes(self, gid: int) -> list[int]:
-        seq = self._seq_cache
-        if gid not in seq:
-            seq[gid] = self._sequence(gid)
-        return seq[gid][0]
+    def _sequence_of(self, gid: int) -> tuple[list[int], list[int]]:
+        """:meth:`_sequence`, memoized."""
+        hit = self._seq_cache.get(gid)
+        if hit is None:
+            hit = self._seq_cache[gid] = self._sequence(gid)
+        return hit
 
     def reading_time(self, vid: int, src: Spec, dst: Spec, nid: int) -> float:
         """:meth:`move_time` times the reader's program's :meth:`runs`."""
@@ -754,12 +755,7 @@ class CostModel:
         """``({node: its table class representative's}, {value: ...})`` of a shared group."""
         hit = self._rep_maps.get(gid)
         if hit is None:
-            seq = self._seq_cache
-            rep = self.table_rep[gid]
-            for x in (rep, gid):
-                if x not in seq:
-                    seq[x] = self._sequence(x)
-            (rn, rv), (gn, gv) = seq[rep], seq[gid]
+            (rn, rv), (gn, gv) = self._sequence_of(self.table_rep[gid]), self._sequence_of(gid)
             hit = self._rep_maps[gid] = (dict(zip(gn, rn)), dict(zip(gv, rv)))
         return hit
 
@@ -822,12 +818,7 @@ class CostModel:
         """Group ``rep``'s table ``loc`` as group ``gid``'s (same table class): its value and node
         ids renamed. An operator's deferred collectives are new objects per group, as when
         built (the liveness walk tells reductions apart by identity)."""
-        seq = self._seq_cache
-        if rep not in seq:
-            seq[rep] = self._sequence(rep)
-        if gid not in seq:
-            seq[gid] = self._sequence(gid)
-        (rn, rv), (gn, gv) = seq[rep], seq[gid]
+        (rn, rv), (gn, gv) = self._sequence_of(rep), self._sequence_of(gid)
         nmap = dict(zip(rn, gn))
         vmap = dict(zip(rv, gv))
         fresh: dict[int, Comm] = {}

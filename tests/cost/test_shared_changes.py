@@ -105,14 +105,19 @@ def test_the_descent_sees_a_group_s_exact_share_of_the_objective(gpt2_tiny):
     checked = 0
     for a in _random(cm, 4, seed=5):
         for gid in rng.sample(touched, 6):
-            c1, c2 = rng.sample(range(len(cm.groups[gid].candidates)), 2)
-            b1, b2 = list(a), list(a)
-            b1[gid], b2[gid] = c1, c2
-            delta = local_cost(cm, nb, gid, c1, a) - local_cost(cm, nb, gid, c2, a)
-            assert delta == pytest.approx(cm.objective(b1) - cm.objective(b2), rel=1e-9,
-                                          abs=1e-15)
+            _assert_local_delta(cm, nb, gid, a, rng)
             checked += 1
     assert checked == 24
+
+
+def _assert_local_delta(cm, nb, gid, a, rng):
+    """Moving group ``gid`` between two of its candidates changes ``local_cost`` as much as
+    the objective."""
+    c1, c2 = rng.sample(range(len(cm.groups[gid].candidates)), 2)
+    b1, b2 = list(a), list(a)
+    b1[gid], b2[gid] = c1, c2
+    delta = local_cost(cm, nb, gid, c1, a) - local_cost(cm, nb, gid, c2, a)
+    assert delta == pytest.approx(cm.objective(b1) - cm.objective(b2), rel=1e-9, abs=1e-15)
 
 
 def test_breakdown_charges_what_evaluate_charges(gpt2_tiny):
@@ -234,9 +239,4 @@ def test_the_per_program_objective_is_what_a_stage_s_programs_make(gpt2_tiny, ru
         for _ in range(3):
             gid = rng.choice([gid for gid in view.shared_of_group
                               if len(view.groups[gid].candidates) > 2])
-            c1, c2 = rng.sample(range(len(view.groups[gid].candidates)), 2)
-            b1, b2 = list(a), list(a)
-            b1[gid], b2[gid] = c1, c2
-            delta = local_cost(view, nb, gid, c1, a) - local_cost(view, nb, gid, c2, a)
-            assert delta == pytest.approx(view.objective(b1) - view.objective(b2), rel=1e-9,
-                                          abs=1e-15)
+            _assert_local_delta(view, nb, gid, a, rng)
