@@ -40,6 +40,9 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   four per group that moves to a neighbouring power while the step gets faster (it assumes one
   best count: fewer microbatches pay more bubble, more pay more per-microbatch overheads); a step
   that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
+  each count's dynamic program ranks its layouts by its closed form, so the best
+  :data:`CROSS_COUNT_LAYOUTS` layouts costed exactly are also costed at every other count
+  searched (same ranges, groups and stage plans);
 * where ``ilp`` and ``auto`` already have an SPMD plan, microbatch counts whose
   :func:`staged_lower_bound` is no faster than it (less :data:`STAGED_MIN_GAIN`) are not
   searched: every operator's roofline and kernel launches spread perfectly over the largest
@@ -65,7 +68,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from jax.sharding import PartitionSpec
@@ -988,6 +991,9 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
     return tuple(reversed(path))
 
 
+CROSS_COUNT_LAYOUTS = 2  # the best layouts :func:`search` also costs at the other counts
+
+
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
@@ -1021,6 +1027,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         shortlist) one that is faster. A found layout whose floor (:func:`_pipeline_floor`) is
         at least the cutoff is not costed exactly either: it could not beat the cutoff, so the
         best layout returned, where one beats the cutoff, is the same.
+
+    The :data:`CROSS_COUNT_LAYOUTS` best layouts costed are also costed at every other count
+    searched (a count's dynamic program can miss ranges another count's found).
 
     Returns the ``keep`` best layouts by exact cost.
     """
@@ -1160,6 +1169,27 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout, c))
     exact.sort(key=lambda t: t[0])
+    # Each count's dynamic program ranks layouts by its closed form (the interleaved one bounds
+    # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
+    # be faster at another than what that count's program found: the best layouts are costed at
+    # every other count searched too (their stage plans exist there; no solve is added).
+    counts = sorted({lay.microbatches for lay in unique})
+    costed = {lay for _, lay, _ in exact}
+    for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
+        S = len(layout.groups) // layout.virtual_stages
+        for M in counts:
+            other = replace(layout, microbatches=M)
+            if other in costed or (layout.virtual_stages > 1 and M % S):
+                continue
+            costed.add(other)
+            kept = exact[keep - 1][0] if len(exact) >= keep else math.inf
+            floor = _pipeline_floor(ctx, other)
+            if floor >= kept or (cutoff is not None and floor >= cutoff):
+                continue
+            c = layout_cost(ctx, other)
+            if all(st.fits for st in c.stages):
+                exact.append((c.step_time, other, c))
+                exact.sort(key=lambda t: t[0])
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
                         {lay: c for _, lay, c in exact[:keep]}, beyond)
 
