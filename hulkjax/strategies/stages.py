@@ -1177,9 +1177,11 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     costed = {lay for _, lay, _ in exact}
     for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
         S = len(layout.groups) // layout.virtual_stages
+        subs = [group_topology(topology, grp) for grp in layout.groups]
         for M in counts:
             other = replace(layout, microbatches=M)
-            if other in costed or (layout.virtual_stages > 1 and M % S):
+            if other in costed or (layout.virtual_stages > 1 and M % S) or not all(
+                    (M, sub, name) in ctx.plans for sub, name in zip(subs, layout.plans)):
                 continue
             costed.add(other)
             kept = exact[keep - 1][0] if len(exact) >= keep else math.inf
