@@ -1154,21 +1154,27 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # cutoff would cost is then costed). A layout whose floor is already slower than the
     # keep-th best so far is not costed: it would not be returned.
     exact: list[tuple[float, StagedLayout, object]] = []
-    unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
-    if shortlist is None:
-        shortlist = max(keep * 3, 6)
-    for layout in (unique if widened else unique[:shortlist]):
+
+    def cost_exactly(layout: StagedLayout) -> None:
+        """Cost ``layout`` into ``exact``, unless its floor says it could not be returned."""
+        nonlocal beyond
         floor = _pipeline_floor(ctx, layout) if cutoff is not None or len(exact) >= keep \
             else 0.0
         if cutoff is not None and floor >= cutoff:  # it cannot beat the cutoff: not costed
             beyond = min(beyond, floor)
-            continue
-        if len(exact) >= keep and floor > sorted(t for t, _, _ in exact)[keep - 1]:
-            continue
+            return
+        if len(exact) >= keep and floor > exact[keep - 1][0]:
+            return
         c = layout_cost(ctx, layout)
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout, c))
-    exact.sort(key=lambda t: t[0])
+            exact.sort(key=lambda t: t[0])
+
+    unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
+    if shortlist is None:
+        shortlist = max(keep * 3, 6)
+    for layout in (unique if widened else unique[:shortlist]):
+        cost_exactly(layout)
     # Each count's dynamic program ranks layouts by its closed form (the interleaved one bounds
     # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
     # be faster at another than what that count's program found: the best layouts are costed at
@@ -1184,14 +1190,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                     (M, sub, name) in ctx.plans for sub, name in zip(subs, layout.plans)):
                 continue
             costed.add(other)
-            kept = exact[keep - 1][0] if len(exact) >= keep else math.inf
-            floor = _pipeline_floor(ctx, other)
-            if floor >= kept or (cutoff is not None and floor >= cutoff):
-                continue
-            c = layout_cost(ctx, other)
-            if all(st.fits for st in c.stages):
-                exact.append((c.step_time, other, c))
-                exact.sort(key=lambda t: t[0])
+            cost_exactly(other)
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
                         {lay: c for _, lay, c in exact[:keep]}, beyond)
 
