@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -55,8 +56,23 @@ MODELS = {
     "bert-large": ("bert", dict(size="base", n_layers=24, d_model=1024, n_heads=16, d_ff=4096,
                                 seq_len=512, batch=128, dtype="bfloat16")),
 }
-QUICK_MODELS = {k: ("gpt2", dict(size="small", batch=32, dtype="bfloat16", remat=True))
-                for k in MODELS}
+# Third-party model code (tests/realmodels/families.py: the Flax models of transformers 4.x,
+# random-initialized, abstract here: nothing is downloaded or allocated), as the library writes
+# them: float32, no rematerialization. "family:NAME" names the family; the dict is its dimensions
+# (a size of families._DIMS): a 1.3B-class shape, 24 layers of width 2048.
+THIRD_PARTY_DIMS = dict(layers=24, width=2048, heads=16, ff=8192, vocab=32768, seq=1024,
+                        batch=64, image=224, patch=16)
+MODELS.update({
+    "hf-gpt2-1.3b": ("family:gpt2", THIRD_PARTY_DIMS),
+    "hf-llama-1.3b": ("family:llama", THIRD_PARTY_DIMS),
+    "hf-t5": ("family:t5", THIRD_PARTY_DIMS),
+    "hf-bert-mlm": ("family:bert", THIRD_PARTY_DIMS),
+})
+QUICK_DIMS = dict(layers=4, width=256, heads=8, ff=1024, vocab=8192, seq=128, batch=32, image=64,
+                  patch=8)
+QUICK_MODELS = {k: (name, QUICK_DIMS) if name.startswith("family:") else
+                ("gpt2", dict(size="small", batch=32, dtype="bfloat16", remat=True))
+                for k, (name, _) in MODELS.items()}
 TOPOLOGIES = {
     "dtfm-us": ("dtfm", dict(case="us-regions")),
     "dtfm-cities": ("dtfm", dict(case="cities")),
@@ -65,6 +81,10 @@ TOPOLOGIES = {
                                                                    latency=2e-3))),
     "mixed": ("mixed", dict(a100=1, v100=2, t4=1)),
     "dgx": ("dgx-h100", dict(nodes=1)),
+    # Held out (no zoo model was tuned on it): 3 sites of 2 nodes x 4 H100, 10 Gbit/s, 3 ms.
+    "sites3-h100-10g": ("regional", dict(regions=3, nodes_per_region=2, gpus_per_node=4,
+                                         device="H100",
+                                         metro=hj.LinkSpec(bandwidth=10 * GBIT, latency=3e-3))),
 }
 EXPERIMENTS = {
     # key: (model, topology, family, what it shows)
@@ -82,11 +102,27 @@ EXPERIMENTS = {
     "mixed-1.5b": ("gpt-1.5b", "mixed", "heterogeneous",
                    "1 A100 + 2 V100 + 1 T4 nodes (8 GPUs each) over 10 Gbit/s"),
     "dgx-2.7b": ("gpt-2.7b", "dgx", "one node", "one DGX H100 node"),
+    # Third-party model code (transformers' Flax modules) on the regional cluster and on a held-out
+    # one: the planner was built on the zoo's models.
+    "regional-hf-gpt2": ("hf-gpt2-1.3b", "regional-25g", "regional",
+                         "transformers FlaxGPT2LMHeadModule, 4 sites x 8 A100, 25 Gbit/s"),
+    "regional-hf-llama": ("hf-llama-1.3b", "regional-25g", "regional",
+                          "transformers FlaxLlamaForCausalLMModule, 4 sites x 8 A100, 25 Gbit/s"),
+    "regional-hf-t5": ("hf-t5", "regional-25g", "regional",
+                       "transformers FlaxT5ForConditionalGenerationModule, 4 sites x 8 A100, "
+                       "25 Gbit/s"),
+    "regional-hf-bert-mlm": ("hf-bert-mlm", "regional-25g", "regional",
+                             "transformers FlaxBertForMaskedLMModule (loss over the masked "
+                             "tokens), 4 sites x 8 A100, 25 Gbit/s"),
+    "sites3-hf-llama": ("hf-llama-1.3b", "sites3-h100-10g", "held-out",
+                        "transformers FlaxLlamaForCausalLMModule, held-out cluster: 3 sites x "
+                        "2 nodes x 4 H100, 10 Gbit/s"),
 }
 STRATEGIES = [("dp", {}), ("fsdp", {}), ("dp_tp", {}), ("ilp-spmd", {"stages": False}),
               ("pipeline", {}), ("ilp", {}), ("auto", {})]
 TARGETS = {  # family: (vs best SPMD, vs pipeline, vs dp)
     "regional": (1.5, 1.2, None),
+    "held-out": (1.0, 1.0, None),  # no issue target: never worse than SPMD or pipeline
     "wide-area": (1.0, None, None),
     "heterogeneous": (None, 1.15, 1.5),
 }
@@ -102,7 +138,8 @@ def run(keys, quick: bool) -> dict:
         preset, kw = TOPOLOGIES[topo_key]
         topo = hj.Topology.preset(preset, **kw)
         if model_key not in traced:
-            m = zoo.get(name, **cfg)
+            m = _ThirdParty(name[len("family:"):], cfg) if name.startswith("family:") \
+                else zoo.get(name, **cfg)
             state, batch = m.abstract()
             t0 = time.perf_counter()
             g = hj.trace(m.step, state, batch)
@@ -126,13 +163,42 @@ def run(keys, quick: bool) -> dict:
             except Exception as e:  # noqa: BLE001 - a failure is recorded, the run goes on
                 rec["plans"][label] = {"status": "error", "error": f"{type(e).__name__}: {e}",
                                        "traceback": traceback.format_exc()[-2000:]}
-        if family == "regional":
+        if family == "regional" and not name.startswith("family:"):
             rec["ilp_1f1b"] = _best_1f1b(g, topo)
             rec["per_count"] = _per_count(g, topo)
         out["experiments"][key] = rec
     if "regional-2.7b" in keys and not quick:
         out["planning_time"] = _cold_planning_time()
     return out
+
+
+class _ThirdParty:
+    """A family of ``tests/realmodels/families.py`` at dimensions ``dims``, abstract: the
+    family's parameters, optimizer state and batch as shapes (``jax.eval_shape`` of its
+    random initialization), with the zoo models' ``step`` / ``abstract`` / ``param_count``."""
+
+    def __init__(self, family: str, dims: dict):
+        sys.path.insert(0, os.path.dirname(HERE))  # the families live in tests/realmodels
+        from tests.realmodels import families
+
+        size = f"bench-{family}"
+        families._DIMS[size] = dict(dims)
+        made = {}
+
+        def build():
+            step, state, batch = families.build(family, size)
+            made["step"] = step
+            return state, batch
+
+        # families._init runs the module's init (jitted); under eval_shape it is traced only.
+        self.state, self.batch = jax.eval_shape(build)
+        self.step = made["step"]
+
+    def abstract(self):
+        return self.state, self.batch
+
+    def param_count(self) -> int:
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.state["params"]))
 
 
 def _cold_planning_time() -> dict:
@@ -278,7 +344,12 @@ def report(data: dict) -> str:
         "`hulkjax.cost`, staged plans from `hulkjax.cost.pipeline` (per-stage SPMD costs on each "
         "group's devices, alpha-beta transfers between groups, the 1F1B / interleaved 1F1B / GPipe "
         "schedule with its bubble; `G groups x v chunks`: the interleaved schedule, each device "
-        "group running v non-contiguous chunks of layers). Models in bfloat16 with AdamW; GPT blocks rematerialized. `ilp-spmd` is the SPMD "
+        "group running v non-contiguous chunks of layers). The zoo's models in bfloat16 with "
+        "AdamW; GPT blocks rematerialized. `hf-*` rows are third-party model code (the Flax "
+        "modules of transformers 4.x via `tests/realmodels/families.py`, random-initialized "
+        "and abstract, 24 layers of width 2048, batch 64 x 1024 tokens) as the library writes "
+        "them: float32, no rematerialization, AdamW; `held-out` is a cluster no model was "
+        "tuned on. `ilp-spmd` is the SPMD "
         "optimum; `pipeline` the uniform staged baseline (one stage per region or node, equal "
         "layers, dp_tp inside, 2 x stages microbatches); `ilp` the two-level optimum (SPMD or "
         "staged, whichever is faster); `auto` the default planner. **Bold**: the fastest plan "
