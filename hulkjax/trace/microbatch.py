@@ -27,7 +27,8 @@ aggregates (the optimizer) then runs once, as in the unsharded step.
 
 **What cannot be microbatched exactly** (:attr:`BatchSplit.problems` says which operator and why):
 an aggregate that flows back into per-example computation (batch statistics: BatchNorm, a loss
-normalized by a data-dependent count such as ``sum(weights)``); reductions over the batch that are
+normalized by a data-dependent count such as ``sum(weights)``: an aggregate of the data alone can
+be computed outside the step and passed in, which the message says); reductions over the batch that are
 not sums (``max``, a product, a sort or cumulative sum along the batch); a batch-size constant that
 is not a power of the batch size (``B - 1``); random numbers or ``iota`` that vary along the batch
 dimension (dropout masks would differ by microbatch); a step whose structure depends on the batch
@@ -490,6 +491,26 @@ class _Analysis:
     def problem(self, node, why: str) -> None:
         self.problems.append(f"{_where(node)}: {why}")
 
+    def data_only(self) -> list[bool]:
+        """Per value id of ``g``: whether it is computed from the batch's data and constants
+        alone (no parameter or optimizer state; inside a loop body, from nothing the body takes).
+        Made on first use."""
+        only = getattr(self, "_data_only", None)
+        if only is None:
+            g = self.g
+            only = [False] * len(g.values)
+            for v in g.constants:
+                only[v] = True
+            for v, role in zip(g.inputs, g.input_roles):
+                only[v] = role == DATA
+            for n in g.nodes:
+                ok = all(v is None or only[v] for v in n.inputs)
+                for o in n.outputs:
+                    if o is not None:
+                        only[o] = ok
+            self._data_only = only
+        return only
+
     # ---- batch dimensions and constants -----------------------------------------------------
     def diff_dims(self, vid: int) -> list[int]:
         a, c = self.g.values[vid].shape, self.m.values[vid].shape
@@ -527,11 +548,17 @@ class _Analysis:
 
     # ---- the walk -------------------------------------------------------------------------------
     def run(self) -> None:
+        # Values downstream of a reported problem: an aggregate made from them that flows back
+        # into per-example computation is that problem again, not another one to report.
+        self.tainted: set[int] = set()
         for node in self.g.nodes:
             ins = [self.operand_flow(node, k) for k in range(len(node.inputs))]
+            before = len(self.problems)
             outs = self.transfer(node, ins)
             for o, f in zip(node.outputs, outs):
                 self.flows[o] = f
+            if len(self.problems) > before or any(v in self.tainted for v in node.inputs):
+                self.tainted.update(o for o in node.outputs if o is not None)
 
     def transfer(self, node, ins: list[Flow]) -> list[Flow]:
         kinds = {f.kind for f in ins}
@@ -539,9 +566,22 @@ class _Analysis:
         if node.primitive in LOOPS:
             return self.loop(node, ins)
         if EX in kinds and RED in kinds:
-            self.problem(node, "an aggregate over the batch (a batch statistic, or a "
-                               "normalization by a data-dependent count) flows back into "
-                               "per-example computation, so each microbatch would use its own")
+            only = self.data_only()
+            if any(v in getattr(self, "tainted", ()) for v in node.inputs):
+                pass  # a consequence of a problem already reported
+            elif all(only[v] for v, f in zip(node.inputs, ins) if f.kind == RED and v is not None):
+                self.problem(node, "an aggregate of the batch's data alone (a count such as "
+                                   "sum(weights) or the number of valid tokens that normalizes "
+                                   "the loss, a mean of the inputs) flows back into "
+                                   "per-example computation, so each microbatch would use its "
+                                   "own. Compute it outside the step and pass it in (e.g. a "
+                                   "scalar in the batch): every microbatch then uses the full "
+                                   "batch's")
+            else:
+                self.problem(node, "an aggregate over the batch that depends on the parameters "
+                                   "(a batch statistic, such as BatchNorm's mean and variance) "
+                                   "flows back into per-example computation, so each microbatch "
+                                   "would use its own")
             return [Flow(RED, exp=None)] * n_out
         if RED in kinds:
             return [Flow(RED, exp=self.red_exp(node, ins))] * n_out

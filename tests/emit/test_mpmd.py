@@ -105,6 +105,53 @@ def test_metrics_that_are_not_means_are_refused_with_several_microbatches():
     assert_trees_close(got, jax.jit(step)(state, batch))
 
 
+def test_a_loss_normalized_by_a_count_passed_in_runs_with_microbatches():
+    """A loss divided by the batch's number of valid tokens: computed in the step, the step
+    cannot be microbatched (and the reason says to pass the count in); passed in as a scalar of
+    the batch, as the reason says, the step runs with several microbatches and equals the
+    unsharded step."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import optax
+
+    from hulkjax.strategies.partition import partition
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(4):
+                x = jnp.tanh(nn.Dense(8, name=f"layer{i}")(x))
+            return x
+
+    net, tx = Net(), optax.sgd(0.1)
+
+    def make(count):
+        def step(state, batch):
+            def loss_fn(params):
+                per = jnp.sum((net.apply(params, batch["x"]) - batch["y"]) ** 2, axis=1)
+                return jnp.sum(per * batch["mask"]) / count(batch)
+            loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+            updates, opt = tx.update(grads, state["opt"], state["params"])
+            return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, \
+                {"loss": loss}
+        return step
+
+    k = jax.random.split(jax.random.key(0), 3)
+    params = net.init(k[0], jnp.ones((16, 8)))
+    state = {"params": params, "opt": tx.init(params)}
+    mask = (jax.random.uniform(k[2], (16,)) > 0.4).astype(jnp.float32)
+    batch = {"x": jax.random.normal(k[1], (16, 8)), "y": jnp.zeros((16, 8)), "mask": mask}
+    inside = make(lambda b: jnp.sum(b["mask"]))
+    part = partition(hj.trace(inside, state, batch))
+    assert not part.exact and "pass it in" in part.problems()[0], part.problems()
+    passed = make(lambda b: b["count"])
+    batch = dict(batch, count=jnp.sum(mask))
+    plan = hj.plan(passed, state, batch, topology=TWO, strategy="pipeline", microbatches=4)
+    assert plan.microbatches == 4
+    got = hj.emit(passed, plan, donate=False)(state, batch)
+    assert_trees_close(got, jax.jit(passed)(state, batch))
+
+
 def test_a_loaded_staged_plan_runs_the_same_program(tmp_path):
     m = zoo.get("mlp", size="tiny", optimizer="sgd")
     state, batch = m.init(0)

@@ -51,16 +51,38 @@ def test_per_example_outputs_are_concatenated():
 
 
 @pytest.mark.parametrize("loss,why", [
-    (lambda w, x: jnp.mean((x - x.mean(0)) @ w), "batch statistic"),
+    # Aggregates of the data alone: the message says to pass them in.
+    (lambda w, x: jnp.mean((x - x.mean(0)) @ w), "pass it in"),
     (lambda w, x: jnp.max(x @ w), "not a sum"),
     (lambda w, x: jnp.sum(jnp.sum(x @ w, 1) / jnp.maximum(jnp.sum(x[:, 0]), 1.0)),
-     "batch statistic"),
+     "pass it in"),
+    # A statistic of activations: no argument can stand for it.
+    (lambda w, x: jnp.mean(((x @ w) - (x @ w).mean(0)) ** 2), "depends on the parameters"),
     (lambda w, x: jnp.mean(jnp.cumsum(x @ w, axis=0)), "mixes examples"),
 ])
 def test_steps_that_microbatching_would_change_are_refused(loss, why):
     _, split = _split(_sgd(loss), W, X)
     assert not split.exact
     assert any(why in p for p in split.problems), split.problems
+
+
+def test_a_count_passed_in_makes_a_normalized_loss_exact():
+    """The message's advice holds: ``sum(m)`` computed in the step is refused (and the problem
+    says to pass it in, not that it is a batch statistic); the same loss dividing by a count
+    passed in as a scalar of the batch microbatches exactly."""
+    def inside(w, b):
+        return jnp.sum(jnp.sum(jnp.tanh(b["x"] @ w), 1) * b["m"]) / jnp.sum(b["m"])
+
+    def passed(w, b):
+        return jnp.sum(jnp.sum(jnp.tanh(b["x"] @ w), 1) * b["m"]) / b["n"]
+
+    m = jnp.array([1.0, 0, 1, 1, 0, 0, 1, 0])
+    _, split = _split(_sgd(inside), W, {"x": X, "m": m})
+    assert not split.exact
+    assert all("parameters" not in p for p in split.problems)
+    assert any("pass it in" in p for p in split.problems), split.problems
+    _, split = _split(_sgd(passed), W, {"x": X, "m": m, "n": m.sum()})
+    assert split.exact, split.problems
 
 
 def test_dropout_masks_per_example_are_refused():
