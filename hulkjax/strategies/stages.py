@@ -1504,6 +1504,9 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     ctx = _context(graph, topology, time_limit)
     best = res.layouts[0] if res.layouts else None
     rival = min(rivals, key=lambda r: r[0], default=None)
+    # Why the search tried one microbatch only, where it did (the reason says how to fix it).
+    single = [] if ctx.part.split is None or ctx.part.exact else [
+        f"staged: searched with one microbatch only: {ctx.part.problems()[0]}"]
     notes = []
     if best is None and rival is None:
         if math.isfinite(beyond):
@@ -1512,7 +1515,7 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
                          f"leaves out take at least {format_time(beyond)}")
         elif device_groups(topology):
             notes.append("staged: no staged plan fits the devices' memory")
-        return None, notes
+        return None, notes + single
     if rival is not None and (best is None or rival[0] < best[0]):
         step, chosen = rival
         stages_, micro = ((len(chosen.stages), chosen.microbatches) if isinstance(chosen, Plan)
@@ -1528,7 +1531,7 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
                      f"{stages_} stage(s) x {micro} microbatch(es)) is not "
                      f"{STAGED_MIN_GAIN:.0%} faster than SPMD ({format_time(spmd_time)})"
                      f"{left_out}")
-        return None, notes
+        return None, notes + single
     if isinstance(chosen, Plan):
         plan = chosen
         plan.strategy = strategy

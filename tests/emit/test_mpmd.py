@@ -144,6 +144,9 @@ def test_a_loss_normalized_by_a_count_passed_in_runs_with_microbatches():
     inside = make(lambda b: jnp.sum(b["mask"]))
     part = partition(hj.trace(inside, state, batch))
     assert not part.exact and "pass it in" in part.problems()[0], part.problems()
+    # auto tells the user too, staged or not.
+    plan = hj.plan(inside, state, batch, topology=TWO)
+    assert any("one microbatch" in n and "pass it in" in n for n in plan.notes), plan.notes
     passed = make(lambda b: b["count"])
     batch = dict(batch, count=jnp.sum(mask))
     plan = hj.plan(passed, state, batch, topology=TWO, strategy="pipeline", microbatches=4)
