@@ -9,7 +9,7 @@ Where this sits::
     per (microbatches M, group shape, SPMD plan): per-unit forward / backward / update times and
     memory from the cost model of the step at microbatch size on the group (cost.pipeline)
        |
-       +-- ``pipeline``: one stage per region (per node), equal layers, dp_tp, 2 x stages microbatches
+       +-- ``pipeline``: one stage per region (per node), equal layers, dp_tp, ~2 x stages microbatches
        +-- ``search``: a dynamic program over contiguous unit ranges x groups along a chain of
            groups (Alpa's inter-operator pass), per M and bottleneck bound; the best few exactly
            costed by cost.pipeline  -> used by ``ilp`` and ``auto``
@@ -538,8 +538,9 @@ class PipelineOptions:
     """Options of ``strategy="pipeline"`` (the uniform staged baseline).
 
     Attributes:
-      microbatches: microbatches per step (``None``: twice the number of stages, if that
-        divides the batch and the step can be microbatched exactly; else 1).  # int | None
+      microbatches: microbatches per step (``None``: twice the number of stages where the step
+        can be microbatched exactly, or the fewest above that dividing the batch where it does
+        not; else 1).  # int | None
       schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.  # str
       virtual_stages: chunks of layers per group for ``schedule="interleaved"`` (``v >= 2``:
         the equal layers are cut into ``stages x v`` chunks, chunk ``j`` on group
@@ -619,9 +620,13 @@ def _pipeline_layout(graph: OpGraph, topology, options: PipelineOptions):
     M = options.microbatches
     if M is None:
         b = batch_size(graph) or 1
-        M = 2 * S if part.exact and b % (2 * S) == 0 else 1
+        M = _pipeline_microbatches(b, S, v) if part.exact else 1
         if M == 1:
-            notes.append(f"pipeline: one microbatch ({(part.problems() or ['2 x stages = ' + str(2 * S) + ' does not divide the batch ' + str(b)])[0]})")
+            why = part.problems()[0] if not part.exact else f"the batch {b} cannot be cut"
+            notes.append(f"pipeline: one microbatch ({why})")
+        elif M != 2 * S:
+            notes.append(f"pipeline: {M} microbatches (2 x stages = {2 * S} does not divide "
+                         f"the batch {b}: the fewest above it that do)")
     elif M > 1 and not part.exact:
         raise InvalidOptionError(
             f"microbatches={M}: this step cannot be microbatched exactly: {part.problems()[0]}. "
@@ -634,6 +639,18 @@ def _pipeline_layout(graph: OpGraph, topology, options: PipelineOptions):
                           plans=("dp_tp",) * (S * v), microbatches=M, schedule=options.schedule,
                           virtual_stages=v)
     return ctx, layout, notes, level
+
+
+def _pipeline_microbatches(b: int, S: int, v: int) -> int:
+    """The ``pipeline`` baseline's microbatches for batch ``b`` over ``S`` stages (``v`` chunks
+    each): ``2 S`` as a person would choose where it divides the batch; else the fewest counts
+    above it that divide the batch into microbatches of two or more examples, or the most below
+    it (``1`` where there is none). The interleaved schedule's counts are multiples of ``S``."""
+    if b % (2 * S) == 0:
+        return 2 * S
+    ok = [m for m in range(2, b // 2 + 1) if b % m == 0 and (v == 1 or m % S == 0)]
+    above = [m for m in ok if m >= 2 * S]
+    return min(above) if above else max(ok, default=1)
 
 
 # ---- a lower bound on staged plans ------------------------------------------------------------
