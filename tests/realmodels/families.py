@@ -152,12 +152,13 @@ def _state(params) -> dict:
     return {"params": params, "opt_state": _optimizer().init(params)}
 
 
-def _token_loss(logits, labels, weights=None) -> jax.Array:
-    """Mean token cross-entropy in float32 (``weights`` picks the positions that count)."""
+def _token_loss(logits, labels, weights=None, count=None) -> jax.Array:
+    """Mean token cross-entropy in float32 (``weights`` picks the positions that count; divided
+    by ``count`` where given, else by ``sum(weights)``)."""
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
     if weights is None:
         return ce.mean()
-    return (ce * weights).sum() / weights.sum()
+    return (ce * weights).sum() / (weights.sum() if count is None else count)
 
 
 def _tokens(rng: np.random.Generator, d: dict, shape=None) -> np.ndarray:
@@ -253,7 +254,10 @@ def _bert(size: str):
                             deterministic=True).logits
 
     def loss_fn(params, b):
-        return _token_loss(logits_of(params, b), b["labels"], b["label_weights"])
+        # A batch may carry the count of masked tokens ("label_count", computed outside the
+        # step): the loss is then divided by it, which lets the step be microbatched.
+        return _token_loss(logits_of(params, b), b["labels"], b["label_weights"],
+                           b.get("label_count"))
 
     params = _init(module, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                    _positions(batch["input_ids"]), None)
