@@ -330,8 +330,11 @@ def report(doc: dict) -> str:
                   f"({'met' if cpu < target else 'not met'})" if target is not None
                   else f"trace + `auto` {cpu:.1f} CPU s (no time target)")
         rss = a["rss_peak_mb"]
+        staged = "" if a.get("staged_notes") or a.get("staged") else (
+            " No staged search: the topology has no level of device groups the search takes "
+            "(more nodes than `MAX_NODE_GROUPS` and no regions).")
         met.append(f"- {case}: {timing}; peak RSS {rss:.0f} MB against {RSS_TARGET_MB} MB "
-                   f"({'met' if rss < RSS_TARGET_MB else 'not met'}).")
+                   f"({'met' if rss < RSS_TARGET_MB else 'not met'}).{staged}")
     if met:
         lines += ["", "Per case, against issue 14's targets:", "", *met]
     lines += ["", "Plan digests (assignment, stages, layouts of the arguments, predicted cost; equal "
