@@ -55,8 +55,8 @@ CASES: dict[str, tuple[str, dict, str, dict, bool]] = {
                                        "dtype": "bfloat16", "remat": True},
                              "dgx-h100", {"nodes": 8}, False),
     # LLaMA-70B-class (issue 14): 80 layers, hidden 8192, GQA, batch 256 x 2048 (half a million
-    # tokens a step), bf16, remat; 32 DGX H100 nodes (256 GPUs). At 256 x 4096 auto finds no plan
-    # that fits 80 GB (its leanest needs 159 GB per device).
+    # tokens a step), bf16, remat; 32 DGX H100 nodes (256 GPUs). At 256 x 4096 no plan fits 80 GB:
+    # the zoo's LLaMA materializes its attention scores (fsdp 163 GB, expert 159 GB per device).
     "llama3-70b@dgx-h100x32": ("llama", {"size": "llama3-70b", "batch": 256, "seq_len": 2048,
                                          "dtype": "bfloat16", "remat": True},
                                "dgx-h100", {"nodes": 32}, False),
