@@ -622,11 +622,13 @@ def _pipeline_layout(graph: OpGraph, topology, options: PipelineOptions):
         b = batch_size(graph) or 1
         M = _pipeline_microbatches(b, S, v) if part.exact else 1
         if M == 1:
-            why = part.problems()[0] if not part.exact else f"the batch {b} cannot be cut"
+            why = part.problems()[0] if not part.exact else (
+                f"no count divides the batch {b} into microbatches of two or more examples")
             notes.append(f"pipeline: one microbatch ({why})")
         elif M != 2 * S:
+            which = "the fewest above it that do" if M > 2 * S else "none above it does"
             notes.append(f"pipeline: {M} microbatches (2 x stages = {2 * S} does not divide "
-                         f"the batch {b}: the fewest above it that do)")
+                         f"the batch {b}; {which})")
     elif M > 1 and not part.exact:
         raise InvalidOptionError(
             f"microbatches={M}: this step cannot be microbatched exactly: {part.problems()[0]}. "

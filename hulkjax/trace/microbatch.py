@@ -27,12 +27,12 @@ aggregates (the optimizer) then runs once, as in the unsharded step.
 
 **What cannot be microbatched exactly** (:attr:`BatchSplit.problems` says which operator and why):
 an aggregate that flows back into per-example computation (batch statistics: BatchNorm, a loss
-normalized by a data-dependent count such as ``sum(weights)``: an aggregate of the data alone can
-be computed outside the step and passed in, which the message says); reductions over the batch that are
-not sums (``max``, a product, a sort or cumulative sum along the batch); a batch-size constant that
-is not a power of the batch size (``B - 1``); random numbers or ``iota`` that vary along the batch
-dimension (dropout masks would differ by microbatch); a step whose structure depends on the batch
-size. Staged plans of such steps use one microbatch.
+normalized by a data-dependent count such as ``sum(weights)``; an aggregate of the data alone can
+be computed outside the step and passed in, as its message says); reductions over the batch that
+are not sums (``max``, a product, a sort or cumulative sum along the batch); a batch-size constant
+that is not a power of the batch size (``B - 1``); random numbers or ``iota`` that vary along the
+batch dimension (dropout masks would differ by microbatch); a step whose structure depends on the
+batch size. Staged plans of such steps use one microbatch.
 
 >>> import jax, jax.numpy as jnp
 >>> import hulkjax as hj
@@ -566,10 +566,9 @@ class _Analysis:
         if node.primitive in LOOPS:
             return self.loop(node, ins)
         if EX in kinds and RED in kinds:
-            only = self.data_only()
-            if any(v in getattr(self, "tainted", ()) for v in node.inputs):
+            if any(v in self.tainted for v in node.inputs):
                 pass  # a consequence of a problem already reported
-            elif all(only[v] for v, f in zip(node.inputs, ins) if f.kind == RED and v is not None):
+            elif all(self.data_only()[v] for v, f in zip(node.inputs, ins) if f.kind == RED and v is not None):
                 self.problem(node, "an aggregate of the batch's data alone (a count such as "
                                    "sum(weights) or the number of valid tokens that normalizes "
                                    "the loss, a mean of the inputs) flows back into "
