@@ -597,7 +597,25 @@ def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
     cluster) in the topology's order, equal numbers of layers, ``dp_tp`` inside each stage
     (``megatron`` on a one-axis group), ``2 x stages`` microbatches, 1F1B."""
     ctx, layout, notes, level = _pipeline_layout(graph, topology, options)
+    if options.microbatches is None:
+        layout, notes, _ = _one_if_only_that_fits(ctx, layout, notes, layout_cost(ctx, layout))
     return build_plan(ctx, layout, "pipeline", notes, source=f"one stage per {level}")
+
+
+def _one_if_only_that_fits(ctx: _Context, layout: StagedLayout, notes: list[str], cost):
+    """``(layout, notes, cost)`` of the ``pipeline`` baseline, or of the same layout with one
+    microbatch where its stages do not fit memory with its microbatches and do with one (a
+    person would drop the microbatches: their gradient accumulators and the microbatches in
+    flight cost memory)."""
+    if layout.microbatches == 1 or layout.virtual_stages > 1 or all(
+            st.fits for st in cost.stages):
+        return layout, notes, cost
+    one = replace(layout, microbatches=1)
+    c1 = layout_cost(ctx, one)
+    if not all(st.fits for st in c1.stages):
+        return layout, notes, cost
+    return one, [*notes, f"pipeline: one microbatch (with {layout.microbatches} the stages do "
+                         f"not fit memory: gradient accumulators and microbatches in flight)"], c1
 
 
 def _pipeline_layout(graph: OpGraph, topology, options: PipelineOptions):
@@ -1516,8 +1534,9 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
                 beyond = min(beyond, floor)
             else:
                 pcost = layout_cost(pctx, playout)
+                playout, pnotes, pcost = _one_if_only_that_fits(pctx, playout, pending[2], pcost)
                 if all(st.fits for st in pcost.stages):
-                    rivals.append((pcost.step_time, pending))
+                    rivals.append((pcost.step_time, (pctx, playout, pnotes, pending[3])))
         except skipped as e:
             log.debug("pipeline baseline does not apply: %s", e)
     ctx = _context(graph, topology, time_limit)

@@ -115,6 +115,23 @@ def test_pipeline_microbatches_are_twice_the_stages_or_the_nearest_that_divide(
     assert _pipeline_microbatches(batch, stages, chunks) == want
 
 
+def test_pipeline_drops_its_microbatches_where_only_one_fits():
+    """3 regions and a batch of 64: 8 microbatches (6 does not divide 64), whose gradient
+    accumulators do not fit the last stage; one microbatch does, and the baseline takes it and
+    says why. Asked for 8, it keeps 8."""
+    from tests.strategies.test_ilp import SMALL_V100
+
+    topo = hj.Topology.preset("geo", device=SMALL_V100)
+    m = zoo.get("mlp", size="tiny", width=1024, in_dim=1024, out_dim=1024, depth=4, batch=64)
+    g = hj.trace(m.step, *m.abstract())
+    asked = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g,
+                    microbatches=8)
+    assert asked.microbatches == 8 and not all(st.fits for st in asked.cost.stages)
+    plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy="pipeline", graph=g)
+    assert plan.microbatches == 1 and all(st.fits for st in plan.cost.stages)
+    assert any("with 8 the stages do not fit memory" in n for n in plan.notes), plan.notes
+
+
 def test_pipeline_on_one_node_does_not_apply():
     m, g = _graph("mlp", size="tiny")
     with pytest.raises(hj.errors.StrategyNotApplicableError, match="one region and one node"):
