@@ -540,7 +540,7 @@ class PipelineOptions:
     Attributes:
       microbatches: microbatches per step (``None``: twice the number of stages where the step
         can be microbatched exactly, or the fewest above that dividing the batch where it does
-        not; else 1).  # int | None
+        not; else 1; and 1 where only one microbatch fits the stages' memory).  # int | None
       schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.  # str
       virtual_stages: chunks of layers per group for ``schedule="interleaved"`` (``v >= 2``:
         the equal layers are cut into ``stages x v`` chunks, chunk ``j`` on group
@@ -595,7 +595,8 @@ def uniform_ranges(part: Partition, stages: int) -> list[tuple[int, int]]:
 def pipeline(graph: OpGraph, topology, options: PipelineOptions) -> Plan:
     """The staged plan a person writes by hand: one stage per region (per node on a one-region
     cluster) in the topology's order, equal numbers of layers, ``dp_tp`` inside each stage
-    (``megatron`` on a one-axis group), ``2 x stages`` microbatches, 1F1B."""
+    (``megatron`` on a one-axis group), ``2 x stages`` microbatches (see
+    :class:`PipelineOptions`), 1F1B."""
     ctx, layout, notes, level = _pipeline_layout(graph, topology, options)
     if options.microbatches is None:
         layout, notes, _ = _one_if_only_that_fits(ctx, layout, notes, layout_cost(ctx, layout))
