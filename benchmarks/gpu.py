@@ -24,6 +24,14 @@ The calibration (``DeviceSpec.flops_efficiency``, ``memory_efficiency``, ``kerne
   The ``wide`` and ``large`` steps (other widths, sequences and batches; ``large`` is a 1B-class
   matmul-bound step) are never used to fit.
 
+A held-out GPU (``benchmarks/results/gpu/h200/``: an H200, measured with the same script): nothing
+of it is fitted on its training steps. Its steps are predicted with the numbers the H200 carried
+before it was measured (the H100's efficiencies and kernel overhead on the H200's datasheet) and
+with its own microbenchmarks' efficiencies plus the H100's fitted kernel overhead, and its
+compiled programs' memory (``memory_analysis``: arguments + outputs + temporaries, which is the
+allocator's measured peak where a step ran first in its process) against the cost model's
+predicted peak of the unsharded step.
+
     python benchmarks/gpu_measure.py --out run.json     # on a GPU machine (plain JAX)
     python benchmarks/gpu.py                            # here: predict, fit, write GPU.md
 """
@@ -55,6 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "results", "gpu")
 FIT_SIZES = ("small", "base")
 HELD_OUT_SIZES = ("wide", "large")
+# Held-out devices: folder under RUNS -> the DEVICE_SPECS kind its measurements are of.
+HELD_OUT_DEVICES = {"h200": "H200"}
 _GEMM = re.compile(r"gemm|xmma|cutlass|cublas|sm\d\d_", re.I)
 
 
@@ -115,6 +125,20 @@ def predict(graph, spec) -> dict:
         if n.name in ("dot_general", "conv_general_dilated"):
             mm += t
     return {"seconds": total, "matmul_seconds": mm, "kernels": int(sum(cm.launches))}
+
+
+def predicted_memory(step, state, batch, graph, spec) -> float:
+    """The cost model's peak memory of the unsharded step on one device of ``spec``."""
+    return hj.plan(step, state, batch, topology=_topology(spec), strategy="replicate",
+                   graph=graph).cost.peak_memory
+
+
+def compiled_memory(step_row: dict) -> int | None:
+    """Bytes the compiled program needs: arguments + outputs + temporaries - aliased outputs."""
+    m = step_row.get("memory")
+    if not m:
+        return None
+    return m["argument"] + m["output"] + m["temp"] - m["alias"]
 
 
 def _profile_split(step: dict) -> dict | None:
@@ -200,6 +224,155 @@ def run(runs: dict) -> dict:
             "micro": {"matmuls": list(runs["matmuls"].values()),
                       "streaming": list(runs["streaming"].values()),
                       "kernel_floor": list(runs["kernel_floor"].values())}}
+
+
+def held_out_device(folder: str, kind: str, base_spec, base_rows=()) -> dict:
+    """Predict a GPU none of whose steps was used to fit anything.
+
+    ``transferred``: the H100's efficiencies and kernel overhead on this kind's datasheet (what
+    ``DEVICE_SPECS`` carried for it before it was measured); ``own``: its own microbenchmarks'
+    efficiencies with the H100's kernel overhead; ``shipped``: ``DEVICE_SPECS[kind]`` now.
+    ``base_rows``: the H100's rows (:func:`run`), for the speed-up over it, measured and
+    predicted, of the steps measured on both."""
+    runs = load_runs(folder)
+    shipped = DEVICE_SPECS[kind]
+    datasheet = dataclasses.replace(shipped, flops_efficiency=1.0, memory_efficiency=1.0,
+                                    kernel_overhead=0.0)
+    eff = efficiencies(runs, datasheet)
+    calib = ("flops_efficiency", "memory_efficiency", "kernel_overhead")
+    transferred = dataclasses.replace(datasheet, **{k: getattr(base_spec, k) for k in calib})
+    own = dataclasses.replace(datasheet, flops_efficiency=round(eff["flops_efficiency"], 2),
+                              memory_efficiency=round(eff["memory_efficiency"], 2),
+                              kernel_overhead=base_spec.kernel_overhead)
+    rows = []
+    keys = sorted(runs["steps"], key=lambda k: ((FIT_SIZES + HELD_OUT_SIZES).index(k[1]), k[0]))
+    for fam, size in tqdm(keys, desc=f"{kind}: trace + predict", unit="step"):
+        step, state, batch = families.build(fam, size)
+        graph = hj.trace(step, state, batch)
+        m = runs["steps"][(fam, size)]
+        rows.append({
+            "family": fam, "size": size, "measured": m["seconds"],
+            "datasheet": predict(graph, datasheet)["seconds"],
+            "transferred": predict(graph, transferred)["seconds"],
+            "own": predict(graph, own)["seconds"],
+            "shipped": predict(graph, shipped)["seconds"],
+            "profile": _profile_split(m),
+            "matmul_predicted": predict(graph, own)["matmul_seconds"],
+            "memory_compiled": compiled_memory(m),
+            "memory_peak_measured": m.get("peak_bytes_in_use"),
+            "memory_predicted": predicted_memory(step, state, batch, graph, shipped),
+        })
+        del step, state, batch, graph
+    err = {name: geo_mean_error(r["measured"] / r[name] for r in rows)
+           for name in ("datasheet", "transferred", "own", "shipped")}
+    h100 = {(r["family"], r["size"]): r for r in base_rows}
+    both = [(h100[r["family"], r["size"]], r) for r in rows if (r["family"], r["size"]) in h100]
+    speedup = {"steps": len(both)}
+    if both:
+        speedup["measured"] = math.exp(statistics.mean(
+            math.log(b["measured"] / r["measured"]) for b, r in both))
+        speedup["predicted"] = math.exp(statistics.mean(
+            math.log(b["shipped"] / r["shipped"]) for b, r in both))
+    mem = [r["memory_predicted"] / r["memory_compiled"] for r in rows if r["memory_compiled"]]
+    return {"kind": kind, "folder": os.path.relpath(folder, HERE), "runs": runs["runs"],
+            "efficiencies": eff, "own": {k: getattr(own, k) for k in calib},
+            "transferred": {k: getattr(transferred, k) for k in calib},
+            "shipped": {k: getattr(shipped, k) for k in calib}, "rows": rows, "errors": err,
+            "speedup_over_h100": speedup,
+            "memory_within_15": sum(abs(x - 1) <= 0.15 for x in mem), "memory_cases": len(mem),
+            "micro": {"matmuls": list(runs["matmuls"].values()),
+                      "streaming": list(runs["streaming"].values()),
+                      "kernel_floor": list(runs["kernel_floor"].values())}}
+
+
+def held_out_markdown(h: dict) -> list[str]:
+    e, eff, k = h["errors"], h["efficiencies"], h["kind"]
+    out = [
+        "",
+        f"## A held-out GPU: {k}",
+        "",
+        f"Measured with the same script on one {h['runs'][0]['device']} "
+        f"(`benchmarks/{h['folder']}/`: "
+        f"{', '.join(r['file'] + ', jax ' + str(r['jax']) + ', ' + str(r['date']) for r in h['runs'])}). "
+        "None of its steps fitted anything: each is predicted from the datasheet and "
+        "microbenchmarks alone.",
+        "",
+        f"- Its microbenchmarks: bf16 {eff['matmul_n']}^3 chain {eff['bf16_tflops']:.0f} TFLOP/s "
+        f"({eff['flops_efficiency']:.3f} of the datasheet; the H100 reached 0.694), streaming "
+        f"{eff['stream_mb']:.0f} MB {eff['stream_gbps']:.0f} GB/s ({eff['memory_efficiency']:.3f} "
+        "of the datasheet's HBM bandwidth; the H100 reached 0.769).",
+        f"- Step time, measured / predicted (geometric mean over {len(h['rows'])} steps): "
+        f"datasheet roofline **{e['datasheet']:.2f}x**; the H100's numbers on the {k} "
+        f"datasheet (what `DEVICE_SPECS['{k}']` carried before) **{e['transferred']:.2f}x**; the "
+        f"{k}'s own efficiencies with the H100's kernel overhead **{e['own']:.2f}x**; shipped "
+        f"now ({_calibration(h['shipped'])}) **{e['shipped']:.2f}x**.",
+    ]
+    sp = h.get("speedup_over_h100", {})
+    if sp.get("steps"):
+        out.append(
+            f"- Against the H100 (the {sp['steps']} steps measured on both): the {k} is "
+            f"{sp['measured']:.2f}x faster measured and {sp['predicted']:.2f}x predicted "
+            "(geometric means, shipped specs). The H200 has the H100's compute and 1.43x its "
+            "HBM bandwidth on paper; its steps gain less than their memory-bound share suggests, "
+            "the kernels of model size reaching a smaller share of the bandwidth than the 2 GB "
+            "stream (the streaming table: 1.1 TB/s at 64 MB, 1.9 at 256 MB).")
+    out += [
+        f"- Memory: the cost model's peak of the unsharded step within 15% of XLA:GPU's compiled "
+        f"program's (arguments + outputs + temporaries) in {h['memory_within_15']}/"
+        f"{h['memory_cases']} steps. Where a step ran first in its process, the allocator's "
+        "measured peak (`memory_stats()['peak_bytes_in_use']`) equals the compiled program's "
+        f"bytes (the table's last column).{_memory_misses(h['rows'])}",
+        "",
+        "| family | size | measured (ms) | datasheet | H100's numbers | own efficiencies | "
+        "shipped | GEMM measured / predicted (ms) | memory predicted / compiled (GB) | "
+        "allocator peak (GB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in h["rows"]:
+        prof = r["profile"]
+        mem = ("-" if not r["memory_compiled"] else
+               f"{r['memory_predicted'] / 1e9:.2f} / {r['memory_compiled'] / 1e9:.2f} "
+               f"({r['memory_predicted'] / r['memory_compiled']:.2f})")
+        peak = r["memory_peak_measured"]
+        out.append(
+            f"| {r['family']} | {r['size']} | {_ms(r['measured'])} | "
+            + " | ".join(f"{_ms(r[c])} ({r['measured'] / r[c]:.2f})"
+                         for c in ("datasheet", "transferred", "own", "shipped"))
+            + f" | {'-' if prof is None else _ms(prof['gemm']) + ' / ' + _ms(r['matmul_predicted'])}"
+            + f" | {mem} | {'-' if peak is None else f'{peak / 1e9:.2f}'} |")
+    out += ["", "Cells: predicted ms (measured / predicted). The allocator's peak is a high-water "
+            "mark over every step its process ran, so it speaks of a step only where it rises.",
+            "", f"| {k} matmul | n | us per matmul | TFLOP/s |", "|---|---:|---:|---:|"]
+    for r in sorted(h["micro"]["matmuls"], key=lambda r: (r["dtype"], r["precision"], r["n"])):
+        out.append(f"| {r['dtype']} ({r['precision']}) | {r['n']} | "
+                   f"{r['seconds_per_matmul'] * 1e6:.1f} | {r['tflops']:.1f} |")
+    out += ["", f"| {k} streaming (MB) | us | GB/s |", "|---:|---:|---:|"]
+    for r in sorted(h["micro"]["streaming"], key=lambda r: r["megabytes"]):
+        out.append(f"| {r['megabytes']:.0f} | {r['seconds'] * 1e6:.1f} | {r['gbps']:.0f} |")
+    out += ["", f"| {k} per-kernel floor | kernels | us per kernel |", "|---|---:|---:|"]
+    for r in h["micro"]["kernel_floor"]:
+        out.append(f"| {r['case']} | {r['chain']} | {r['seconds_per_link'] * 1e6:.2f} |")
+    return out
+
+
+def _memory_misses(rows) -> str:
+    ratios = [r["memory_predicted"] / r["memory_compiled"] for r in rows if r["memory_compiled"]]
+    over = sorted(x for x in ratios if x > 1.15)
+    under = sorted(x for x in ratios if x < 0.85)
+    out = ""
+    if over:
+        out += (f" Over-predicted beyond 15%: {len(over)} ({over[0]:.2f}-{over[-1]:.2f}x): XLA:GPU "
+                "keeps fewer intermediates live than the cost model's liveness walk, which "
+                "holds XLA:CPU's compiled programs of the same families within 15% "
+                "(`benchmarks/FIDELITY.md`).")
+    if under:
+        out += f" Under-predicted beyond 15%: {len(under)} ({under[0]:.2f}-{under[-1]:.2f}x)."
+    return out
+
+
+def _calibration(c: dict) -> str:
+    return (f"`flops_efficiency` {c['flops_efficiency']}, `memory_efficiency` "
+            f"{c['memory_efficiency']}, `kernel_overhead` {c['kernel_overhead'] * 1e6:g} us")
 
 
 def _ms(s: float) -> str:
@@ -295,12 +468,15 @@ def markdown(res: dict, command: str) -> str:
         "",
         "- Communication and its overlap with compute: one GPU. The collective terms stay the "
         "alpha-beta model of `hulkjax/cost/comm.py`.",
-        "- Other NVIDIA kinds take the H100's efficiencies and kernel overhead (assumed: the same "
-        "compiler; their datasheet ratios are kept). TPU and CPU specs are unchanged.",
+        "- A100, V100 and T4 take the H100's efficiencies and kernel overhead (assumed: the "
+        "same compiler; their datasheet ratios are kept); the H200 carries its own measured "
+        "efficiencies (below). TPU and CPU specs are unchanged.",
         "- The cost model counts more kernels than XLA launches (the table's kernels column): "
         "XLA fuses sibling and multi-output fusions the model counts separately, so the fitted "
         "overhead per counted kernel is below the measured idle gap per launched kernel.",
     ]
+    for h in res.get("held_out_devices", []):
+        out += held_out_markdown(h)
     return "\n".join(out) + "\n"
 
 
@@ -310,6 +486,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     t0 = time.time()
     res = run(load_runs(args.runs))
+    res["held_out_devices"] = [held_out_device(os.path.join(args.runs, folder), kind,
+                                               DEVICE_SPECS["H100"], res["rows"])
+                               for folder, kind in HELD_OUT_DEVICES.items()
+                               if glob.glob(os.path.join(args.runs, folder, "run*.json"))]
     res["seconds"] = time.time() - t0
     with open(os.path.join(HERE, "results", "gpu.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
@@ -320,6 +500,9 @@ def main(argv=None) -> None:
     print(f"datasheet {s['datasheet_error_fit']:.2f}x, calibrated {s['calibrated_error_fit']:.2f}x "
           f"(leave family out {s['leave_family_out_error']:.2f}x), held out "
           f"{s['calibrated_error_held_out']:.2f}x (datasheet {s['datasheet_error_held_out']:.2f}x)")
+    for h in res["held_out_devices"]:
+        print(f"held-out {h['kind']}: " + ", ".join(f"{k} {v:.2f}x" for k, v in h["errors"].items())
+              + f"; memory within 15% in {h['memory_within_15']}/{h['memory_cases']}")
     print("median |log err| shipped:",
           statistics.median(_log_err(r["measured"], r["shipped"]) for r in res["rows"]))
 

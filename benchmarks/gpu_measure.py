@@ -15,7 +15,8 @@ What it measures:
 * **per-kernel floor**: chains of ``R`` dependent tiny kernels (``16 x 16`` matmuls; reduce then
   broadcast), as XLA:GPU launches them (command buffers included).
 * **training steps**: every family of ``tests/realmodels/families.py`` at the given sizes (value
-  and grad, one adamw update), with XLA's own ``cost_analysis`` and the compiled HLO (kept in a
+  and grad, one adamw update), with XLA's own ``cost_analysis``, the compiled program's
+  ``memory_analysis`` (arguments, outputs, aliases, temporaries) and the compiled HLO (kept in a
   tar, so kernel counts can be read off-line).
 
     python benchmarks/gpu_measure.py --out gpu_measured.json [--hlo hlo.tar]
@@ -186,6 +187,15 @@ def _entry_kernels(hlo: str) -> int:
     return count
 
 
+def _peak_bytes() -> int | None:
+    """The allocator's peak since the process started (a high-water mark over every step run so
+    far: it says something of a step only where it rises past the earlier steps')."""
+    try:
+        return int(jax.devices()[0].memory_stats()["peak_bytes_in_use"])
+    except Exception:  # noqa: BLE001 (not every backend keeps allocator statistics)
+        return None
+
+
 def steps(names, sizes, repeats: int, hlo_tar, rows: list, save, profile: int = 0) -> list[dict]:
     """Time every family's step; ``rows`` grows one row per step and ``save()`` runs after each
     (a run cut short keeps what it measured)."""
@@ -207,6 +217,9 @@ def steps(names, sizes, repeats: int, hlo_tar, rows: list, save, profile: int = 
                     "xla_bytes_accessed": float(ca.get("bytes accessed", 0.0)),
                     "hlo_kernels": _entry_kernels(hlo),
                     "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
+                    "memory": {k: int(getattr(mem, k + "_size_in_bytes", 0)) for k in
+                               ("argument", "output", "alias", "temp", "generated_code")},
+                    "peak_bytes_in_use": _peak_bytes(),
                     "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(state["params"]))),
                 })
                 if profile:
