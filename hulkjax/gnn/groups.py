@@ -1,5 +1,5 @@
-"""The device-group head (Hulk: a distribution over device groups per layer): features and its
-NumPy forward pass.
+"""The device-group head (Hulk: a distribution over device groups per layer): features, its
+NumPy forward pass, and the orders of the groups it proposes to the staged search.
 
 Where this sits::
 
@@ -10,12 +10,17 @@ Where this sits::
             |   group_log_probs(params, sg)   (NumPy; the flax twin is
             v                                   hulkjax.training.model.GroupHead)
     log P(unit k runs on group j)   [units, groups]
+            |   propose_orders(logp, n)
+            v
+    orders of the groups -> strategies.stages.search (its dynamic program runs along each)
 
-**Status: designed, not trained.** The head is not trained yet (training the network's heads
-together is a later job) and ships no weights, so ``auto`` does not consult it: its staged
-candidates come from the dynamic program of :mod:`hulkjax.strategies.stages`, and the cost model
-chooses between staged and SPMD plans. ``tests/gnn/test_groups.py`` holds this forward pass equal
-to the flax module, so weights trained with the module will plan as trained.
+The head's job is the one part of the staged search that is a guess: the orders of the groups
+the dynamic program places stages along (:func:`hulkjax.strategies.stages.chains` tries three
+heuristic ones; every order is ``G!``). Trained on the best layouts of every order of 3-5 groups
+(``hulkjax train-gnn --head groups``, :mod:`hulkjax.training.groups`), it proposes the orders
+its distribution makes likeliest; the search costs them like its own, so a proposal can only
+add layouts. Whether ``auto`` asks it is :data:`hulkjax.strategies.auto.AutoOptions`'
+``group_head`` (README, "The learned planner", says what it measured).
 
 The network: units (a chain along the forward pass) exchange messages with their neighbours;
 groups attend to each other through their links; a unit-group pair is scored by an MLP of the two
@@ -26,11 +31,12 @@ embeddings; a softmax over groups per unit.
 ...                 group_x=np.zeros((2, DEVICE_GROUP_FEATURES), np.float32),
 ...                 link_x=np.zeros((2, 2, LINK_FEATURES), np.float32))
 >>> sg.unit_x.shape, sg.num_groups
-((3, 8), 2)
+((3, 11), 2)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -40,7 +46,7 @@ from hulkjax.cost.pipeline import stage_link
 from hulkjax.gnn.infer import _dense, _gelu, _layer_norm, _mlp
 from hulkjax.trace.graph import PARAMETER
 
-UNIT_FEATURES = 8
+UNIT_FEATURES = 11
 DEVICE_GROUP_FEATURES = 8
 LINK_FEATURES = 3
 
@@ -52,7 +58,10 @@ class StageGraph:
     Attributes:
       unit_x: ``[U, UNIT_FEATURES]`` float32: per layer unit, log FLOPs of its forward, backward
         and update nodes, log bytes of its parameters, of the activations it hands on and of those
-        it saves, its position along the step, and whether its scope repeats (a layer).
+        it saves, its position along the step, whether its scope repeats (a layer), log bytes of
+        the parameters it reads that live in another unit and of its own that another unit
+        reads (a tied embedding: the LM head reads the first unit's), and log2 of the most
+        microbatches the step can be cut into (0 where it cannot be microbatched), / 6.
       group_x: ``[G, DEVICE_GROUP_FEATURES]`` float32: per device group, log peak FLOP/s, log
         smallest memory, log HBM bandwidth, log device count, log fastest link inside, its share of
         the cluster's FLOP/s, log mean bandwidth and log smallest latency to the other groups.
@@ -73,10 +82,28 @@ def _log(x: float) -> float:
     return math.log10(max(float(x), 1e-12))
 
 
-def stage_features(graph, phase, unit, home, labels, topology, groups) -> StageGraph:
+def _readers(graph, value: int, depth: int = 3) -> set[int]:
+    """Nodes reading ``value``, through up to ``depth`` one-operand nodes (a cast, a transpose
+    of a parameter before its matmul)."""
+    out, frontier = set(), [value]
+    for _ in range(depth):
+        nxt = []
+        for v in frontier:
+            for c, _ in graph.consumers(v):
+                out.add(c)
+                node = graph.nodes[c]
+                if sum(x is not None for x in node.inputs) == 1:
+                    nxt.extend(node.outputs)
+        frontier = nxt
+    return out
+
+
+def stage_features(graph, phase, unit, home, labels, topology, groups, *,
+                   microbatches: int = 1) -> StageGraph:
     """The :class:`StageGraph` of a step cut into units (``phase`` / ``unit`` per node, ``home``
     unit per input, unit ``labels``: a :class:`hulkjax.strategies.partition.Partition`'s fields)
-    on ``groups`` of ``topology``'s devices."""
+    on ``groups`` of ``topology``'s devices; ``microbatches``: the most the step may be cut
+    into."""
     import re
 
     U, G = len(labels), len(groups)
@@ -84,10 +111,17 @@ def stage_features(graph, phase, unit, home, labels, topology, groups) -> StageG
     flops = np.zeros((U, 3))
     for n in graph.nodes:
         flops[unit[n.id], "FBU".index(phase[n.id])] += n.flops
-    params = np.zeros(U)
+    params, borrowed, lent = np.zeros(U), np.zeros(U), np.zeros(U)
     for i, u in home.items():
         if graph.input_roles[i] == PARAMETER:
-            params[u] += graph.values[graph.inputs[i]].nbytes
+            nb = graph.values[graph.inputs[i]].nbytes
+            params[u] += nb
+            others = {unit[c] for c in _readers(graph, graph.inputs[i])
+                      if phase[c] == "F"} - {u}
+            for r in others:
+                borrowed[r] += nb
+            if others:
+                lent[u] += nb
     handed, saved = np.zeros(U), np.zeros(U)
     for n in graph.nodes:
         if phase[n.id] != "F":
@@ -107,6 +141,9 @@ def stage_features(graph, phase, unit, home, labels, topology, groups) -> StageG
         ux[k, 5] = _log(saved[k] + 1) / 12
         ux[k, 6] = k / max(U - 1, 1)
         ux[k, 7] = float(norm.count(norm[k]) > 1)
+        ux[k, 8] = _log(borrowed[k] + 1) / 12
+        ux[k, 9] = _log(lent[k] + 1) / 12
+        ux[k, 10] = math.log2(max(microbatches, 1)) / 6
     gx = np.zeros((G, DEVICE_GROUP_FEATURES), np.float32)
     lx = np.zeros((G, G, LINK_FEATURES), np.float32)
     total = sum(d.spec.peak_flops for grp in groups for d in (topology.devices[i] for i in grp))
@@ -159,6 +196,70 @@ def group_log_probs(params, sg: StageGraph, *, layers: int) -> np.ndarray:
     score = _mlp(p["_MLP_3"], pair, 2)[..., 0]
     top = score.max(-1, keepdims=True)
     return score - top - np.log(np.exp(score - top).sum(-1, keepdims=True))
+
+
+def order_scores(logp: np.ndarray) -> list[tuple[float, tuple[int, ...]]]:
+    """Every order of the groups scored by the head: ``(score, order)``, best first, one per
+    distinct order of the groups used.
+
+    An order's score is the log-likelihood of the likeliest way to run the units along it:
+    consecutive runs of units on the groups in that order, a group skipped (left idle) where
+    that is likelier (a Viterbi pass per order). Orders that use the same groups in the same
+    order score alike; each is returned once, its idle groups last (the staged search's
+    interleaved schedule uses prefixes of an order), by their total probability.
+
+    >>> logp = np.log(np.array([[.9, .05, .05], [.1, .1, .8], [.1, .1, .8]]))
+    >>> [o for _, o in order_scores(logp)][:2]
+    [(0, 2, 1), (2, 0, 1)]
+    """
+    U, G = logp.shape
+    mass = np.exp(logp).sum(0)
+    best: dict[tuple[int, ...], float] = {}
+    positions = np.arange(G)
+    for order in itertools.permutations(range(G)):
+        lp = logp[:, order]  # [U, position]
+        score = lp[0].copy()
+        back = np.zeros((U, G), np.int64)
+        for k in range(1, U):
+            run = np.maximum.accumulate(score)  # the best position at or before each one
+            back[k] = np.maximum.accumulate(np.where(score >= run, positions, 0))  # its index
+            score = run + lp[k]
+        p = int(np.argmax(score))
+        total = float(score[p])
+        used = [p]
+        for k in range(U - 1, 0, -1):
+            p = int(back[k, p])
+            if p != used[-1]:
+                used.append(p)
+        used = [order[q] for q in reversed(used)]
+        idle = sorted(set(range(G)) - set(used), key=lambda j: (-mass[j], j))
+        key = tuple(used + idle)
+        if total > best.get(key, -math.inf):
+            best[key] = total
+    return sorted(((v, k) for k, v in best.items()), key=lambda t: (-t[0], t[1]))
+
+
+MAX_SCORED_GROUPS = 6  # beyond, orders come from the expected unit index (G! is too many)
+
+
+def propose_orders(logp: np.ndarray, n: int = 1) -> list[tuple[int, ...]]:
+    """The ``n`` likeliest orders of the groups under the head's ``[units, groups]``
+    log-probabilities (:func:`order_scores`; with more than :data:`MAX_SCORED_GROUPS` groups,
+    one order: the groups by the mean index of the units they receive, those expected to run
+    less than half a unit last).
+
+    >>> logp = np.log(np.array([[.1, .9], [.2, .8], [.7, .3]]))
+    >>> propose_orders(logp)
+    [(1, 0)]
+    """
+    U, G = logp.shape
+    if G <= MAX_SCORED_GROUPS:
+        return [o for _, o in order_scores(logp)[:n]]
+    p = np.exp(logp)
+    mass = p.sum(0)
+    mean = (p * np.arange(U)[:, None]).sum(0) / np.maximum(mass, 1e-12)
+    # Groups expected to run less than half a unit are idle: last.
+    return [tuple(sorted(range(G), key=lambda j: (mass[j] < 0.5, mean[j], j)))]
 
 
 def _numpy(tree):
