@@ -1178,12 +1178,14 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
 
 
 CROSS_COUNT_LAYOUTS = 2  # the best layouts :func:`search` also costs at the other counts
+PROPOSED_LAYOUTS = 2  # layouts along proposed orders :func:`search` costs (their best: at all)
 
 
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
-           cutoff: float | None = None, shortlist: int | None = None) -> SearchResult:
+           cutoff: float | None = None, shortlist: int | None = None, propose=None,
+           own_orders: bool = True, levels=None) -> SearchResult:
     """The dynamic program over unit ranges x device groups (see the module docstring).
 
     Args:
@@ -1200,6 +1202,16 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       progress: a callable told what is being searched (a string).
       virtual_stages: chunks per group to try with ``schedule="1f1b"`` (1: plain 1F1B;
         ``v > 1``: the interleaved schedule, see :func:`_dp_interleaved`); other schedules use 1.
+      propose: more orders of the groups to search, ``propose(partition, topology, level,
+        groups) -> [order, ...]`` (each a permutation of ``range(len(groups))``; ``auto``'s
+        device-group head, :func:`hulkjax.strategies.auto.head_orders`). Their dynamic
+        programs run at the counts the search's own orders lead it to, and the best
+        :data:`PROPOSED_LAYOUTS` of their layouts (the best of those at every count searched)
+        are costed after everything the search costs without them: a proposal can only make
+        the layout returned faster (an order already among :func:`chains`' adds nothing).
+      own_orders: search :func:`chains`' orders (``False``: only the proposed ones; the
+        device-group head's labels search one order at a time).
+      levels: the levels of :func:`device_groups` to search (default: every one).
       cutoff: a step time a staged plan must beat to be of use (``best_staged``: the best SPMD
         plan's, less :data:`STAGED_MIN_GAIN`). A count whose :func:`staged_lower_bound` is at
         least the cutoff is then not searched (its layouts could not beat the cutoff). The
@@ -1219,7 +1231,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
 
     Returns the ``keep`` best layouts by exact cost.
     """
-    levels = device_groups(topology)
+    levels = {k: v for k, v in device_groups(topology).items() if levels is None or k in levels}
     if not levels:
         return SearchResult([])
     ctx = _context(graph, topology, time_limit)
@@ -1229,14 +1241,26 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     if len(part.units) < 1:
         return SearchResult([])
     found: list[tuple[float, StagedLayout]] = []
+    proposed: list[tuple[float, StagedLayout]] = []  # along the proposed orders only
     searched = 0
     widened = False  # whether counts left out made the local search follow both ways
     beyond = math.inf  # the least lower bound of what the cutoff left out
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
         tried: dict[int, float] = {}
+        # The search's own orders steer its choice of counts; proposed ones (the device-group
+        # head's) add layouts at the counts it visits, costed after its own (see below).
+        orders = chains(topology, groups) if own_orders else []
+        extra: list[tuple[int, ...]] = []
+        for o in (() if propose is None else map(tuple, propose(part, topology, level, groups))):
+            if sorted(o) != list(range(len(groups))):
+                raise InvalidOptionError(f"a proposed order of the {len(groups)} {level} groups "
+                                         f"is not a permutation of 0..{len(groups) - 1}: {o}")
+            if o not in orders and o not in extra:
+                (extra if own_orders else orders).append(o)
 
-        def attempt(M: int, level=level, groups=groups, subs=subs, tried=tried) -> float:
+        def attempt(M: int, level=level, groups=groups, subs=subs, tried=tried,
+                    orders=orders, extra=extra) -> float:
             nonlocal searched
             if M in tried:
                 return tried[M]
@@ -1250,7 +1274,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             for sub in dict.fromkeys(subs):
                 tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
             solved: dict = {}  # equivalent chains' dynamic programs, solved once
-            for chain in chains(topology, groups):
+            for chain in [*orders, *extra]:
                 vs = virtual_stages if schedule == "1f1b" else (1,)
                 sols = [(1, _dp_once(solved, _dp, ctx, topology, groups, subs, chain, tables,
                                      M))] if 1 in vs else []
@@ -1271,6 +1295,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                     # Ranked by the tables' estimate of its exact cost (the program's own
                     # closed form is a lower bound the count's comparisons keep).
                     t = max(sol[3], _ranking_time(ctx, layout))
+                    if chain in extra:
+                        proposed.append((t, layout))
+                        continue
                     found.append((t, layout))
                     tried[M] = min(tried[M], t)
             return tried[M]
@@ -1385,6 +1412,30 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             other = replace(layout, microbatches=M)
             if other in costed or not _variant_ok(ctx, other):
                 continue
+            costed.add(other)
+            cost_exactly(other)
+    # The proposed orders' layouts, after everything above: what the search costs without
+    # them is costed with them too, so they can only make its best faster. The best
+    # PROPOSED_LAYOUTS of them by ranking (each also ranked at every count searched) are
+    # costed, then the best of those at every other count.
+    every_count = sorted({lay.microbatches for _, lay in [*found, *proposed]})
+    ranked = {}
+    for t, layout in sorted(proposed, key=lambda t: t[0]):
+        for M in every_count:
+            other = replace(layout, microbatches=M)
+            if other in costed or other in ranked or not _variant_ok(ctx, other):
+                continue
+            r = t if M == layout.microbatches else _ranking_time(ctx, other)
+            if math.isfinite(r):
+                ranked[other] = r
+    top = sorted(ranked, key=ranked.get)[:PROPOSED_LAYOUTS]
+    for layout in top:
+        costed.add(layout)
+        cost_exactly(layout)
+    best_proposed = next((lay for _, lay, _ in exact if lay in top), None)
+    for M in every_count if best_proposed is not None else ():
+        other = replace(best_proposed, microbatches=M)
+        if other not in costed and _variant_ok(ctx, other):
             costed.add(other)
             cost_exactly(other)
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
@@ -1708,7 +1759,7 @@ the cost model cannot resolve, goes to the single SPMD program."""
 
 def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
                 solver=None, time_limit: float = 10.0, schedule: str = "1f1b",
-                extra: tuple[Plan, ...] = ()) -> tuple[Plan | None, list[str]]:
+                extra: tuple[Plan, ...] = (), propose=None) -> tuple[Plan | None, list[str]]:
     """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
     with notes saying what the staged search found. The ``pipeline`` baseline (where it applies)
     and ``extra`` (staged plans already made) compete with the search's layouts: the search's
@@ -1717,7 +1768,8 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     Only the winner is built into a :class:`~hulkjax.plan.Plan` (the others are compared by their
     exact cost), and the search skips microbatch counts that :func:`staged_lower_bound` shows
     cannot beat ``spmd_time`` (see :func:`search`'s ``cutoff``); nor is the pipeline baseline
-    costed where its bound shows as much (the plan is the same: it could not have won)."""
+    costed where its bound shows as much (the plan is the same: it could not have won).
+    ``propose``: more orders of the groups for the search (see :func:`search`)."""
     rivals: list[tuple[float, Plan | tuple]] = [
         (p.cost.step_time, p) for p in extra
         if p.cost is not None and all(st.fits for st in p.cost.stages)]
@@ -1746,7 +1798,8 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     except skipped as e:
         log.debug("pipeline baseline does not apply: %s", e)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule,
-                 cutoff=cutoff, keep=1, shortlist=12)  # the best of search(keep=4)'s
+                 cutoff=cutoff, keep=1, shortlist=12,  # the best of search(keep=4)'s
+                 propose=propose)
     beyond = min(beyond, res.beyond)
     if pending is not None:
         pctx, playout = pending[0], pending[1]
@@ -1814,21 +1867,22 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
 
 
 def spmd_or_staged(graph: OpGraph, topology, spmd, *, strategy: str, solver,
-                   time_limit: float) -> Plan:
+                   time_limit: float, propose=None) -> Plan:
     """``spmd()`` (an SPMD planner's plan), or the best staged plan where it is
     :data:`STAGED_MIN_GAIN` faster, or where no SPMD plan fits (``spmd`` raised
-    :class:`~hulkjax.errors.InfeasiblePlanError`; re-raised if no staged plan fits either)."""
+    :class:`~hulkjax.errors.InfeasiblePlanError`; re-raised if no staged plan fits either).
+    ``propose``: more orders of the groups for the staged search (see :func:`search`)."""
     try:
         plan = spmd()
     except InfeasiblePlanError:
         staged, _ = best_staged(graph, topology, strategy=strategy, spmd_time=None,
-                                solver=solver, time_limit=time_limit)
+                                solver=solver, time_limit=time_limit, propose=propose)
         if staged is None:
             raise
         return staged
     staged, notes = best_staged(graph, topology, strategy=strategy,
                                 spmd_time=plan.cost.step_time, solver=solver,
-                                time_limit=time_limit)
+                                time_limit=time_limit, propose=propose)
     if staged is not None:
         return staged
     plan.notes.extend(notes)

@@ -1,0 +1,66 @@
+"""Proposed orders of the device groups in the staged search (the device-group head's): they
+only add layouts (the search costs what it costs without them, then theirs), and one of them can
+find a faster plan than the search's own orders."""
+
+import itertools
+
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.errors import InvalidOptionError
+from hulkjax.strategies import stages
+from hulkjax.topology.model import Device, PairLink, Topology
+from hulkjax.topology.specs import DEVICE_SPECS, LinkSpec
+
+# Three sites (V100, T4, V100 pairs) where one order of the sites beats the search's own three
+# ((0, 1, 2), (2, 1, 0), (0, 2, 1)): (1, 0, 2), 519.7 ms against 533.4.
+SITES = {"kind": "pairs", "kinds": ["V100", "T4", "V100"], "gpus": 2,
+         "links": [[20.7, 1.9], [4.7, 1.6], [5.5, 1.4]]}
+
+
+def make_cluster(spec):
+    """Sites of ``spec["gpus"]`` GPUs of ``spec["kinds"]``, a link per pair (Gbit/s, ms): as
+    :func:`hulkjax.training.group_data.make_cluster` makes them."""
+    kinds, gpus = spec["kinds"], spec["gpus"]
+    devices = tuple(Device(id=r * gpus + k, spec=DEVICE_SPECS[kind], region=f"s{r}",
+                           node=f"s{r}-n0") for r, kind in enumerate(kinds) for k in range(gpus))
+    link = lambda gbit, ms: LinkSpec(bandwidth=gbit * 1e9 / 8, latency=ms / 1e3)  # noqa: E731
+    pairs = itertools.combinations(range(len(kinds)), 2)
+    return Topology(name="sites", devices=devices, axis_names=("region", "gpu"),
+                    shape=(len(kinds), gpus), node_link=LinkSpec(bandwidth=150e9, latency=1e-6),
+                    wan_link=link(1.0, 50.0),
+                    links=tuple(PairLink(between=(f"s{a}", f"s{b}"), link=link(*lk))
+                                for (a, b), lk in zip(pairs, spec["links"])))
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    m = zoo.get("gpt2", size="small", n_layers=4, d_model=2048, n_heads=16, batch=32,
+                seq_len=1024, n_positions=1024, dtype="bfloat16", remat=True)
+    return hj.trace(m.step, *m.abstract())
+
+
+def test_a_proposed_order_only_adds_layouts_and_can_find_a_faster_one(gpt):
+    topo = make_cluster(SITES)
+    groups = topo.groups("region")
+    own = stages.search(gpt, topo, keep=1, shortlist=12)
+    assert (1, 0, 2) not in stages.chains(topo, groups)
+    steps = {}
+    for order in itertools.permutations(range(3)):
+        res = stages.search(gpt, topo, keep=1, shortlist=12,
+                            propose=lambda p, t, level, gr, o=order: [o])
+        steps[order] = res.layouts[0][0]
+        assert steps[order] <= own.layouts[0][0] * (1 + 1e-12), order
+    assert steps[(1, 0, 2)] < 0.98 * own.layouts[0][0]
+    assert min(steps.values()) == steps[(1, 0, 2)]
+    # Alone (own_orders=False) the order's search is its own: the head's labels.
+    alone = stages.search(gpt, topo, keep=1, shortlist=12, own_orders=False,
+                          propose=lambda *a: [(1, 0, 2)])
+    assert alone.layouts[0][0] == pytest.approx(steps[(1, 0, 2)])
+
+
+def test_a_proposal_that_is_not_an_order_of_the_groups_is_refused(gpt):
+    topo = make_cluster(SITES)
+    with pytest.raises(InvalidOptionError, match="not a permutation"):
+        stages.search(gpt, topo, keep=1, propose=lambda *a: [(0, 1, 1)])
