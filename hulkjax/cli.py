@@ -44,6 +44,7 @@ from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.tracer import trace
 from hulkjax.training import run as train_planner
+from hulkjax.training.groups import run as train_group_head
 
 
 def _ensure_devices(n: int) -> None:
@@ -254,10 +255,16 @@ def cmd_explain(args) -> int:
     return 0
 
 
+PLANNER_RUN = {"samples": 360, "val_samples": 24, "epochs": 30}
+GROUPS_RUN = {"samples": 300, "val_samples": 60, "epochs": 40}  # what the shipped head trained with
+
+
 _EXAMPLES = {
     "train-gnn": """examples:
   hulkjax train-gnn                       # 360 ILP-labelled graphs, 30 epochs (~45 min on 2 cores)
   hulkjax train-gnn --samples 40 --epochs 5 --out /tmp/gnn   # a quick run, weights in /tmp/gnn
+  hulkjax train-gnn --head groups         # the device-group head: the staged search over every
+                                          # order of 3-5 groups labels its data (see README)
   (use them with strategy="auto" and weights="/tmp/gnn"; labelled graphs are cached in
    $HULKJAX_CACHE or ~/.cache/hulkjax)""",
     "demo": """examples:
@@ -604,10 +611,19 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--timeout", type=float, default=600.0)
     ca.set_defaults(func=cmd_calibrate)
 
-    tg = parser("train-gnn", "train the planner network on ILP-labelled graphs")
-    tg.add_argument("--samples", type=int, default=360, help="training graphs (default 360)")
-    tg.add_argument("--val-samples", type=int, default=24, help="held-out graphs (default 24)")
-    tg.add_argument("--epochs", type=int, default=30)
+    tg = parser("train-gnn", "train the planner network on ILP-labelled graphs, or its "
+                "device-group head on the staged search's best orders")
+    tg.add_argument("--head", choices=("planner", "groups"), default="planner",
+                    help="planner: the layout network (default); groups: the device-group head")
+    tg.add_argument("--samples", type=int, default=None,
+                    help=f"training graphs (default {PLANNER_RUN['samples']}; "
+                         f"--head groups: {GROUPS_RUN['samples']} (model, cluster) pairs)")
+    tg.add_argument("--val-samples", type=int, default=None,
+                    help=f"held-out graphs (default {PLANNER_RUN['val_samples']}; --head "
+                         f"groups: {GROUPS_RUN['val_samples']})")
+    tg.add_argument("--epochs", type=int, default=None,
+                    help=f"default {PLANNER_RUN['epochs']} (--head groups: "
+                         f"{GROUPS_RUN['epochs']})")
     tg.add_argument("--seed", type=int, default=0)
     tg.add_argument("--out", default=None,
                     help="directory for the weights (default: the package's shipped weights)")
@@ -616,10 +632,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train_gnn(args) -> int:
-    history = train_planner(samples=args.samples, val_samples=args.val_samples, epochs=args.epochs,
+    defaults = GROUPS_RUN if args.head == "groups" else PLANNER_RUN
+    run = train_group_head if args.head == "groups" else train_planner
+    history = run(samples=defaults["samples"] if args.samples is None else args.samples,
+                  val_samples=(defaults["val_samples"] if args.val_samples is None
+                               else args.val_samples),
+                  epochs=defaults["epochs"] if args.epochs is None else args.epochs,
                   seed=args.seed, out_dir=args.out, progress=True)
     print(f"weights written to {args.out or WEIGHTS_DIR}")
-    for key in ("train_loss", "val_loss", "val_argmax_ratio", "val_search_ratio"):
+    for key in ("train_loss", "val_loss", "val_argmax_ratio", "val_search_ratio",
+                "val_own_regret", "val_head_regret", "val_random_regret"):
         if history.get(key):
             print(f"{key}: {history[key][0]:.4f} -> {history[key][-1]:.4f}")
     return 0

@@ -19,8 +19,9 @@ the dynamic program places stages along (:func:`hulkjax.strategies.stages.chains
 heuristic ones; every order is ``G!``). Trained on the best layouts of every order of 3-5 groups
 (``hulkjax train-gnn --head groups``, :mod:`hulkjax.training.groups`), it proposes the orders
 its distribution makes likeliest; the search costs them like its own, so a proposal can only
-add layouts. Whether ``auto`` asks it is :data:`hulkjax.strategies.auto.AutoOptions`'
-``group_head`` (README, "The learned planner", says what it measured).
+add layouts. How many orders ``auto`` asks it for is
+:class:`hulkjax.strategies.auto.AutoOptions`' ``head_orders`` (README, "The learned planner",
+says what it measured).
 
 The network: units (a chain along the forward pass) exchange messages with their neighbours;
 groups attend to each other through their links; a unit-group pair is scored by an MLP of the two

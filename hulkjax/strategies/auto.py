@@ -9,6 +9,11 @@ of that and the baselines' plans that fits in memory, so it is never worse than 
 
 Without shipped weights (or with ``prior_kind="uniform"``, the ablation), the shortlist is
 ``top_k`` candidates per group drawn uniformly: the same search budget with no learned prior.
+
+Where the topology has device groups, staged plans compete (:mod:`hulkjax.strategies.stages`):
+the device-group head (:mod:`hulkjax.gnn.groups`) proposes ``head_orders`` orders of the groups
+for the staged search to run its dynamic program along, on top of its own; the search costs
+their layouts after its own, so they can only make the staged plan faster.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hulkjax.cost.model import LEADER
 from hulkjax.errors import InfeasiblePlanError
 from hulkjax.formatting import format_spec
 from hulkjax.gnn import features as F
+from hulkjax.gnn.groups import group_log_probs, propose_orders, stage_features
 from hulkjax.gnn.infer import log_probs
 from hulkjax.gnn.weights import load
 from hulkjax.plan.records import Plan
@@ -35,13 +41,49 @@ from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, polish_memory
-from hulkjax.strategies.stages import device_groups, spmd_or_staged
+from hulkjax.strategies.stages import device_groups, microbatch_counts, spmd_or_staged
 from hulkjax.trace.graph import OpGraph
 
 log = logging.getLogger("hulkjax.auto")
 # Candidates per group the network shortlists. With 16 the shortlist held the ILP's choice for
 # 92-100% of groups on held-out graphs (4: 42-100%, 8: 83-100%); see benchmarks/gnn_eval.py.
 TOP_K = 16
+HEAD_ORDERS = 1  # orders of the device groups the device-group head proposes by default
+
+
+def stage_graph(part, topology, groups):
+    """The device-group head's :class:`~hulkjax.gnn.groups.StageGraph` of a partitioned step
+    (:class:`~hulkjax.strategies.partition.Partition`) on ``groups`` of ``topology``."""
+    counts = microbatch_counts(part, len(groups))
+    return stage_features(part.graph, part.phase, part.unit, part.home,
+                          [u.label for u in part.units], topology, groups,
+                          microbatches=max(counts))
+
+
+def head_orders(n: int = HEAD_ORDERS, *, weights: str | None = None):
+    """The staged search's ``propose`` hook (:func:`hulkjax.strategies.stages.search`): the
+    ``n`` orders of the groups the shipped device-group head makes likeliest
+    (:func:`~hulkjax.gnn.groups.propose_orders`), for levels of as many groups as it was
+    trained on (3-5); ``None`` without its weights or with ``n`` 0.
+
+    >>> propose = head_orders()
+    >>> propose is None or callable(propose)
+    True
+    """
+    loaded = load(weights, name="groups") if n > 0 else None
+    if loaded is None:
+        return None
+
+    lo, hi = loaded.meta.get("groups", (2, 8))
+
+    def propose(part, topology, level, groups):
+        if len(part.units) < 2 or not lo <= len(groups) <= hi:
+            return []  # where it was not trained
+        logp = group_log_probs(loaded.params, stage_graph(part, topology, groups),
+                               layers=loaded.layers)
+        return propose_orders(logp, n)
+
+    return propose
 
 
 def prior(cm, *, weights: str | None = None) -> np.ndarray | None:
@@ -128,6 +170,10 @@ class AutoOptions:
       stages: also consider staged plans where the topology has device groups (regions, nodes,
         GPU kinds): the staged search of :mod:`hulkjax.strategies.stages` and the ``pipeline``
         baseline; a staged plan is returned only where it beats the SPMD one.  # bool
+      head_orders: orders of the device groups the device-group head (Hulk's distribution
+        over groups per layer, :mod:`hulkjax.gnn.groups`) proposes to the staged search, on
+        top of its own three (0: none; each order costs one more dynamic program per
+        microbatch count; the head's weights are read from ``weights`` too).  # int
     """
 
     top_k: int = TOP_K
@@ -138,24 +184,30 @@ class AutoOptions:
     exact: bool = True
     time_limit: float = 10.0
     stages: bool = True
+    head_orders: int = HEAD_ORDERS
 
     def __post_init__(self):
         if self.prior_kind not in ("gnn", "uniform"):
             raise ValueError(f"prior_kind={self.prior_kind!r}: use 'gnn' or 'uniform'")
         if not self.time_limit >= 0:
             raise ValueError(f"time_limit={self.time_limit!r}: use seconds >= 0")
+        if not (isinstance(self.head_orders, int) and self.head_orders >= 0):
+            raise ValueError(f"head_orders={self.head_orders!r}: use an int >= 0 (0: no "
+                             "proposals from the device-group head)")
 
 
 @register_strategy("auto", options=AutoOptions)
 def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     """Plan with the network's prior and cost-model search; never worse than a baseline. With
     ``stages``, staged plans compete where the topology has device groups: the staged search
-    (its dynamic program and intra-stage ILPs; the network has no device-group head trained yet)
-    and the ``pipeline`` baseline; ``auto`` returns a staged plan only where it is faster."""
+    (its dynamic program and intra-stage ILPs, along its own orders of the device groups and
+    the device-group head's ``head_orders``) and the ``pipeline`` baseline; ``auto`` returns a
+    staged plan only where it is faster."""
     if not options.stages or not device_groups(topology):
         return spmd_auto(graph, topology, options)
     return spmd_or_staged(graph, topology, lambda: spmd_auto(graph, topology, options),
-                          strategy="auto", solver=solve, time_limit=options.time_limit)
+                          strategy="auto", solver=solve, time_limit=options.time_limit,
+                          propose=head_orders(options.head_orders, weights=options.weights))
 
 
 def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:

@@ -5,6 +5,10 @@ Where this sits::
     training (this package, an application)  ->  strategies (ilp labels, auto's search)
                                               ->  gnn (features; writes its weights)  ->  zoo
 
+The device-group head (:class:`~hulkjax.training.model.GroupHead`) is trained apart, on the
+staged search over every order of a cluster's groups (:mod:`hulkjax.training.group_data`,
+:mod:`hulkjax.training.groups`; ``hulkjax train-gnn --head groups``).
+
 Only this package imports jraph and builds the flax module; planning runs the same network in
 NumPy (:mod:`hulkjax.gnn.infer`), held equal to :class:`~hulkjax.training.model.PlannerNet` by the
 tests.

@@ -114,12 +114,13 @@ class GroupHead(nn.Module):
     """The device-group head (Hulk: a distribution over device groups per layer unit).
 
     Call with ``(unit_x, group_x, link_x)`` of a :class:`hulkjax.gnn.groups.StageGraph`; returns
-    ``log P(unit k on group j)``, ``[units, groups]``. Not trained yet; planning's NumPy twin is
+    ``log P(unit k on group j)``, ``[units, groups]``. Trained by ``hulkjax train-gnn --head
+    groups`` (:mod:`hulkjax.training.groups`); planning's NumPy twin is
     :func:`hulkjax.gnn.groups.group_log_probs`.
 
     >>> import jax, jax.numpy as jnp
     >>> head = GroupHead(hidden=8, layers=1)
-    >>> x = (jnp.zeros((3, 8)), jnp.zeros((2, 8)), jnp.zeros((2, 2, 3)))
+    >>> x = (jnp.zeros((3, 11)), jnp.zeros((2, 8)), jnp.zeros((2, 2, 3)))
     >>> head.apply(head.init(jax.random.key(0), *x), *x).shape
     (3, 2)
     """
