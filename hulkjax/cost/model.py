@@ -1364,6 +1364,66 @@ class CostModel:
             self._edge_cache[key] = t
         return t
 
+    def decision_key(self, gid: int, assignment, neighbours, decided, fixed) -> tuple:
+        """A key equal for two leader groups whose choice a local rule given ``assignment``
+        makes alike: groups of one table class (:meth:`table_class`: equal candidates and tables)
+        whose operands arrive in the same layouts (and alike made from constants, as
+        :meth:`operand_changes_of` reads them), and whose ``neighbours`` (``[(other group, other
+        is the producer)]``, in order) that are in ``decided`` send or take the same tensors in
+        the same layouts (:meth:`_edge_content`), alike in being in ``fixed``. Every
+        :meth:`edge_time` between the group on any candidate and such a neighbour on its
+        candidate is then the same number, and so is every cost such a rule compares, added in
+        the same order."""
+        g = self.graph
+        arriving = []
+        for v in g.nodes[self.groups[gid].leader].inputs:
+            if v is None:
+                arriving.append(None)
+                continue
+            src = self.group_of_value[v]
+            have = self.spec(src, assignment[src], v)
+            arriving.append((have, have is not None and (
+                src == self._free or g.values[v].producer in self.made_by)))
+        around = []
+        for other, is_producer in neighbours:
+            if other not in decided:
+                around.append((is_producer,))
+            elif is_producer:
+                around.append((True, other in fixed,
+                               self._edge_content(other, assignment[other], gid, None)))
+            else:
+                around.append((False, other in fixed,
+                               self._edge_content(gid, None, other, assignment[other])))
+        return self.table_rep[gid], tuple(arriving), tuple(around)
+
+    def _edge_content(self, gp: int, cp: int | None, gc: int, cc: int | None) -> tuple:
+        """What :meth:`edge_time` ``(gp, cp, gc, cc)`` reads, per reading (in order), with the
+        side whose candidate is ``None`` named in its table class representative's ids (so its
+        every candidate reads the same): the source layout (or value), the layout the reader
+        needs (or its node and operand), the value's shape and dtype, whether the change is
+        deferred, whether it is made directly (a carried state's), the reader's :meth:`runs`."""
+        g = self.graph
+        src_ids = self._rep_ids(gp) if cp is None and self.table_rep[gp] != gp else None
+        dst_ids = self._rep_ids(gc) if cc is None and self.table_rep[gc] != gc else None
+        out = []
+        for v, nid, k in self._edges.get((gp, gc), ()):
+            # (an id without a counterpart in the representative's stays the group's own)
+            if cp is not None:
+                src = self.spec(gp, cp, v)
+            else:
+                src = v if src_ids is None else src_ids[1].get(v, (gp, v))
+            if cc is not None:
+                dst = self.required(gc, cc, nid, k)
+            elif nid < 0:  # a carried state: the layout of its input (value) in the group
+                vin = g.inputs[k]
+                dst = ("input", vin if dst_ids is None else dst_ids[1].get(vin, (gc, vin)))
+            else:
+                dst = (nid if dst_ids is None else dst_ids[0].get(nid, (gc, nid)), k)
+            val = g.values[v]
+            deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and g.loop_body))
+            out.append((src, dst, val.shape, val.dtype, deferred, nid < 0, self.runs(nid)))
+        return tuple(out)
+
     def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
         hit = self._edge_classes.get((gp, gc, shared), -1)
