@@ -145,7 +145,7 @@ def run(keys, quick: bool) -> dict:
         preset, kw = TOPOLOGIES[topo_key]
         topo = hj.Topology.preset(preset, **kw)
         if model_key not in traced:
-            m = _ThirdParty(name[len("family:"):], cfg) if name.startswith("family:") \
+            m = ThirdParty(name[len("family:"):], cfg) if name.startswith("family:") \
                 else zoo.get(name, **cfg)
             state, batch = m.abstract()
             t0 = time.perf_counter()
@@ -179,7 +179,7 @@ def run(keys, quick: bool) -> dict:
     return out
 
 
-class _ThirdParty:
+class ThirdParty:
     """A family of ``tests/realmodels/families.py`` at dimensions ``dims``, abstract: the
     family's parameters, optimizer state and batch as shapes (``jax.eval_shape`` of its
     random initialization), with the zoo models' ``step`` / ``abstract`` / ``param_count``."""

@@ -478,9 +478,16 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
 
 def _transfer_bytes(g: OpGraph, v: int, src: StageWork, dst: StageWork) -> float:
     """Bytes per receiving device: its shard of the destination layout, spread over senders."""
-    dspec = node_costs(dst.cost_model, dst.assignment).specs.get(v)
-    d_local = local_bytes(g, v, dspec, dst.cost_model.sizes)
-    return max(d_local, d_local * len(dst.devices) / max(len(src.devices), 1))
+    return received_bytes(dst.cost_model, dst.assignment, v, len(src.devices))
+
+
+def received_bytes(cm: CostModel, assignment, v: int, senders: int) -> float:
+    """Bytes each device of a group (``cm``'s topology, laid out by ``assignment``) receives of
+    value ``v`` from a group of ``senders`` devices: its shard of the value, spread over the
+    senders where they are fewer than the receivers."""
+    spec = node_costs(cm, assignment).specs.get(v)
+    d_local = local_bytes(cm.graph, v, spec, cm.sizes)
+    return max(d_local, d_local * cm.topology.num_devices / max(senders, 1))
 
 
 def _stage_memory(s: StageWork, stage_of, k: int, in_flight: int, M: int, boundary) -> dict:
@@ -520,4 +527,4 @@ def held_inputs(graph: OpGraph, home_stage: dict[int, int], k: int) -> tuple[int
 
 
 __all__ = ["NodeCosts", "StageWork", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
-           "stage_link"]
+           "received_bytes", "stage_link"]

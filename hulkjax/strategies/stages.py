@@ -32,8 +32,16 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   land in different stages is counted once where each stage makes its own;
 * the dynamic program charges the link between consecutive stages with everything crossing the
   boundary between their layers (values skipping a stage are charged at each boundary they
-  cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest), and
-  bounds a stage's in-flight microbatches by the groups after it in the chain;
+  cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest),
+  bounds a stage's in-flight microbatches by the groups after it in the chain, and charges what
+  the first and the last unit exchange once per step (a tied embedding and its gradient,
+  :func:`_end_exchange`) over the link between the first and the last stage's groups, less
+  what the stages before the last can hide (it is solved once per possible first position);
+  other per-step values are left to the ranking below;
+* the layouts the programs find are ranked by :func:`_ranking_time`, the exact cost's terms
+  from the unit tables (the per-step transfers, 1F1B's stalls on its sends and the load a
+  group's links share, which the programs' closed form leaves out), each also at every other
+  count searched; the best of them are costed exactly;
 * the bottleneck (the steady-state stage or link time) is enumerated on a geometric grid (ratio
   1.1) between the cheapest and the dearest stage;
 * microbatch counts are powers of two dividing the batch: 1 and 2, then a local search from about
@@ -73,7 +81,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from hulkjax.cost.pipeline import StageWork, local_bytes, node_costs, pipeline_cost, stage_link
+from hulkjax.cost.pipeline import (
+    StageWork,
+    local_bytes,
+    node_costs,
+    pipeline_cost,
+    received_bytes,
+    stage_link,
+)
 from hulkjax.errors import (
     InfeasiblePlanError,
     InvalidOptionError,
@@ -83,7 +98,7 @@ from hulkjax.errors import (
 from hulkjax.formatting import format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
-from hulkjax.plan.stages import SCHEDULES, Stage, schedule_in_flight
+from hulkjax.plan.stages import SCHEDULES, Stage, schedule_in_flight, schedule_times
 from hulkjax.strategies.baselines import BASELINES, baseline_assignments
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.partition import (
@@ -268,6 +283,7 @@ class _Context:
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
     floor: object = None  # _NodeFloor of staged_lower_bound, made on first use
     link_floors: dict = field(default_factory=dict)  # groups -> _link_floor
+    unit_values: list | None = None  # _unit_values, made on first use
 
     def micro(self, M: int) -> OpGraph:
         return self.graph if M == 1 else planning_graph(self.graph, M)
@@ -829,6 +845,73 @@ def _batch_scaling(g: OpGraph, micro: OpGraph, k: int, n) -> str | None:
     return "scaled"
 
 
+def _table_work(ctx: _Context, layout: StagedLayout, update: str = "u"):
+    """``(f, b, u, subs)``: per stage of ``layout``, its forward, backward and update seconds
+    from the unit tables the search built (``update``: the table's ``"u"``, or ``"u_ops"``
+    without the state's layout changes) and its group's topology; ``None`` where a table (or
+    its ``update`` row) is missing."""
+    f, b, u, subs = [], [], [], []
+    for devs, (lo, hi), name in zip(layout.groups, layout.ranges, layout.plans):
+        sub = group_topology(ctx.topology, devs)
+        t = ctx.tables.get((layout.microbatches, sub, name))
+        if t is None or getattr(t, update) is None:
+            return None
+        f.append(float(t.f[lo:hi].sum()))
+        b.append(float(t.b[lo:hi].sum()))
+        u.append(float(getattr(t, update)[lo:hi].sum()))
+        subs.append(sub)
+    return f, b, u, subs
+
+
+def _ranking_time(ctx: _Context, layout: StagedLayout) -> float:
+    """What :func:`~hulkjax.cost.pipeline.pipeline_cost` predicts for ``layout``, made from the
+    unit tables the search built and :func:`_table_transfers` (the exact cost is made only for
+    the best few layouts by this time): the pipeline's closed form, or where longer the
+    emitted order run as a discrete-event schedule (:func:`~hulkjax.plan.stages.schedule_times`:
+    1F1B stalls on the round trips of its sends over slow links), plus what the per-step
+    transfers leave exposed by the fill and the drain, plus the slowest group's update. The
+    dynamic programs' closed form leaves out the per-step transfers (a tied embedding between
+    a first and a last stage joined by a slow link can cost more than the pipeline), values
+    that skip a stage, the stalls and the load a group's links share, so on its own it ranks
+    layouts of different chains and counts poorly. ``inf`` where a table is missing."""
+    work = _table_work(ctx, layout)
+    if work is None:
+        return math.inf
+    f, b, u, subs = work
+    S, v, M = len(f), layout.virtual_stages, layout.microbatches
+    G = S // v
+    group = [k % G for k in range(S)]
+    transfers = _table_transfers(ctx, layout, subs)
+    cf = [t["fwd"] for t in transfers.values() if t["fwd"] > 0]
+    cb = [t["bwd"] for t in transfers.values() if t["bwd"] > 0]
+    if layout.schedule == "gpipe":
+        t_pipe = (sum(f) + sum(cf) + (M - 1) * max(max(f), max(cf, default=0.0))
+                  + sum(b) + sum(cb) + (M - 1) * max(max(b), max(cb, default=0.0)))
+    else:
+        w, egress, ingress = [0.0] * G, [0.0] * G, [0.0] * G
+        for k in range(S):
+            w[group[k]] += f[k] + b[k]
+        for (a, c), t in transfers.items():
+            if group[a] != group[c]:
+                egress[group[a]] += t["fwd"] + t["bwd"]
+                ingress[group[c]] += t["fwd"] + t["bwd"]
+        t_pipe = ((sum(w) - max(w)) / v + max(w) + sum(cf) + sum(cb)
+                  + (M - 1) * max(max(w), *egress, *ingress))
+    times = schedule_times(layout.schedule, G, v, M, f, b, transfers)
+    t_pipe = max(t_pipe, max((end for _, end in times.values()), default=0.0))
+    fill, drain = [0.0] * S, [0.0] * S
+    for k in range(1, S):
+        fill[k] = fill[k - 1] + f[k - 1] + transfers.get((k - 1, k), {}).get("fwd", 0.0)
+        drain[k] = drain[k - 1] + b[k - 1] + transfers.get((k, k - 1), {}).get("bwd", 0.0)
+    exposed = sum(max(t["start"] - (fill[c] - t["fwd"]), 0.0)
+                  + max(t["end"] - (drain[a] - t["bwd"]), 0.0) + t["late"]
+                  for (a, c), t in transfers.items())
+    u_group = [0.0] * G
+    for k in range(S):
+        u_group[group[k]] += u[k]
+    return t_pipe + exposed + max(u_group)
+
+
 def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
     """A lower bound on :func:`layout_cost`'s step time: its pipeline's closed form with the
     transfers every chunk boundary must make in the fill and drain (:func:`_boundary_floor`)
@@ -837,14 +920,10 @@ def _pipeline_floor(ctx: _Context, layout: StagedLayout) -> float:
     built: the sums the exact cost makes, less a shared layout change's readings after its
     first per phase, which a stage's program makes at most once); ``0`` where a table is
     missing."""
-    f, b, u = [], [], []
-    for devs, (lo, hi), name in zip(layout.groups, layout.ranges, layout.plans):
-        t = ctx.tables.get((layout.microbatches, group_topology(ctx.topology, devs), name))
-        if t is None or t.u_ops is None:
-            return 0.0
-        f.append(float(t.f[lo:hi].sum()))
-        b.append(float(t.b[lo:hi].sum()))
-        u.append(float(t.u_ops[lo:hi].sum()))
+    work = _table_work(ctx, layout, update="u_ops")
+    if work is None:
+        return 0.0
+    f, b, u, _ = work
     M, v = layout.microbatches, layout.virtual_stages
     G = len(f) // v
     w, ug = [0.0] * G, [0.0] * G
@@ -888,6 +967,75 @@ def _boundary_floor(ctx: _Context, layout: StagedLayout) -> float:
             link = stage_link(ctx.topology, dst, src)
             total += link.latency + cross[1, j] / len(src) / link.bandwidth
     return total
+
+
+def _unit_values(ctx: _Context) -> list[tuple[int, int, str, tuple[int, ...]]]:
+    """``(value, making unit, kind, reading units)`` of every value one unit makes (or, for the
+    state, holds) and other units read, classed as
+    :func:`~hulkjax.cost.pipeline.pipeline_cost`'s transfers are: per microbatch ``"fwd"`` (a
+    forward value, read by a forward or a backward) and ``"bwd"`` (a backward value read by a
+    backward); per step ``"start"`` (a parameter or optimizer state read away from its home
+    unit: a tied embedding the LM head reads), ``"end"`` (a forward or backward value an
+    update reads: that embedding's gradient) and ``"late"`` (a value an update makes). A staged
+    layout sends each from the stage holding its making unit to every other stage holding a
+    reading unit (made once per context)."""
+    if ctx.unit_values is not None:
+        return ctx.unit_values
+    g, part = ctx.graph, ctx.part
+    input_index = {v: i for i, v in enumerate(g.inputs)}
+    found: dict[int, list] = {}
+    for n in g.nodes:
+        here = part.unit[n.id]
+        for v in n.inputs:
+            if v is None:
+                continue
+            p = g.values[v].producer
+            if p is None:
+                i = input_index.get(v)
+                if i is None or g.input_roles[i] not in (PARAMETER, OPTIMIZER) \
+                        or i not in part.home:
+                    continue  # constants are everywhere; the batch comes from the host
+                src, kind = part.home[i], "start"
+            else:
+                pp, pc = part.phase[p], part.phase[n.id]
+                src = part.unit[p]
+                kind = ("late" if pp == UPDATE else "end" if pc == UPDATE
+                        else "bwd" if pp == BACKWARD and pc == BACKWARD else "fwd")
+            if here != src:
+                found.setdefault(v, [src, kind, set()])[2].add(here)
+    ctx.unit_values = [(v, src, kind, tuple(sorted(dst))) for v, (src, kind, dst) in
+                       found.items()]
+    return ctx.unit_values
+
+
+def _table_transfers(ctx: _Context, layout: StagedLayout, subs) -> dict:
+    """``{(src stage, dst stage): {"fwd", "bwd", "start", "end", "late": seconds}}`` of
+    ``layout`` (:func:`_unit_values` between its stages, at the microbatch's size, as many
+    bytes as a device of the receiving stage gets under its plan, spread over the senders;
+    each value once per receiving stage, with the link's latency per kind), as
+    :func:`~hulkjax.cost.pipeline.pipeline_cost` sends them."""
+    M = layout.microbatches
+    micro = ctx.micro(M)
+    stage_of_unit = [0] * len(ctx.part.units)
+    for k, (lo, hi) in enumerate(layout.ranges):
+        stage_of_unit[lo:hi] = [k] * (hi - lo)
+    sent: dict[tuple[int, int], dict[str, float]] = {}
+    for v, src, kind, dst in _unit_values(ctx):
+        a = stage_of_unit[src]
+        for c in {stage_of_unit[u] for u in dst}:
+            if c == a or tuple(layout.groups[a]) == tuple(layout.groups[c]):
+                continue  # chunks of one group: the value stays on its devices
+            cm = cost_model(micro, subs[c])
+            nbytes = received_bytes(cm, ctx.plans[(M, subs[c], layout.plans[c])], v,
+                                    len(layout.groups[a]))
+            pair = sent.setdefault((a, c), dict.fromkeys(("fwd", "bwd", "start", "end",
+                                                          "late"), 0.0))
+            pair[kind] += nbytes
+    for (a, c), kinds in sent.items():
+        link = stage_link(ctx.topology, layout.groups[a], layout.groups[c])
+        for k, x in kinds.items():
+            kinds[k] = link.latency + x / link.bandwidth if x else 0.0
+    return sent
 
 
 def _link_floor(ctx: _Context, groups) -> tuple[float, float]:
@@ -1120,8 +1268,11 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                                           microbatches=M,
                                           schedule=schedule if v == 1 else "interleaved",
                                           virtual_stages=v)
-                    found.append((sol[3], layout))
-                    tried[M] = min(tried[M], sol[3])
+                    # Ranked by the tables' estimate of its exact cost (the program's own
+                    # closed form is a lower bound the count's comparisons keep).
+                    t = max(sol[3], _ranking_time(ctx, layout))
+                    found.append((t, layout))
+                    tried[M] = min(tried[M], t)
             return tried[M]
 
         Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
@@ -1208,29 +1359,47 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             exact.append((c.step_time, layout, c))
             exact.sort(key=lambda t: t[0])
 
-    unique = list(dict.fromkeys(layout for _, layout in sorted(found, key=lambda t: t[0])))
     if shortlist is None:
         shortlist = max(keep * 3, 6)
+    # The best layouts found are also ranked at every other count searched (their stage plans
+    # exist there): a count's program can miss ranges another count's found.
+    counts = sorted({lay.microbatches for _, lay in found})
+    ranked = {lay: t for t, lay in sorted(found, key=lambda t: t[0], reverse=True)}
+    for _, layout in sorted(found, key=lambda t: t[0])[:shortlist]:
+        for M in counts:
+            other = replace(layout, microbatches=M)
+            if other not in ranked and _variant_ok(ctx, other):
+                t = _ranking_time(ctx, other)
+                if math.isfinite(t):
+                    ranked[other] = t
+    unique = sorted(ranked, key=ranked.get)
     for layout in (unique if widened else unique[:shortlist]):
         cost_exactly(layout)
     # Each count's dynamic program ranks layouts by its closed form (the interleaved one bounds
     # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
     # be faster at another than what that count's program found: the best layouts are costed at
     # every other count searched too (their stage plans exist there; no solve is added).
-    counts = sorted({lay.microbatches for lay in unique})
     costed = {lay for _, lay, _ in exact}
     for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
-        S = len(layout.groups) // layout.virtual_stages
-        subs = [group_topology(topology, grp) for grp in layout.groups]
         for M in counts:
             other = replace(layout, microbatches=M)
-            if other in costed or (layout.virtual_stages > 1 and M % S) or not all(
-                    (M, sub, name) in ctx.plans for sub, name in zip(subs, layout.plans)):
+            if other in costed or not _variant_ok(ctx, other):
                 continue
             costed.add(other)
             cost_exactly(other)
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
                         {lay: c for _, lay, c in exact[:keep]}, beyond)
+
+
+def _variant_ok(ctx: _Context, layout: StagedLayout) -> bool:
+    """Whether ``layout`` (another count's layout at its own ``microbatches``) can be costed:
+    the interleaved schedule needs a multiple of its groups, and each stage's plan must exist at
+    that count."""
+    S = len(layout.groups) // layout.virtual_stages
+    if layout.virtual_stages > 1 and layout.microbatches % S:
+        return False
+    return all((layout.microbatches, group_topology(ctx.topology, grp), name) in ctx.plans
+               for grp, name in zip(layout.groups, layout.plans))
 
 
 def _chain_signature(topology, groups, subs, chain) -> tuple:
@@ -1298,9 +1467,10 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
             lf = np.where(cf > 0, link.latency + cf * spread / link.bandwidth, 0.0)
             lb = np.where(cb > 0, link.latency + cb * spread / link.bandwidth, 0.0)
             links[(a, b)] = (lf, lb)
+    exchange = _end_exchange(ctx, topology, groups, chain, tables, subs, M)
     best_val, best_sol = math.inf, None
     for tau in taus:
-        sol = _dp_tau(W, Z, links, G, U, tau)
+        sol = _dp_tau(W, Z, links, G, U, tau, exchange)
         if sol is None:
             continue
         total, picks = sol
@@ -1360,6 +1530,9 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
     taus = [lo]
     while taus[-1] < hi:
         taus.append(taus[-1] * 1.1)
+    # The first chunk is on chain[0], the last on chain[S - 1]: what they exchange per step.
+    exchange = _end_exchange(ctx, topology, groups, chain, tables, subs, M)
+    end = 0.0 if exchange is None else float(exchange[0, S - 1])
     best_val, best_sol = math.inf, None
     # Every bound at once (the same arithmetic per bound as one at a time): [tau, ...] arrays.
     caps = np.asarray(taus) / v
@@ -1394,7 +1567,9 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
             load.setdefault(((p - 1) % S, p % S), [0.0, 0.0])[0] += lf
             load.setdefault((p % S, (p - 1) % S), [0.0, 0.0])[1] += lb
         rest = float(best[U]) - sum(W[p][a, b] / v for p, a, b in picks) - fill  # updates
-        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + rest
+        # The first and the last chunk's exchange, less what the chunks before the last hide.
+        end_excess = max(end - sum(W[p][a, b] for p, a, b in picks[:-1]), 0.0)
+        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + rest + end_excess
              + (M - 1) * max([max(w_group)] + [max(x) for x in load.values()]))
         if t < best_val:
             best_val = t
@@ -1427,49 +1602,101 @@ def _range_costs(tables: list[UnitTable], U: int, inflight: int, share: float = 
     return W, Z, P
 
 
-def _dp_tau(W, Z, links, G: int, U: int, tau: float):
-    """Minimum sum of stage and link times with every stage and link at most ``tau``."""
-    best = np.full((G, U + 1), np.inf)
-    # Back pointers per (position, end): the start of the stage ending there, and the position
-    # before it (-1: the first stage); read only where ``best`` is finite.
-    arg_start = np.zeros((G, U + 1), dtype=np.int64)
-    arg_prev = np.full((G, U + 1), -1, dtype=np.int64)
-    cols = np.arange(U + 1)
+def _dp_tau(W, Z, links, G: int, U: int, tau: float, end_cost=None):
+    """Minimum sum of stage and link times with every stage and link at most ``tau``; with
+    ``end_cost`` (``[G, G]`` seconds per position of the first stage and of the last: what
+    the first and the last unit exchange once per step), that sum plus the exchange's excess
+    over the stages before the last (their work, updates and links: what can hide it). The
+    program then runs once per possible first position at a time (a leading axis of its
+    arrays)."""
+    F = 1 if end_cost is None else G  # rows: one per first position (one row: any)
+    best = np.full((F, G, U + 1), np.inf)
+    # Back pointers per (row, position, end): the start of the stage ending there, and the
+    # position before it (-1: the first stage); read only where ``best`` is finite.
+    arg_start = np.zeros((F, G, U + 1), dtype=np.int64)
+    arg_prev = np.full((F, G, U + 1), -1, dtype=np.int64)
     for pos in range(G):
         z = np.where(W[pos] <= tau, Z[pos], np.inf)
-        first = z[0, :]  # the first stage starts at unit 0
-        incoming = np.full(U + 1, np.inf)
-        inc_arg = np.full(U + 1, -1)
+        first = np.full((F, U + 1), np.inf)  # the first stage starts at unit 0
+        first[0 if end_cost is None else pos] = z[0, :]
+        incoming = np.full((F, U + 1), np.inf)
+        inc_arg = np.full((F, U + 1), -1)
         for prev in range(pos):
             lf, lb = links[(prev, pos)]
-            lt = lf + lb
             ok = (lf <= tau) & (lb <= tau)
-            val = np.where(ok, best[prev] + lt, np.inf)
+            val = np.where(ok[None, :], best[:, prev] + (lf + lb)[None, :], np.inf)
             better = val < incoming
             incoming = np.where(better, val, incoming)
             inc_arg = np.where(better, prev, inc_arg)
-        cand = incoming[:, None] + z  # [start, end]
-        j = np.argmin(cand, axis=0)
-        via = cand[j, cols]
+        cand = incoming[:, :, None] + z[None]  # [row, start, end]
+        j = np.argmin(cand, axis=1)
+        via = np.take_along_axis(cand, j[:, None, :], axis=1)[:, 0, :]
         # Per end (>= 1): the first stage where it is no slower than coming from an earlier
         # position, else the way in (the choice a loop over the ends makes, end by end).
         take_first = (first <= via) & np.isfinite(first)
         take_via = ~take_first & np.isfinite(via)
-        take_first[0] = take_via[0] = False
-        best[pos] = np.where(take_first, first, np.where(take_via, via, np.inf))
-        arg_start[pos] = np.where(take_first, 0, j)
-        arg_prev[pos] = np.where(take_first, -1, inc_arg[j])
-    pos = int(np.argmin(best[:, U]))
-    if not np.isfinite(best[pos, U]):
+        take_first[:, 0] = take_via[:, 0] = False
+        best[:, pos] = np.where(take_first, first, np.where(take_via, via, np.inf))
+        arg_start[:, pos] = np.where(take_first, 0, j)
+        arg_prev[:, pos] = np.where(take_first, -1, np.take_along_axis(inc_arg, j, axis=1))
+    total = best[:, :, U]
+    if end_cost is not None:
+        # The stages before the last hide the exchange behind their work and sends (the fill
+        # hides what is sent at the start, the drain what is sent at the end): the excess of
+        # the exchange over all of it, a lower bound on what the exact cost leaves exposed.
+        last = np.take_along_axis(np.stack(Z)[None, :, :, U],
+                                  arg_start[:, :, U][:, :, None], axis=2)[:, :, 0]
+        with np.errstate(invalid="ignore"):  # inf - inf where no layout ends there
+            before = np.where(np.isfinite(total), total - last, 0.0)
+        total = total + np.maximum(np.asarray(end_cost) - before, 0.0)
+    row, pos = np.unravel_index(int(np.argmin(total)), total.shape)
+    if not np.isfinite(total[row, pos]):
         return None
     picks, end = [], U
     while True:
-        start, prev = int(arg_start[pos, end]), int(arg_prev[pos, end])
-        picks.append((pos, start, end))
+        start, prev = int(arg_start[row, pos, end]), int(arg_prev[row, pos, end])
+        picks.append((int(pos), start, end))
         if prev == -1:
             break
         pos, end = prev, start
-    return float(best[picks[0][0], U]), list(reversed(picks))
+    return float(total[row, picks[0][0]]), list(reversed(picks))
+
+
+def _end_exchange(ctx: _Context, topology, groups, chain, tables, subs, M: int):
+    """``[G, G]`` seconds per position of the first stage and of the last along ``chain``: the
+    values the step's first and last units exchange once per step (:func:`_unit_values`: a
+    tied embedding the LM head reads, its gradient sent back), each over the link between the
+    two groups with its latency, as many bytes as a device of the receiving group gets under
+    its fastest plan (the plan the program's boundary transfers take); ``None`` where the step
+    has none. ``0`` where one group holds both."""
+    U = len(ctx.part.units)
+    if U < 2:
+        return None
+    ends = [(v, src) for v, src, kind, dst in _unit_values(ctx)
+            if kind in ("start", "end", "late")
+            and ((src == 0 and U - 1 in dst) or (src == U - 1 and 0 in dst))]
+    if not ends:
+        return None
+    micro = ctx.micro(M)
+    G = len(chain)
+    got = []  # per position: bytes a device of its group receives of each value
+    for gi in chain:
+        sub = subs[gi]
+        t = min(tables[sub], key=lambda t: t.f.sum() + t.b.sum())
+        cm, plan = cost_model(micro, sub), ctx.plans[(M, sub, t.name)]
+        got.append([received_bytes(cm, plan, v, sub.num_devices) for v, _ in ends])
+    ex = np.zeros((G, G))
+    for a in range(G):
+        for b in range(G):
+            if a == b:
+                continue
+            for k, (_, src) in enumerate(ends):
+                s_pos, r_pos = (a, b) if src == 0 else (b, a)
+                link = stage_link(topology, groups[chain[s_pos]], groups[chain[r_pos]])
+                nbytes = got[r_pos][k] * max(1.0, len(groups[chain[r_pos]])
+                                             / len(groups[chain[s_pos]]))
+                ex[a, b] += link.latency + nbytes / link.bandwidth
+    return ex
 
 
 STAGED_MIN_GAIN = 0.02

@@ -486,18 +486,20 @@ def test_ilp_staged_search_beats_every_uniform_layout(blocks8):
                 assert best <= layout_cost(ctx, layout).step_time * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("cross", [2, 0], ids=["cross-count", "none"])
+@pytest.mark.parametrize("cross", [True, False], ids=["cross-count", "none"])
 def test_search_costs_its_best_layouts_at_every_count_searched(monkeypatch, cross):
-    """Each microbatch count's dynamic program ranks layouts by a closed form, so the search
-    also costs its best layouts at the other counts it searched (the 2.7B GPT on four regional
+    """Each microbatch count's dynamic program finds its own layouts, so the search also ranks
+    and costs its best layouts at the other counts it searched (the 2.7B GPT on four regional
     sites: the ranges found at 16 microbatches are 804 ms at 8, where the program found 965),
-    and returns the fastest of all it costed."""
+    and returns the fastest of all it costed. Without the variants (``_variant_ok`` refusing
+    every one) the check finds some missing: it can tell."""
     import dataclasses as dc
 
     from hulkjax.strategies import stages as S
     from hulkjax.strategies.ilp import solve
 
-    monkeypatch.setattr(S, "CROSS_COUNT_LAYOUTS", cross)
+    if not cross:
+        monkeypatch.setattr(S, "_variant_ok", lambda ctx, layout: False)
     costed = {}
     real = S.layout_cost
 
@@ -506,14 +508,26 @@ def test_search_costs_its_best_layouts_at_every_count_searched(monkeypatch, cros
         return c
 
     monkeypatch.setattr(S, "layout_cost", spy)
+    searched = set()  # the counts whose dynamic programs found layouts
+    real_dp = S._dp_once
+
+    def spy_dp(solved, dp, ctx, topology, groups, subs, chain, tables, M, *args):
+        sol = real_dp(solved, dp, ctx, topology, groups, subs, chain, tables, M, *args)
+        if sol is not None:
+            searched.add(M)
+        return sol
+
+    monkeypatch.setattr(S, "_dp_once", spy_dp)
     # A floor of zero (a bound, if a useless one) passes nothing over: every variant is costed.
     monkeypatch.setattr(S, "_pipeline_floor", lambda ctx, layout: 0.0)
     _, g = _graph("gpt2", size="tiny", n_layers=8, batch=32)
     topo = hj.Topology.preset("regional", regions=4, gpus_per_node=2)
-    res = search(g, topo, solver=solve, time_limit=60, keep=4)
+    # A shortlist of two: the variants of the best layouts are costed only as variants.
+    res = search(g, topo, solver=solve, time_limit=60, keep=2, shortlist=2)
     best = res.layouts[0][0]
     assert all(best <= c.step_time * (1 + 1e-12) for c in costed.values())
-    counts = {lay.microbatches for lay in costed}
+    counts = searched
+    assert len(counts) > 1
     missing = []
     top = sorted(costed, key=lambda lay: costed[lay].step_time)[:2]
     for lay in top:
