@@ -65,7 +65,7 @@ from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
-from hulkjax.strategies.registry import register_strategy
+from hulkjax.strategies.registry import get_strategy, make_options, register_strategy
 from hulkjax.strategies.search import polish_memory
 from hulkjax.strategies.stages import device_groups, spmd_or_staged
 from hulkjax.trace.graph import OpGraph
@@ -91,6 +91,12 @@ class ILPOptions:
         nodes, GPU kinds; :mod:`hulkjax.strategies.stages`) where the topology has such groups,
         and return the faster of the two optima.  # bool
       stage_time_limit: seconds for each intra-stage ILP of the staged search.  # float
+      start_from_auto: also start HiGHS from ``auto``'s SPMD plan (its network prior, shortlist
+        optimum and descent; costs auto's planning time on top), so that a plan stopped by the
+        time limit is never worse than auto's. Off by default: on the third-party families the
+        program's relaxation closes at the root in a few seconds, where the start does not
+        matter (``benchmarks/ILP.md``); it pays on programs HiGHS cannot finish (3-axis meshes,
+        untied layers of large models).  # bool
     """
 
     time_limit: float = 60.0
@@ -100,6 +106,7 @@ class ILPOptions:
     memory_limit: float | None = None
     stages: bool = True
     stage_time_limit: float = 10.0
+    start_from_auto: bool = False
 
     def __post_init__(self):
         _check_limits(self.time_limit, self.mip_rel_gap)
@@ -134,19 +141,26 @@ def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     """The SPMD optimum of the cost model (the integer program of the module docstring)."""
     cm = cost_model(graph, topology)
     seeds = baseline_assignments(graph, topology)
+    if options.start_from_auto:
+        # Looked up by name (auto builds on this module's solver).
+        auto = get_strategy("auto")
+        seeds["auto"] = list(auto.fn(graph, topology,
+                                     make_options(auto, {"stages": False})).assignment)
     kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
               max_candidates=options.max_candidates, memory_limit=options.memory_limit)
     limit = cm.capacity if options.memory_limit is None else options.memory_limit
     result = solve(cm, tie_layers=options.tie_layers, **kw)
-    best_seed = min((cm.objective(s) for s in seeds.values() if cm.memory(s) <= limit),
-                    default=np.inf)
+    best_seed, best_name = min(((cm.objective(s), n) for n, s in seeds.items()
+                                if cm.memory(s) <= limit), default=(np.inf, ""))
     notes = []
     if options.tie_layers and best_seed < result.objective * (1 - 1e-9):
-        # A baseline shards repeated layers differently and beats the tied program's plan: solve
-        # the untied program, whose space (and warm start) holds every baseline, in the time left.
-        log.info("tied plan %.6g > baseline %.6g: solving untied", result.objective, best_seed)
-        notes.append(f"ILP: with repeated layers tied, {result.objective * 1e3:.4g} ms > a "
-                     f"baseline's {best_seed * 1e3:.4g} ms: solved with layers untied")
+        # A seed (a baseline, or auto's plan) shards repeated layers differently and beats the
+        # tied program's plan: solve the untied program, whose space (and warm start) holds every
+        # seed, in the time left.
+        log.info("tied plan %.6g > %s %.6g: solving untied", result.objective, best_name,
+                 best_seed)
+        notes.append(f"ILP: with repeated layers tied, {result.objective * 1e3:.4g} ms > "
+                     f"{best_name}'s {best_seed * 1e3:.4g} ms: solved with layers untied")
         kw["time_limit"] = max(0.0, options.time_limit - result.solve_time)
         result = solve(cm, tie_layers=False, **kw)
     notes.insert(0, result.summary())

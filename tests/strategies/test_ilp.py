@@ -273,6 +273,21 @@ def test_a_plan_stopped_by_its_time_limit_says_so_with_the_gap(mixed_mlp):
     assert full.solver.status == "optimal" and full.cost.step_time < 0.5 * best
 
 
+def test_started_from_auto_a_stopped_ilp_is_never_worse_than_auto(mixed_mlp):
+    """``start_from_auto``: auto's SPMD plan is one more warm start, so even an ILP stopped
+    before it improves on its start returns a plan no slower than auto's (started from the
+    baselines alone, it returns the best baseline's, here slower)."""
+    m, g, _, _ = mixed_mlp
+    state, batch = m.abstract()
+    auto = hj.plan(m.step, state, batch, topology=TWO_D, strategy="auto", graph=g)
+    cut = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g, time_limit=0)
+    assert cut.cost.step_time > auto.cost.step_time * 1.01
+    seeded = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g,
+                     time_limit=0, start_from_auto=True)
+    assert seeded.solver.status == "time limit" and seeded.solver.start == "auto"
+    assert seeded.cost.step_time <= auto.cost.step_time * (1 + 1e-9)
+
+
 def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     """No seed fits under the limit, yet a plan does: the solver starts from every class's
     smallest-footprint candidate, which fits whenever anything does, and what it returns fits by
