@@ -34,7 +34,9 @@ its operands and results at once): when it rules every layout out, the program i
 it. Either way the peak decides (the optimum if it fits, else the fastest of the leanest choice
 and the baselines that fit; only when none does is the plan infeasible, and then no
 exhaustiveness is claimed). HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
-(every baseline's assignment is in the program's space), or that leanest choice. Stopped by its
+(every baseline's assignment is in the untied program's space; one that shards repeated layers
+differently starts the tied program tied, each class on its layers' most common candidate), or
+that leanest choice. Stopped by its
 time limit, it returns its best solution so far, never worse than that start, with the gap to the
 best proven bound in the plan's notes and in ``plan.solver`` (:class:`ILPResult`). HiGHS runs on
 one thread with a fixed seed, so a plan does not change from run to run.
@@ -537,13 +539,34 @@ class _Program:
         return assignment
 
     def start(self, cm: CostModel, named, capacity: float) -> tuple[str, list[int]]:
-        """The cheapest known solution: a fitting, representable seed, or the leanest choice."""
-        options = [(cm.objective(s), i, name, list(s)) for i, (name, s) in enumerate(named)
-                   if cm.memory(s) <= capacity and self.representable(s)]
+        """The cheapest known solution: a fitting seed (a seed that shards repeated layers
+        differently, tied: each class on its groups' most common kept candidate), or the
+        leanest choice."""
+        options = []
+        for i, (name, s) in enumerate(named):
+            if not self.representable(s):
+                s, name = self.tied(s), f"{name} (layers tied)"
+            if s is not None and cm.memory(s) <= capacity:
+                options.append((cm.objective(s), i, name, list(s)))
         if options:
             _, _, name, s = min(options)
             return name, s
         return "leanest", self.leanest()
+
+    def tied(self, assignment) -> list[int] | None:
+        """``assignment`` with every class's groups on the candidate most of them take (of equal
+        counts, the first group's); ``None`` where that candidate was not kept."""
+        out = list(assignment)
+        for c, gids in self.members.items():
+            counts: dict[int, int] = {}
+            for g in gids:
+                counts[assignment[g]] = counts.get(assignment[g], 0) + 1
+            k = max(counts, key=counts.get)  # the first of the most common (insertion order)
+            if k not in self.position[c]:
+                return None
+            for g in gids:
+                out[g] = k
+        return out
 
 
 @dataclass(frozen=True)

@@ -339,6 +339,19 @@ def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_
         assert p.cost.step_time <= untied.objective * (1 + 1e-9)
 
 
+def test_a_seed_sharding_repeated_layers_differently_starts_the_tied_program_tied():
+    """A seed the tied program cannot hold (its equal layers on different candidates) is not
+    dropped: tied (each class on its layers' most common candidate), it is a start like any."""
+    m = zoo.get("mlp", size="tiny", depth=4, width=1024, in_dim=1024, out_dim=1024, batch=1024)
+    g = hj.trace(m.step, *m.abstract())
+    cm = cost_model(g, ONE_D)
+    untied = solve(cm, seeds=baseline_assignments(g, ONE_D), tie_layers=False)
+    r = solve(cm, seeds={"mixed": untied.assignment}, time_limit=0.0, polish=False)
+    assert r.start == "mixed (layers tied)"
+    assert r.start_objective > untied.objective  # tied, it is another plan
+    assert r.objective <= r.start_objective * (1 + 1e-12)
+
+
 def test_the_solver_is_deterministic(mixed_mlp):
     _, _, cm, seeds = mixed_mlp
     runs = [solve(cm, seeds=seeds, tie_layers=False) for _ in range(3)]
