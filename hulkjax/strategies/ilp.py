@@ -437,6 +437,7 @@ class _Program:
         # change (half the rows of a change two classes read): HiGHS's simplex took half the
         # iterations on the untied GPT-2 and Mixtral programs (Mixtral: 34 s, was 178 s).
         block_at = {(a, b): blk for a, b, *blk in self.blocks}
+        self._part_memo: dict[tuple, np.ndarray] = {}
         self.z_rows: list[tuple[int, list[np.ndarray]]] = []
         z_cost = []
         for row_keys, w in hyper.items():
@@ -483,6 +484,7 @@ class _Program:
         self.matrix = sp.csc_array(
             (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
             shape=(self.n_rows, n))
+        del self._part_memo
 
     def _columns(self, rk: tuple, block_at: dict) -> np.ndarray:
         """The columns of one reading of a shared change (:func:`_shared_terms`)."""
@@ -493,9 +495,14 @@ class _Program:
         if a > b:
             a, b, S, D = b, a, D, S
         base, _, pb, ra, rb = block_at[(a, b)]
-        # S and D are unions of parts (the parts were cut along them): each part once.
-        P = np.unique(ra[np.asarray(S, dtype=np.int64)])
-        Q = np.unique(rb[np.asarray(D, dtype=np.int64)])
+        # S and D are unions of parts (the parts were cut along them): each part once. Many
+        # readings select the same positions (one per target layout): memoized.
+        P = self._part_memo.get((a, b, 0, S))
+        if P is None:
+            P = self._part_memo[(a, b, 0, S)] = np.unique(ra[np.asarray(S, dtype=np.int64)])
+        Q = self._part_memo.get((a, b, 1, D))
+        if Q is None:
+            Q = self._part_memo[(a, b, 1, D)] = np.unique(rb[np.asarray(D, dtype=np.int64)])
         return (base + P[:, None] * pb + Q[None, :]).ravel()
 
     def representable(self, assignment) -> bool:
@@ -771,6 +778,7 @@ def _parts(m: np.ndarray, cuts: list, aggregate: bool = True) -> tuple[np.ndarra
     if not aggregate or k < 2:
         return np.arange(k), list(range(k))
     sig = m
+    cuts = list(dict.fromkeys(cuts))  # many readings select the same positions
     if cuts:
         inside = np.zeros((k, len(cuts)))
         for j, c in enumerate(cuts):
