@@ -240,9 +240,10 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     alike) is HiGHS's starting solution. ``restrict`` limits each group to the given candidates
     (``auto`` passes the network's most likely ones): the optimum over that smaller space.
     ``polish`` moves each group to its smallest-footprint candidate of equal cost afterwards
-    (``auto`` polishes its final choice). ``aggregate=False`` couples every pair of candidates
-    instead of parts of them (the program as it was before parts: the same optimum and relaxation,
-    several times larger; for comparisons).
+    (``auto`` polishes its final choice). ``aggregate=False`` builds the program as it was at
+    f5a9d0b (every pair of candidates coupled, not parts of them; a shared change's variable at
+    least each of its readings, not its excess over the first): the same optimum and relaxation
+    from a program several times larger, for comparisons.
 
     Returns a plan whenever one fits: on a time limit, the best found so far (never worse than the
     starting solution) with ``status="time limit"`` and its gap.
@@ -447,8 +448,10 @@ class _Program:
         self.n = n
         self.cost = np.concatenate([*node_cost, *y_cost, np.asarray(z_cost, dtype=np.float64)]) \
             if n else np.zeros(0)
+        self.excess = aggregate  # (without: z >= every reading, the program as it was)
         for (_, readings), w in zip(self.z_rows, z_cost):
-            self.cost[readings[0]] += w
+            if self.excess:
+                self.cost[readings[0]] += w
 
         # Rows: one candidate per class; the marginals of every y block; memory (last).
         rows, cols, vals = [np.repeat(np.arange(n_classes), sizes)], [np.arange(self.n_x)], \
@@ -467,8 +470,9 @@ class _Program:
             vals += [np.ones(pa * pb), -np.ones(len(rb))]
             r += pb
         r_eq = r
-        for z, (first, *others) in self.z_rows:  # t + (the first reading) - (another) >= 0
-            for c in others:
+        for z, readings in self.z_rows:  # t + (the first reading) - (another) >= 0
+            first = readings[0] if self.excess else np.zeros(0, dtype=np.int64)
+            for c in readings[1:] if self.excess else readings:
                 rows += [np.full(1 + len(first) + len(c), r)]
                 cols += [np.concatenate([[z], first, c])]
                 vals += [np.concatenate([[1.0], np.ones(len(first)), -np.ones(len(c))])]
@@ -523,7 +527,8 @@ class _Program:
         for a, b, base, _pa, pb, ra, rb in self.blocks:
             x[base + ra[pick[a]] * pb + rb[pick[b]]] = 1.0
         for z, readings in self.z_rows:  # the excess over the first reading
-            x[z] = max(float(x[c].sum()) for c in readings) - float(x[readings[0]].sum())
+            x[z] = max(float(x[c].sum()) for c in readings) - \
+                (float(x[readings[0]].sum()) if self.excess else 0.0)
         return x
 
     def decode(self, x: np.ndarray) -> list[int]:
