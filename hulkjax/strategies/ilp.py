@@ -5,7 +5,8 @@ candidates; for each pair of classes joined by tensors, a coupling ``y_GH`` with
 and ``x_H`` (so ``y_GH[a, b] = x_G[a] x_H[b]`` at integral points); for each layout change of a
 value that several operators of other groups read (:meth:`CostModel.shared_items`) and that two
 of them can need, a ``z`` at least each reader's indicator of needing it (a sum of ``y``
-entries), so the change is charged once however many need it (:func:`_shared_terms`).
+entries), so the change is charged once however many need it (:func:`_shared_terms`); written
+as its excess over its first reading, one row fewer per change.
 Objective: the cost model's step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH + sum w_z z``,
 exactly the sum :meth:`CostModel.objective` computes. The shared changes make the program larger
 (GPT-2 small on two DGX-H100 nodes: 5,539 ``z``), but a pairwise program charges a change once
@@ -20,10 +21,11 @@ cost depends on the layouts of a few tensors, which many candidates share, so ca
 equal costs to every candidate of the other class, that the shared changes' readings also select
 alike, form one part, and the marginals are the parts' sums of ``x``. The relaxation stays as
 tight as the candidate-by-candidate one (a parts solution splits into pairs in proportion to
-``x``, with the same marginals and cost), from a program 6-8x smaller. On the third-party families
-of ``tests/realmodels`` (small, 2 x 4 mesh and two DGX-H100 nodes) the relaxation is integral:
-HiGHS closes the gap at its root node, in about 1-3 s (``benchmarks/ILP.md``), where the pairwise
-program's root LP took 5-20 s and a loaded machine's 10 s limit often stopped it first.
+``x``, with the same marginals and cost), from a program 4-8x smaller. On the third-party
+families of ``tests/realmodels`` (small, 2 x 4 mesh and two DGX-H100 nodes) the relaxation is
+integral in 13 of 14 cells, where HiGHS proves the optimum at its root node in 0.2-2.3 s on a
+loaded machine (T5 on 2 x 4 needs cuts: 0.04% from its bound at 10 s); the pairwise program
+stopped at that 10 s limit in 6 of the 14, 11-18% from a bound (``benchmarks/ILP.md``).
 
 The program always has a plan. Memory is the only constraint between classes and it is a sum over
 them, so the program is feasible exactly when the leanest candidate of every class together fits
