@@ -284,7 +284,7 @@ def test_started_from_auto_a_stopped_ilp_is_never_worse_than_auto(mixed_mlp):
     assert cut.cost.step_time > auto.cost.step_time * 1.01
     seeded = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g,
                      time_limit=0, start_from_auto=True)
-    assert seeded.solver.status == "time limit" and seeded.solver.start == "auto"
+    assert seeded.solver.status == "time limit" and seeded.solver.start.startswith("auto")
     assert seeded.cost.step_time <= auto.cost.step_time * (1 + 1e-9)
 
 
@@ -300,8 +300,8 @@ def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     unfit = {k: a for k, a in seeds.items()
              if cm.memory(a) > limit and cm.peak_memory(a) > limit}
     assert {"replicate", "dp"} <= set(unfit)  # (dp_tp's vocab-parallel last layer fits)
-    for time_limit in (0.0, 60.0):
-        r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit)
+    for time_limit in (0.0, 60.0):  # (untied: no seed is tied into one that fits)
+        r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit, tie_layers=False)
         assert r.start == "leanest" and cm.peak_memory(r.assignment) <= limit
     assert r.status == "optimal" and r.objective < lean.start_objective
 
