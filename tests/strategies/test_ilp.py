@@ -213,9 +213,10 @@ def test_a_model_that_cannot_fit_is_a_clear_error():
 
 
 def test_gpt2_small_solves_to_optimality():
+    # The SPMD program (with staged plans, two nodes running half the layers each win by 3.5%).
     m = zoo.get("gpt2", size="small")
     p = hj.plan(m.step, *m.abstract(), topology=hj.Topology.preset("dgx-h100", nodes=2),
-                strategy="ilp")
+                strategy="ilp", stages=False)
     assert p.solver.status == "optimal" and p.solver.gap < 0.01
     assert p.notes[0].startswith("ILP: optimal")
 
