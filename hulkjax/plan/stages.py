@@ -53,6 +53,10 @@ class Stage:
       bodies: layouts inside the bodies of its ``scan`` / ``while`` / ``cond`` nodes, as
         :attr:`Plan.bodies`.  # dict
       strategy: the SPMD plan inside the stage (``"dp_tp"``, ``"ilp"``, ...).  # str
+      unreduced: ``{value id: mesh axes}``: sums its per-microbatch programs make (weight
+        gradients, summed losses) that are accumulated unreduced over these axes of its
+        sub-mesh, one partial sum per device, and reduced once per step before the update,
+        instead of in every microbatch (:mod:`hulkjax.cost.unreduced`).  # dict
     """
 
     devices: tuple[int, ...]
@@ -72,6 +76,7 @@ class Stage:
     strategy: str = ""
     operand_paths: dict[tuple[int, int], tuple[PartitionSpec, ...]] = field(
         default_factory=dict, compare=False)
+    unreduced: dict[int, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         n = 1
@@ -84,6 +89,11 @@ class Stage:
                 f"mesh dimension and sizes multiplying to the number of devices.")
         if len(set(self.devices)) != len(self.devices):
             raise InvalidPlanError(f"Stage: devices {list(self.devices)} repeat a device.")
+        for v, axes in self.unreduced.items():
+            if not axes or not set(axes) <= set(self.axis_names):
+                raise InvalidPlanError(
+                    f"Stage: value {v} is accumulated unreduced over axes {tuple(axes)}, which "
+                    f"are not axes of the stage's mesh {tuple(self.axis_names)}. Re-plan.")
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -111,6 +121,7 @@ class Stage:
                        for nid, plans in sorted(self.bodies.items())],
             "strategy": self.strategy,
             "operand_paths": paths_to_json(self.operand_paths),
+            "unreduced": [[v, list(axes)] for v, axes in sorted(self.unreduced.items())],
         }
 
     @classmethod
@@ -135,6 +146,7 @@ class Stage:
             bodies=bodies(d["bodies"]) if d.get("bodies") else {},
             strategy=d.get("strategy", ""),
             operand_paths=paths_from_json(d.get("operand_paths", [])),
+            unreduced={int(v): tuple(axes) for v, axes in d.get("unreduced", [])},
         )
 
 

@@ -74,6 +74,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from hulkjax.cost.pipeline import StageWork, local_bytes, node_costs, pipeline_cost, stage_link
+from hulkjax.cost.unreduced import unreduced_sums
 from hulkjax.errors import (
     InfeasiblePlanError,
     InvalidOptionError,
@@ -224,7 +225,18 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
                 (f, b, u)[c][unit[n]] -= t
             else:
                 first[c] = n
+    # Sums the stage accumulates unreduced (cost.unreduced): their all-reduces leave the
+    # microbatch's programs; the reduction once per step goes with the update (``u``), not
+    # into ``u_ops``, which the floors read (the exact cost hides part of it in the drain).
+    un = unreduced_sums(cm, assignment, part.split if M > 1 else None,
+                        np.flatnonzero(phase != 2).tolist())
+    reduction = np.zeros(U)
+    for x in un.values():
+        saved = sum(cm.comm_time(nc.own[x.node][i]) for i in x.deferred)
+        (f, b)[int(phase[x.node])][unit[x.node]] -= saved
+        reduction[unit[x.node]] += cm.comm_time(x.reduction)
     u_ops = u.copy()
+    u += reduction
     for i, t in nc.state_moves.items():
         u[part.home.get(i, 0)] += t
     static, act, data, acc = np.zeros(U), np.zeros(U), np.zeros(U), np.zeros(U)
@@ -308,8 +320,11 @@ class _Context:
                 # A stage runs a program per phase, each making a shared layout change once,
                 # its forward and backward once per microbatch and its update once per step
                 # (what pipeline_cost charges): the ILP minimizes that step.
+                # Sums the stage may accumulate unreduced: reduced once per step.
                 runs = {FORWARD: M, BACKWARD: M, UPDATE: 1}
-                res = self.solver(cm.by_programs(self.part.phase, runs), seeds=seeds,
+                view = cm.by_programs(self.part.phase, runs,
+                                      split=self.part.split if M > 1 else None)
+                res = self.solver(view, seeds=seeds,
                                   time_limit=self.time_limit,
                                   memory_limit=float("inf"))
                 self.plans[(M, sub, "ilp")] = res.assignment
@@ -387,10 +402,8 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
 def layout_cost(ctx: _Context, layout: StagedLayout):
     """The exact pipeline :class:`~hulkjax.plan.Cost` of a layout."""
     works, _ = stage_works(ctx, layout)
-    boundary = () if ctx.part.split is None else tuple(
-        v for v, c in ctx.part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
-                         schedule=layout.schedule, boundary=boundary,
+                         schedule=layout.schedule, split=ctx.part.split,
                          virtual_stages=layout.virtual_stages)
 
 
@@ -435,8 +448,10 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
                 crossing[node_stage[p]].add(v)
     stages = []
     labels = [u.label for u in part.units]
+    split = part.split if layout.microbatches > 1 else None
     for k, (w, (a, b)) in enumerate(zip(works, layout.ranges)):
         cm, sub = w.cost_model, w.cost_model.topology
+        unreduced = unreduced_sums(cm, w.assignment, split, w.forward + w.backward)
         mine = set(w.forward) | set(w.backward) | set(w.update)
         ops, res = cm.pinned_layouts(w.assignment)
         via = cm.pinned_paths(w.assignment, ops)
@@ -450,7 +465,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             result_specs={key: to_pspec(s) for key, s in res.items() if key[0] in mine},
             operand_paths={key: tuple(to_pspec(s) for s in p) for key, p in via.items()
                            if key[0] in mine},
-            bodies=bodies, strategy=layout.plans[k]))
+            bodies=bodies, strategy=layout.plans[k],
+            unreduced={v: x.axes for v, x in sorted(unreduced.items())}))
     inputs = []
     for i, (path, v, role) in enumerate(zip(g.input_paths, g.inputs, g.input_roles)):
         k = holder.get(i)
@@ -504,11 +520,8 @@ def plan_cost(graph: OpGraph, topology, plan: Plan):
         works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
                                forward=st.forward, backward=st.backward, update=st.update,
                                inputs=st.inputs))
-    part = partition(graph)
-    boundary = () if part.split is None else tuple(
-        v for v, c in part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
-                         schedule=plan.schedule, boundary=boundary,
+                         schedule=plan.schedule, split=partition(graph).split,
                          virtual_stages=plan.virtual_stages)
 
 
