@@ -19,9 +19,11 @@ V100's pace and its collectives pay its own links):
   gradient whole over them) is not reduced there, as the emitted program does not reduce it;
   one reduced as a shard (fsdp-like layouts) is, in every microbatch's backward (ZeRO-3);
 * ``reduction``: once per step, the all-reduce of each unreduced gradient's float32
-  accumulator, run when the stage's device group has done its last forward and backward: the
-  drain after it hides it (the groups still busy with the last microbatches), and only the
-  rest waits before the update (and before such a gradient is sent to another stage's update);
+  accumulator, run right after the stage's last forward or backward, as the emitted step runs
+  it: the discrete-event schedule below keeps the stage's group busy with it (an interleaved
+  plan's later chunks on the group wait), the drain after it hides it (the stages still busy
+  with the last microbatch), and the rest lengthens the pipeline; such a gradient sent to
+  another stage's update leaves after it;
 * ``update``: once per step, its optimizer nodes and the layout changes of its state;
 * memory per device: its parameters, gradients and optimizer state, float32 gradient accumulators
   (more than one microbatch), and the saved activations and data of the microbatches in flight
@@ -56,13 +58,13 @@ microbatch and direction pays the latency.
   are not free (the steady state's round trips stall 1F1B, the same test shows);
 * and never less than the emitted order run as a discrete-event schedule (each group runs its
   programs in :func:`~hulkjax.plan.stages.schedule_queues` order, each once the group is free
-  and its inputs have arrived, sends as delays): that is where 1F1B's stalls come in (on the WAN
-  testbed a 3-stage 1F1B GPT step measured its sends almost fully exposed; the closed form
-  predicted them hidden). The pipeline's time is the larger of the two, so the closed form's
-  link-load bound stays;
+  and its inputs have arrived, sends as delays, a stage's reduction after its last program):
+  that is where 1F1B's stalls come in (on the WAN testbed a 3-stage 1F1B GPT step measured its
+  sends almost fully exposed; the closed form predicted them hidden). The pipeline's time is
+  the larger of the two, so the closed form's link-load bound stays;
 
 then what the per-step transfers leave exposed, then the slowest group's update (its chunks'
-updates in turn) after what its reductions leave exposed. A parameter one stage holds and another reads goes at the start of the step and
+updates in turn). A parameter one stage holds and another reads goes at the start of the step and
 is hidden by the fill before its reader's first forward (the forwards and forward sends of the
 stages before it, less the first microbatch's send on the same link, which waits behind it); a
 gradient sent back to the stage that updates it goes once its sender's last backward is done and
@@ -319,17 +321,18 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
     # form keeps its link-load bound): 1F1B's steady state waits for the round trip of its
     # sends, which the closed form above hides behind compute.
     times = schedule_times(schedule, G, v, M, f, b, transfers)
-    makespan = max((end for _, end in times.values()), default=0.0)
+    plain = max((end for _, end in times.values()), default=0.0)
+    # Each stage reduces the gradients it accumulated unreduced right after its last forward
+    # or backward (the emitted step runs its reduction program there): its group is busy with
+    # it before the group's later programs, the drain after it hides what it can.
+    r = [work[k]["r"] for k in range(S)]
+    reduced = [0.0] * S  # when each stage's reduction ends
+    if any(r):
+        times = schedule_times(schedule, G, v, M, f, b, transfers, tails=r)
+        for (k, _, _), (_, end) in times.items():
+            reduced[k] = max(reduced[k], end + r[k])
+    makespan = max([plain, *reduced]) if any(r) else plain
     t_pipe = max(t_pipe, makespan)
-    # Each group reduces its unreduced accumulators once its last forward or backward is done
-    # (the emitted step runs the reduction programs there): hidden by the drain after it, the
-    # rest waits for it before the update.
-    r_group, last = [0.0] * G, [0.0] * G
-    for k in range(S):
-        r_group[group[k]] += work[k]["r"]
-    for (k, _, _), (_, end) in times.items():
-        last[group[k]] = max(last[group[k]], end)
-    r_exposed = [max(r_group[d] - (makespan - last[d]), 0.0) for d in range(G)]
     # Per-step transfers, hidden by the first microbatch's forward chain before their reader
     # (parameters) or the last one's backward chain after their sender (gradients).
     fill, drain = [0.0] * S, [0.0] * S
@@ -341,15 +344,15 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         # while the fill (drain) goes on: those wait behind the per-step values, which the
         # emitted step sends first (measured between shaped namespaces: a 2-stage GPT's first
         # forward waited for the tied embedding to cross before its activations did).
-        # A sum reduced once per step is sent after its group's reduction.
-        wait = r_group[group[a]] if t["after_reduction"] else 0.0
+        # A sum reduced once per step is sent after its stage's reduction.
+        wait = r[a] if t["after_reduction"] else 0.0
         t["exposed"] = (max(t["start"] - (fill[c] - t["fwd"]), 0.0)
                         + max(wait + t["end"] - (drain[a] - t["bwd"]), 0.0) + t["late"])
     t_step_transfers = sum(t["exposed"] for t in transfers.values())
     u_group = [0.0] * G
     for k in range(S):
         u_group[group[k]] += u[k]
-    step = t_pipe + t_step_transfers + max(x + y for x, y in zip(r_exposed, u_group))
+    step = t_pipe + t_step_transfers + max(u_group)
     # The busiest group: its compute and collectives; the rest of the step is bubble.
     busy = [M * (work[k]["f"] + work[k]["b"]) + work[k]["u"] + work[k]["r"] for k in range(S)]
     busy_group = [0.0] * G
@@ -373,7 +376,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         mem = mems[k]
         cap = min(topology.devices[d].spec.memory for d in s.devices)
         st = StageTime(devices=tuple(s.devices), forward=f[k], backward=b[k], update=u[k],
-                       reduction=work[k]["r"], reduction_exposed=r_exposed[group[k]],
+                       reduction=r[k], reduction_exposed=max(reduced[k] - plain, 0.0),
                        compute=work[k]["compute_step"](M), comm=busy[k] - work[k]["compute_step"](M),
                        peak_memory=float(sum(mem.values())), memory_capacity=cap,
                        in_flight=in_flight[k], memory_breakdown=mem)

@@ -20,8 +20,8 @@ Gradients accumulated unreduced (``Stage.unreduced``, decided by the cost model:
 weight gradient whole over them, the operator making it (a sum over examples) runs per device on
 its piece of the batch inside ``jax.shard_map`` (manual over those axes only), and the
 microbatch's program adds each device's partial sum to its own row of a float32 accumulator
-(a leading dimension over the axes): no collective per microbatch. Once the stage's device
-group has run its last forward or backward, ``R_k`` sums the rows (one all-reduce, which XLA
+(a leading dimension over the axes): no collective per microbatch. Right after the stage's last
+forward or backward, ``R_k`` sums the rows (one all-reduce, which XLA
 combines over the stage's gradients), scales them and hands the gradients to the update, as
 Megatron-LM and DeepSpeed reduce once per step. Gradients the plan reduce-scatters (fsdp-like)
 are reduced in every microbatch, as ZeRO-3 does.
@@ -375,16 +375,16 @@ class StagedStep:
 
     def _plan_reductions(self) -> None:
         """One program per stage that reduces the sums it accumulated unreduced (``R<stage>``),
-        run once its device group's last forward or backward is done (the cost model's
-        :func:`~hulkjax.cost.pipeline.pipeline_cost` has it hidden by the drain after it)."""
+        run right after the stage's last forward or backward (as the cost model's
+        :func:`~hulkjax.cost.pipeline.pipeline_cost` has it: its group's later programs, the
+        other chunks of an interleaved plan, wait for it; the drain hides what it can)."""
         self.reductions: list[_Program] = []
         self.reduce_after: dict[tuple, list[_Program]] = defaultdict(list)
         if not self.unreduced:
             return
-        G = len(self.plan.stages) // self.plan.virtual_stages
-        last: dict[int, tuple] = {}  # device group -> its last (stage, phase, microbatch)
+        last: dict[int, tuple] = {}  # stage -> its last (stage, phase, microbatch)
         for key in self.order:
-            last[key[0] % G] = key
+            last[key[0]] = key
         for k in range(len(self.plan.stages)):
             mine = [v for key in ((k, F), (k, B)) if key in self.per_mb
                     for v in self.per_mb[key].accs if v in self.unreduced]
@@ -393,7 +393,7 @@ class StagedStep:
             r = _Program(f"R{k}", k, self.full, [])
             r.accs, r.writes = mine, list(mine)
             self.reductions.append(r)
-            self.reduce_after[last[k % G]].append(r)
+            self.reduce_after[last[k]].append(r)
 
     @property
     def _constants(self) -> set[int]:
@@ -485,7 +485,8 @@ class StagedStep:
         try:
             times = schedule_times(self.plan.schedule, S // v, v, M,
                                    [st.forward for st in cost.stages],
-                                   [st.backward for st in cost.stages], delays)
+                                   [st.backward for st in cost.stages], delays,
+                                   tails=[st.reduction for st in cost.stages])
         except InvalidPlanError:
             return {}
         return {key: t0 for key, (t0, _) in times.items()}
@@ -846,7 +847,7 @@ class StagedStep:
                     finish(v)
                     for k2 in self.final_readers.get(v, ()):
                         fetch(k2, v, {})
-            for r in self.reduce_after.get((k, ph, m), ()):  # its group's last program: reduce
+            for r in self.reduce_after.get((k, ph, m), ()):  # the stage's last program: reduce
                 outs, _ = self._run(r, [], [accs.pop(v) for v in r.accs])
                 for v, x in zip(r.writes, outs):
                     env[v] = x

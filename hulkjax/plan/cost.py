@@ -42,11 +42,10 @@ class StageTime:
         there: see ``reduction``; the others are, in each microbatch's backward).
       update: seconds of the optimizer update, once per step.  # float
       reduction: seconds per step of the all-reduces of the gradients it accumulates unreduced
-        over the microbatches (:mod:`hulkjax.cost.unreduced`), run once its device group's last
-        backward is done.  # float
-      reduction_exposed: seconds of its device group's reductions that the pipeline's drain
-        does not hide (in an interleaved plan the group's, the same for each of its chunks):
-        they delay the group's update.  # float
+        over the microbatches (:mod:`hulkjax.cost.unreduced`), run right after its last
+        forward or backward (its group's later programs wait for them).  # float
+      reduction_exposed: how far past the end of the pipeline without reductions its
+        reduction ends (0: the drain hides it).  # float
       compute / comm: seconds per step of compute and of collectives inside the stage.  # float
       peak_memory: bytes per device at the peak: parameters, gradients, optimizer state, gradient
         accumulators, and the activations of ``in_flight`` microbatches; in an interleaved plan,

@@ -218,7 +218,8 @@ def schedule_queues(schedule: str, groups: int, chunks: int, microbatches: int
 
 
 def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, forward,
-                   backward, transfers=None) -> dict[tuple[int, str, int], tuple[float, float]]:
+                   backward, transfers=None,
+                   tails=None) -> dict[tuple[int, str, int], tuple[float, float]]:
     """``{(stage, phase, microbatch): (start, end)}`` when every device group runs its programs
     in :func:`schedule_queues` order, each as soon as the group is free and its inputs have
     arrived: a forward after the previous stage's forward of that microbatch, a backward after
@@ -230,6 +231,8 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
       forward / backward: seconds per microbatch, per stage (pipeline order).
       transfers: ``{(src, dst): {"fwd": s, "bwd": s}}``, seconds per microbatch of the values
         a forward (``"fwd"``) or a backward (``"bwd"``) of stage ``src`` sends stage ``dst``.
+      tails: seconds per stage that its group stays busy after the stage's last program (the
+        reduction of the gradients it accumulated unreduced): the group's later programs wait.
 
     >>> t = schedule_times("1f1b", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
     >>> t[(1, "F", 0)], t[(0, "B", 1)]
@@ -247,6 +250,11 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
         if t.get("bwd", 0.0) > 0:
             deps[("B", j)][("B", i)] = max(deps[("B", j)].get(("B", i), 0.0), t["bwd"])
     queues = schedule_queues(schedule, groups, chunks, microbatches)
+    tail = {}  # (stage, phase, microbatch) of each stage's last program -> its tail
+    for q in queues:
+        for key in q:
+            tail[key[0]] = key
+    tail = {key: float(tails[j]) for j, key in tail.items()} if tails is not None else {}
     times: dict[tuple[int, str, int], tuple[float, float]] = {}
     free, heads = [0.0] * groups, [0] * groups
     while any(h < len(q) for h, q in zip(heads, queues)):
@@ -258,8 +266,9 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
                 if any((i, p, mb) not in times for p, i in need):
                     break
                 start = max([free[d]] + [times[(i, p, mb)][1] + c for (p, i), c in need.items()])
-                free[d] = start + (f[j] if ph == "F" else b[j])
-                times[(j, ph, mb)] = (start, free[d])
+                end = start + (f[j] if ph == "F" else b[j])
+                times[(j, ph, mb)] = (start, end)
+                free[d] = end + tail.get((j, ph, mb), 0.0)
                 heads[d] += 1
                 progressed = True
         if not progressed:

@@ -13,6 +13,7 @@ from hulkjax.cost.comm import collective_time
 from hulkjax.cost.pipeline import node_costs, pipeline_cost, shared_excess
 from hulkjax.cost.unreduced import unreduced_sums
 from hulkjax.plan.collectives import Comm
+from hulkjax.plan.stages import schedule_queues, schedule_times
 from hulkjax.strategies.partition import BACKWARD, FORWARD, UPDATE
 from hulkjax.strategies.realize import cost_model
 from hulkjax.strategies.stages import (
@@ -151,3 +152,18 @@ def test_staged_plans_record_their_unreduced_sums():
                   graph=g)
     assert not any(st.unreduced for st in one.stages)
     assert all(st.reduction == 0.0 for st in one.cost.stages)
+
+
+def test_a_chunks_reduction_keeps_its_group_busy():
+    """Interleaved: a stage reduces right after its last program, on its group's devices, so
+    the group's next program (another chunk's backward) starts after it, as the emitted step
+    runs them."""
+    f, b = [1.0] * 4, [2.0] * 4
+    plain = schedule_times("interleaved", 2, 2, 4, f, b)
+    tails = schedule_times("interleaved", 2, 2, 4, f, b, tails=[0.0, 0.0, 5.0, 0.0])
+    queue = schedule_queues("interleaved", 2, 2, 4)[0]  # group 0: chunks 0 and 2
+    last = max(i for i, key in enumerate(queue) if key[0] == 2)
+    assert last + 1 < len(queue), "chunk 0's backwards come after chunk 2's last"
+    nxt = queue[last + 1]
+    assert tails[nxt][0] >= tails[queue[last]][1] + 5.0 > plain[nxt][0]
+    assert all(tails[key] == plain[key] for key in queue[:last + 1])
