@@ -42,7 +42,9 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
   each count's dynamic program ranks its layouts by its closed form, so the best
   :data:`CROSS_COUNT_LAYOUTS` layouts costed exactly are also costed at every other count
-  searched (same ranges, groups and stage plans);
+  searched (same ranges, groups and stage plans), and each interleaved layout costed is also
+  costed with equal layers per chunk (the interleaved closed form does not see how unequal
+  chunks stretch the fill and drain);
 * where ``ilp`` and ``auto`` already have an SPMD plan, microbatch counts whose
   :func:`staged_lower_bound` is no faster than it (less :data:`STAGED_MIN_GAIN`) are not
   searched: every operator's roofline and kernel launches spread perfectly over the largest
@@ -1045,6 +1047,37 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
 CROSS_COUNT_LAYOUTS = 2  # the best layouts :func:`search` also costs at the other counts
 
 
+def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
+    """An interleaved layout with equal layers per chunk (:func:`uniform_ranges`) on the same
+    groups, each chunk taking the fastest of its group's SPMD plans (tables already built) that
+    fits ``1 / v`` of the group's memory with its in-flight microbatches, as
+    :func:`_dp_interleaved` chooses; ``None`` where the units or the memory do not allow."""
+    P, v, M = len(layout.groups), layout.virtual_stages, layout.microbatches
+    try:
+        ranges = uniform_ranges(ctx.part, P)
+    except StrategyNotApplicableError:
+        return None
+    if any(a >= b for a, b in ranges):
+        return None
+    inflight = schedule_in_flight("interleaved", P // v, v, M)
+    plans = []
+    for p, (a, b) in enumerate(ranges):
+        sub = group_topology(ctx.topology, layout.groups[p])
+        best = None
+        for name in INTRA_PLANS:
+            t = ctx.tables.get((M, sub, name))
+            if t is None:
+                continue
+            mem = float((t.static + t.acc + inflight[p] * (t.act + t.data))[a:b].sum())
+            w = float((t.f + t.b)[a:b].sum())
+            if mem <= t.capacity / v and (best is None or w < best[0]):
+                best = (w, name)
+        if best is None:
+            return None
+        plans.append(best[1])
+    return replace(layout, ranges=tuple(ranges), plans=tuple(plans))
+
+
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
@@ -1079,7 +1112,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         at least the cutoff is not costed exactly either: it could not beat the cutoff, so the
         best layout returned, where one beats the cutoff, is the same.
 
-    The :data:`CROSS_COUNT_LAYOUTS` best layouts costed are also costed at every other count
+    Each interleaved layout costed is also costed with equal layers per chunk
+    (:func:`_balanced`: the interleaved program's closed form does not see unequal chunks), and
+    the :data:`CROSS_COUNT_LAYOUTS` best layouts costed are also costed at every other count
     searched (a count's dynamic program can miss ranges another count's found).
 
     Returns the ``keep`` best layouts by exact cost.
@@ -1226,12 +1261,23 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         shortlist = max(keep * 3, 6)
     for layout in (unique if widened else unique[:shortlist]):
         cost_exactly(layout)
+    # The interleaved program's closed form does not see how unequal chunks stretch the fill and
+    # drain (it bounds each chunk by tau / v and sums the group's work): it can prefer lopsided
+    # chunks the exact cost finds slower than equal ones. Each interleaved layout costed also
+    # has its chunks' layers made equal and costed (regional-10g-2.7b: the program's best at 8
+    # microbatches, chunks of 1, 1, 2, 2, 7, 7, 7 and 8 units, is 1,084 ms; equal ones 929).
+    costed = {lay for _, lay, _ in exact}
+    for _, layout, _ in list(exact):
+        balanced = _balanced(ctx, layout) if layout.virtual_stages > 1 else None
+        if balanced is not None and balanced not in costed:
+            costed.add(balanced)
+            cost_exactly(balanced)
     # Each count's dynamic program ranks layouts by its closed form (the interleaved one bounds
     # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
     # be faster at another than what that count's program found: the best layouts are costed at
     # every other count searched too (their stage plans exist there; no solve is added).
     counts = sorted({lay.microbatches for lay in unique})
-    costed = {lay for _, lay, _ in exact}
+    costed |= {lay for _, lay, _ in exact}
     for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
         S = len(layout.groups) // layout.virtual_stages
         subs = [group_topology(topology, grp) for grp in layout.groups]
