@@ -472,8 +472,10 @@ def report(data: dict) -> str:
                   "steady-state links, 1F1B's waits for each microbatch's round trip). "
                   "`of it once per step`: the busiest group's reductions of the gradients its "
                   "stages accumulate unreduced over the microbatches (in its collectives), and "
-                  "in brackets what of them the drain does not hide (in the rest). `1F1B only`: "
-                  "the staged search's best layout without the interleaved schedule.", "",
+                  "in brackets what of them the drain does not hide (in the rest; the rest is "
+                  "negative where they run inside the fill and drain, idle time the bubble "
+                  "columns count). `1F1B only`: the staged search's best layout without the "
+                  "interleaved schedule.", "",
                   "| experiment | plan | step | compute | in-stage comm | of it once per step | "
                   "fill/drain compute | fill/drain transfers | per-step transfers | rest | "
                   "1F1B only | best SPMD / step |",
