@@ -486,18 +486,13 @@ def test_ilp_staged_search_beats_every_uniform_layout(blocks8):
                 assert best <= layout_cost(ctx, layout).step_time * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("cross", [2, 0], ids=["cross-count", "none"])
-def test_search_costs_its_best_layouts_at_every_count_searched(monkeypatch, cross):
-    """Each microbatch count's dynamic program ranks layouts by a closed form, so the search
-    also costs its best layouts at the other counts it searched (the 2.7B GPT on four regional
-    sites: the ranges found at 16 microbatches are 804 ms at 8, where the program found 965),
-    and returns the fastest of all it costed."""
-    import dataclasses as dc
-
+def _search_costing_everything(monkeypatch):
+    """``(costed, graph, topology)``: the staged search of an 8-layer GPT-2 on four regional
+    sites of 2 devices, with every layout it costs exactly (``{layout: Cost}``); the search
+    returned the fastest of them."""
     from hulkjax.strategies import stages as S
     from hulkjax.strategies.ilp import solve
 
-    monkeypatch.setattr(S, "CROSS_COUNT_LAYOUTS", cross)
     costed = {}
     real = S.layout_cost
 
@@ -513,6 +508,21 @@ def test_search_costs_its_best_layouts_at_every_count_searched(monkeypatch, cros
     res = search(g, topo, solver=solve, time_limit=60, keep=4)
     best = res.layouts[0][0]
     assert all(best <= c.step_time * (1 + 1e-12) for c in costed.values())
+    return costed, g, topo
+
+
+@pytest.mark.parametrize("cross", [2, 0], ids=["cross-count", "none"])
+def test_search_costs_its_best_layouts_at_every_count_searched(monkeypatch, cross):
+    """Each microbatch count's dynamic program ranks layouts by a closed form, so the search
+    also costs its best layouts at the other counts it searched (the 2.7B GPT on four regional
+    sites: the ranges found at 16 microbatches are 804 ms at 8, where the program found 965),
+    and returns the fastest of all it costed."""
+    import dataclasses as dc
+
+    from hulkjax.strategies import stages as S
+
+    monkeypatch.setattr(S, "CROSS_COUNT_LAYOUTS", cross)
+    costed, _, _ = _search_costing_everything(monkeypatch)
     counts = {lay.microbatches for lay in costed}
     missing = []
     top = sorted(costed, key=lambda lay: costed[lay].step_time)[:2]
@@ -645,24 +655,11 @@ def test_search_costs_interleaved_layouts_with_equal_chunks(monkeypatch, balance
     per chunk (the 2.7B GPT over four 10 Gbit/s sites: the program's chunks of 1, 1, 2, 2, 7,
     7, 7 and 8 units cost 1,084 ms, equal ones 929), and the fastest of all is returned."""
     from hulkjax.strategies import stages as S
-    from hulkjax.strategies.ilp import solve
 
     real_balanced = S._balanced
     if not balanced:
         monkeypatch.setattr(S, "_balanced", lambda ctx, layout: None)
-    costed = {}
-    real = S.layout_cost
-
-    def spy(ctx, layout):
-        costed[layout] = c = real(ctx, layout)
-        return c
-
-    monkeypatch.setattr(S, "layout_cost", spy)
-    monkeypatch.setattr(S, "_pipeline_floor", lambda ctx, layout: 0.0)  # cost every variant
-    _, g = _graph("gpt2", size="tiny", n_layers=8, batch=32)
-    topo = hj.Topology.preset("regional", regions=4, gpus_per_node=2)
-    res = search(g, topo, solver=solve, time_limit=60, keep=4)
-    assert all(res.layouts[0][0] <= c.step_time * (1 + 1e-12) for c in costed.values())
+    costed, g, topo = _search_costing_everything(monkeypatch)
     ctx = _context(g, topo)
     interleaved = [lay for lay in costed if lay.virtual_stages > 1]
     assert interleaved
