@@ -460,6 +460,40 @@ def _axis_times(cm: CostModel, comm) -> dict[str, float]:
     return collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
 
 
+def crossing_values(graph: OpGraph, place_of, phase_of, holder):
+    """Every value a node reads that another place makes or holds: ``(value, source place,
+    reading place, kind)``, once per reading node. ``place_of`` / ``phase_of``: a node id's place
+    (a stage, a layer unit; ``None``: nowhere) and phase (``"F" | "B" | "U"``); ``holder``:
+    ``{input index: place}`` of the state leaves. Kinds: per microbatch ``"fwd"`` (a forward
+    value, read by a forward or a backward) and ``"bwd"`` (a backward value a backward reads);
+    per step ``"start"`` (a state leaf read away from its holder: a tied embedding the LM head
+    reads), ``"end"`` (a forward or backward value an update reads: that embedding's gradient)
+    and ``"late"`` (a value an update makes). The batch comes from the host, constants are
+    everywhere (an input ``holder`` does not place is not sent); where the source is ``None`` or
+    the place itself, nothing crosses (not yielded)."""
+    input_index = {v: i for i, v in enumerate(graph.inputs)}
+    for n in graph.nodes:
+        c = place_of(n.id)
+        if c is None:
+            continue
+        for v in n.inputs:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if p is None:
+                i = input_index.get(v)
+                if i is None or graph.input_roles[i] == DATA:
+                    continue  # constants are everywhere; the batch comes from the host
+                a, kind = holder.get(i), "start"
+            else:
+                a = place_of(p)
+                pp, pc = phase_of(p), phase_of(n.id)
+                kind = ("late" if pp == "U" else "end" if pc == "U"
+                        else "bwd" if pp == "B" and pc == "B" else "fwd")
+            if a is not None and a != c:
+                yield v, a, c, kind
+
+
 def _transfers(topology, stages, stage_of, phase_of, holder, M, unreduced=frozenset()) -> dict:
     """``{(src, dst): {"fwd", "bwd", "step", "start", "end", "late" seconds, bytes, link}}``
     (per microbatch for fwd / bwd; ``step`` = ``start`` (parameters read by another stage) +
@@ -482,35 +516,16 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M, unreduced=frozen
                                "_lb": 0.0, "after_reduction": False}
         return e
 
-    input_index = {v: i for i, v in enumerate(g.inputs)}
-    for n in g.nodes:
-        c = stage_of.get(n.id)
-        if c is None:
-            continue
-        for v in n.inputs:
-            if v is None:
-                continue
-            p = g.values[v].producer
-            if p is None:
-                i = input_index.get(v)
-                if i is None or g.input_roles[i] == DATA:
-                    continue  # constants are everywhere; the batch comes from the host
-                a = holder.get(i)
-                kind = "start"
-            else:
-                a = stage_of.get(p)
-                pp, pc = phase_of.get(p), phase_of.get(n.id)
-                kind = ("late" if pp == "U" else "end" if pc == "U"
-                        else "bwd" if pp == "B" and pc == "B" else "fwd")
-            if a is None or a == c or (v, c) in sent or stages[a].devices == stages[c].devices:
-                continue  # (chunks of one group: the value stays on its devices)
-            sent.add((v, c))
-            nbytes = _transfer_bytes(g, v, stages[a], stages[c])
-            e = entry(a, c)
-            e["_" + {"fwd": "fb", "bwd": "bb", "start": "sb", "end": "eb", "late": "lb"}[kind]] \
-                += nbytes
-            if kind == "end" and v in unreduced:
-                e["after_reduction"] = True
+    for v, a, c, kind in crossing_values(g, stage_of.get, phase_of.get, holder):
+        if (v, c) in sent or stages[a].devices == stages[c].devices:
+            continue  # (chunks of one group: the value stays on its devices)
+        sent.add((v, c))
+        nbytes = _transfer_bytes(g, v, stages[a], stages[c])
+        e = entry(a, c)
+        e["_" + {"fwd": "fb", "bwd": "bb", "start": "sb", "end": "eb", "late": "lb"}[kind]] \
+            += nbytes
+        if kind == "end" and v in unreduced:
+            e["after_reduction"] = True
     for e in per.values():
         link = e["link"]
         for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("start", e["_sb"]),
@@ -573,5 +588,5 @@ def held_inputs(graph: OpGraph, home_stage: dict[int, int], k: int) -> tuple[int
                  if s == k and graph.input_roles[i] in (PARAMETER, OPTIMIZER))
 
 
-__all__ = ["NodeCosts", "StageWork", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
+__all__ = ["NodeCosts", "StageWork", "crossing_values", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
            "received_bytes", "stage_link"]

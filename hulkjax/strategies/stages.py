@@ -85,6 +85,7 @@ from jax.sharding import PartitionSpec
 
 from hulkjax.cost.pipeline import (
     StageWork,
+    crossing_values,
     local_bytes,
     node_costs,
     pipeline_cost,
@@ -996,28 +997,11 @@ def _unit_values(ctx: _Context) -> list[tuple[int, int, str, tuple[int, ...]]]:
     reading unit (made once per context)."""
     if ctx.unit_values is not None:
         return ctx.unit_values
-    g, part = ctx.graph, ctx.part
-    input_index = {v: i for i, v in enumerate(g.inputs)}
+    part = ctx.part
     found: dict[int, list] = {}
-    for n in g.nodes:
-        here = part.unit[n.id]
-        for v in n.inputs:
-            if v is None:
-                continue
-            p = g.values[v].producer
-            if p is None:
-                i = input_index.get(v)
-                if i is None or g.input_roles[i] not in (PARAMETER, OPTIMIZER) \
-                        or i not in part.home:
-                    continue  # constants are everywhere; the batch comes from the host
-                src, kind = part.home[i], "start"
-            else:
-                pp, pc = part.phase[p], part.phase[n.id]
-                src = part.unit[p]
-                kind = ("late" if pp == UPDATE else "end" if pc == UPDATE
-                        else "bwd" if pp == BACKWARD and pc == BACKWARD else "fwd")
-            if here != src:
-                found.setdefault(v, [src, kind, set()])[2].add(here)
+    for v, src, here, kind in crossing_values(ctx.graph, part.unit.__getitem__,
+                                              part.phase.__getitem__, part.home):
+        found.setdefault(v, [src, kind, set()])[2].add(here)
     ctx.unit_values = [(v, src, kind, tuple(sorted(dst))) for v, (src, kind, dst) in
                        found.items()]
     return ctx.unit_values
