@@ -332,10 +332,13 @@ def markdown(result: dict) -> str:
              and "step_time" in r.get("original", {})]
     same = [r for r in ident if math.isclose(r["identity"]["step_time"],
                                              r["original"]["step_time"], rel_tol=1e-9)]
+    differ = Counter(r["planner"] for r in ident if r not in same)
     lines.append(f"- **Identity rewrite** costs what the original costs in {len(same)}/"
-                 f"{len(ident)} cells: the same graph, planned again; where it differs, the "
-                 f"planner's own run-to-run spread (the ILP stopped by its time limit on a "
-                 f"loaded machine returns its best incumbent so far, see the notes below).")
+                 f"{len(ident)} cells: the same maths, traced anew and planned again; where it "
+                 f"differs (" + (", ".join(f"{k} {p}" for p, k in sorted(differ.items())) or "none")
+                 + "), the planner's own spread (an ILP stopped by its time limit returns its "
+                 "best incumbent so far, see the notes below; `auto` searches a shortlist its "
+                 "network draws from the re-traced graph, which need not be the same).")
     num = result["numerics"]
     lines.append("- **Numerics** (tiny, one step, every result leaf of the fully rewritten "
                  "step against the original): " + "; ".join(

@@ -268,12 +268,19 @@ def _pipeline_parts(p) -> dict:
     and in-stage collectives, and the bubble as the fill and drain of the chunks' work
     (``(sum_d W_d - max_d W_d) / v``), the transfers of the fill and drain (every stage
     boundary once each way), the per-step transfers the fill and drain do not hide, and the rest
-    (updates, steady-state links, and 1F1B's waits for each microbatch's round trip)."""
+    (updates, the reductions of gradients accumulated unreduced that the drain does not hide,
+    steady-state links, and 1F1B's waits for each microbatch's round trip); ``reductions``: the
+    busiest group's reductions once per step (in its collectives) and ``reductions_exposed``
+    their part in the rest."""
     c, M, v = p.cost, p.microbatches, p.virtual_stages
     G = len(p.stages) // v
-    w = [0.0] * G
+    w, busy, red = [0.0] * G, [0.0] * G, [0.0] * G
     for k, st in enumerate(c.stages):
         w[k % G] += st.forward + st.backward
+        busy[k % G] += st.compute + st.comm
+        red[k % G] += st.reduction
+    kb = max(range(G), key=lambda d: busy[d])
+    exposed = next(st.reduction_exposed for k, st in enumerate(c.stages) if k % G == kb)
     step_tr = mb_tr = 0.0
     for t in c.transfers:
         once = (t.latency + t.step_bytes / t.bandwidth) if t.step_bytes else 0.0
@@ -281,11 +288,18 @@ def _pipeline_parts(p) -> dict:
         mb_tr += (t.time - once) / M
     fill = (sum(w) - max(w)) / v if p.schedule != "gpipe" else None
     parts = {"compute": c.compute_time, "comm": c.comm_time, "bubble": c.bubble,
-             "fill_compute": fill, "fill_transfers": mb_tr, "step_transfers": step_tr}
+             "fill_compute": fill, "fill_transfers": mb_tr, "step_transfers": step_tr,
+             "reductions": red[kb], "reductions_exposed": exposed}
     if fill is not None:
         rest = c.bubble - fill - mb_tr - step_tr
         parts["rest"] = rest if abs(rest) > 1e-9 * c.step_time else 0.0
     return parts
+
+
+def _reductions(q: dict) -> str:
+    if q.get("reductions") is None:  # a record from before the reductions were split out
+        return "-"
+    return f"{_ms(q['reductions'])} ({_ms(q['reductions_exposed'])})"
 
 
 def _record(p, wall: float) -> dict:
@@ -454,12 +468,18 @@ def report(data: dict) -> str:
                   "the fill and drain (every stage boundary once each way), the per-step "
                   "transfers left exposed (the tied embedding's weights to the last stage, "
                   "hidden under the fill before it, and its gradient back, under the drain), "
-                  "and the rest (updates, steady-state links, 1F1B's waits for each "
-                  "microbatch's round trip). `1F1B only`: the staged search's best layout "
-                  "without the interleaved schedule.", "",
-                  "| experiment | plan | step | compute | in-stage comm | fill/drain compute | "
-                  "fill/drain transfers | per-step transfers | rest | 1F1B only | best SPMD / "
-                  "step |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "and the rest (updates, the gradient reductions the drain does not hide, "
+                  "steady-state links, 1F1B's waits for each microbatch's round trip). "
+                  "`of it once per step`: the busiest group's reductions of the gradients its "
+                  "stages accumulate unreduced over the microbatches (in its collectives), and "
+                  "in brackets what of them the drain does not hide (in the rest; the rest is "
+                  "negative where they run inside the fill and drain, idle time the bubble "
+                  "columns count). `1F1B only`: the staged search's best layout without the "
+                  "interleaved schedule.", "",
+                  "| experiment | plan | step | compute | in-stage comm | of it once per step | "
+                  "fill/drain compute | fill/drain transfers | per-step transfers | rest | "
+                  "1F1B only | best SPMD / step |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for key, rec in regional.items():
             p = rec["plans"]["ilp"]
             q = p["parts"]
@@ -469,7 +489,8 @@ def report(data: dict) -> str:
             ratio = f"{min(spmd) / p['step_time']:.3f}x" if spmd else "-"
             lines.append(
                 f"| {key} | {_shape(p)} x {p['microbatches']} mb | {_ms(p['step_time'])} | "
-                f"{_ms(q['compute'])} | {_ms(q['comm'])} | {_ms(q['fill_compute'])} | "
+                f"{_ms(q['compute'])} | {_ms(q['comm'])} | {_reductions(q)} | "
+                f"{_ms(q['fill_compute'])} | "
                 f"{_ms(q['fill_transfers'])} | {_ms(q['step_transfers'])} | {_ms(q.get('rest'))} | "
                 f"{_ms(flat.get('step_time')) if flat.get('status') == 'ok' else '-'} | "
                 f"{ratio} |")
@@ -477,9 +498,10 @@ def report(data: dict) -> str:
         if counted:
             lines += ["", "Per microbatch count and chunks per device group: the staged search's "
                       "best layout, step = busiest group's compute + in-stage collectives + "
-                      "bubble (ms). More microbatches shrink the bubble but each microbatch's "
-                      "backward all-reduces the weight gradients inside its stage and every "
-                      "kernel pays its launch; more chunks shrink it too but cross more links.",
+                      "bubble (ms). More microbatches shrink the bubble but every kernel pays "
+                      "its launch once more per microbatch (and so does every collective the "
+                      "microbatch's programs make; gradients accumulated unreduced are reduced "
+                      "once per step); more chunks shrink it too but cross more links.",
                       "", "| experiment | microbatches | 1F1B | 2 chunks | 4 chunks |",
                       "|---|---:|---|---|---|"]
             for key, rows in counted.items():

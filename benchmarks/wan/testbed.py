@@ -397,6 +397,27 @@ def _rank(rows, key):
     return [r["strategy"] for r in sorted(rows, key=lambda r: r[key])]
 
 
+def _quartiles(r) -> tuple[float, float]:
+    """25th and 75th percentile (s) of a row's shaped steps after the first, slowest process."""
+    per_step = [max(ts) for ts in zip(*r["step_times"])][1:]
+    return float(np.percentile(per_step, 25)), float(np.percentile(per_step, 75))
+
+
+def _swapped(rows) -> list[tuple[dict, dict, bool]]:
+    """Pairs the measurement orders the other way round from the prediction: ``(faster
+    predicted, faster measured, within noise)``, within noise where their step quartile ranges
+    overlap (the run-to-run spread cannot tell them apart)."""
+    out = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if (a["predicted_step"] - b["predicted_step"]) * \
+                    (a["measured_step"] - b["measured_step"]) < 0:
+                first, second = (a, b) if a["predicted_step"] < b["predicted_step"] else (b, a)
+                (lo1, hi1), (lo2, hi2) = _quartiles(first), _quartiles(second)
+                out.append((first, second, lo1 <= hi2 and lo2 <= hi1))
+    return out
+
+
 def markdown(res: dict) -> str:
     cal = res["calibration"]
     lines = [
@@ -451,8 +472,7 @@ def markdown(res: dict) -> str:
         crosses = r.get("crosses_regions", True)
         mc = f"{r['measured_comm'] * 1e3:.1f} ms" if crosses else "-"
         ratio = f"{r['measured_comm'] / pc:.2f}" if crosses and pc > 1e-6 else "-"
-        per_step = [max(ts) for ts in zip(*r["step_times"])][1:]  # slowest process, no warm-up
-        q1, q3 = (float(np.percentile(per_step, q)) * 1e3 for q in (25, 75))
+        q1, q3 = (q * 1e3 for q in _quartiles(r))
         lines.append(
             f"| {r['strategy']} | {r.get('plan', 'SPMD')} | {r['predicted_step'] * 1e3:.1f} ms | "
             f"{r['measured_step'] * 1e3:.1f} ms | {q1:.0f}-{q3:.0f} ms | "
@@ -467,6 +487,16 @@ def markdown(res: dict) -> str:
         lines += ["", f"Ranking by predicted step: {' < '.join(_rank(rows, 'predicted_step'))}; "
                       f"by measured step: {' < '.join(_rank(rows, 'measured_step'))} "
                       f"({'the same' if same else 'not the same'})."]
+        swapped = _swapped(rows)
+        if swapped:
+            noise = [x for x in swapped if x[2]]
+            lines[-1] += (
+                f" Pairs ordered the other way round: "
+                f"{', '.join(a['strategy'] + ' / ' + b['strategy'] for a, b, _ in swapped)}; "
+                f"{len(noise)} of {len(swapped)} within the run-to-run noise (their step "
+                f"quartile ranges overlap)"
+                + ("." if len(noise) == len(swapped) else
+                   f", {len(swapped) - len(noise)} not: a ranking the model gets wrong."))
         lines += _targets(rows)
     lines += ["", f"Left behind after teardown: {res['left_behind'] or 'nothing'} "
                   f"(namespaces, and with them links, the bridge and qdiscs).", ""]

@@ -74,6 +74,7 @@ from hulkjax.cost.comm import (
     reshard_intermediates,
 )
 from hulkjax.cost.memory import liveness
+from hulkjax.cost.unreduced import sum_producers, unreduced_sum
 from hulkjax.errors import InvalidOptionError, InvalidPlanError, UncompilableLayoutChangeError
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
@@ -343,13 +344,20 @@ class CostModel:
         self._edges = self._cross_edges()
         self.program_of: tuple | None = None  # node -> program (None: one program)
         self.program_runs: dict | None = None  # program -> runs per step (None: once each)
+        self.split = None  # by_programs: the microbatch analysis (sums left unreduced)
+        self._sum_producers: frozenset[int] = frozenset()
         self._share_readers()
 
-    def by_programs(self, program_of, runs=None) -> CostModel:
+    def by_programs(self, program_of, runs=None, split=None) -> CostModel:
         """This cost model for a step run as several programs (a pipeline stage's forward,
         backward and update), ``program_of[node]`` naming each operator's, and ``runs`` (if
         given) how many times each program runs per step (``{program: count}``; a stage runs its
         forward and backward once per microbatch, its update once).
+
+        ``split`` (the step's microbatch analysis, with ``runs``): the boundary sums a
+        candidate lets the stage accumulate unreduced (:func:`~hulkjax.cost.unreduced.
+        unreduced_sum`) are charged as the staged step makes them: their all-reduces over the
+        batch axes once per step (the float32 accumulator's), not once per run.
 
         A shared layout change is made once per program that reads it (XLA's partitioner
         dedupes reshards within one program, not across programs), so its readers are grouped
@@ -375,6 +383,8 @@ class CostModel:
         view = copy.copy(self)
         view.program_of = program_of
         view.program_runs = None if runs is None else {p: float(n) for p, n in runs.items()}
+        view.split = split if runs is not None else None
+        view._sum_producers = sum_producers(self.graph, view.split)
         view._edge_cache = {}
         view._edge_classes = {}
         view._breakdowns = {}
@@ -399,17 +409,31 @@ class CostModel:
             return self.table(gid, c).time
         hit = self._table_times.get((gid, c))
         if hit is None:
-            ws = {self.runs(n) for n in self._sequence_of(gid)[0]}
-            if len(ws) <= 1:
+            nodes = self._sequence_of(gid)[0]
+            ws = {self.runs(n) for n in nodes}
+            if len(ws) <= 1 and not self._sum_producers.intersection(nodes):
                 hit = (ws.pop() if ws else 1.0) * self.table(gid, c).time
             else:
                 loc = self.local(gid, c)
                 ct = self.comm_time
                 hit = (sum(self.runs(n) * t for n, t in loc.node_compute.items())
-                       + sum(self.runs(n) * ct(x) for n, xs in loc.node_comms.items() for x in xs)
+                       + sum(self._own_time(n, xs, loc) for n, xs in loc.node_comms.items())
                        + sum(self.runs(m.node) * ct(m.comm) for m in loc.moves))
             self._table_times[(gid, c)] = hit
         return hit
+
+    def _own_time(self, nid: int, comms, loc: Local) -> float:
+        """Seconds per step of node ``nid``'s own collectives ``comms``: each times its
+        program's :meth:`runs`, except those of a sum the stage leaves unreduced, made once
+        per step on its float32 accumulator (:meth:`by_programs`' ``split``)."""
+        runs = self.runs(nid)
+        un = None
+        if runs > 1 and nid in self._sum_producers:
+            un = unreduced_sum(self, nid, loc.res.get(nid), self.split)
+        if un is None:
+            return sum(runs * self.comm_time(x) for x in comms)
+        return self.comm_time(un.reduction) + sum(
+            runs * self.comm_time(x) for i, x in enumerate(comms) if i not in un.deferred)
 
     def _sequence_of(self, gid: int) -> tuple[list[int], list[int]]:
         """:meth:`_sequence`, memoized."""
@@ -1363,6 +1387,66 @@ class CostModel:
                     self._edge_class_time[ckey] = t
             self._edge_cache[key] = t
         return t
+
+    def decision_key(self, gid: int, assignment, neighbours, decided, fixed) -> tuple:
+        """A key equal for two leader groups whose choice a local rule given ``assignment``
+        makes alike: groups of one table class (:meth:`table_class`: equal candidates and tables)
+        whose operands arrive in the same layouts (and alike made from constants, as
+        :meth:`operand_changes_of` reads them), and whose ``neighbours`` (``[(other group, other
+        is the producer)]``, in order) that are in ``decided`` send or take the same tensors in
+        the same layouts (:meth:`_edge_content`), alike in being in ``fixed``. Every
+        :meth:`edge_time` between the group on any candidate and such a neighbour on its
+        candidate is then the same number, and so is every cost such a rule compares, added in
+        the same order."""
+        g = self.graph
+        arriving = []
+        for v in g.nodes[self.groups[gid].leader].inputs:
+            if v is None:
+                arriving.append(None)
+                continue
+            src = self.group_of_value[v]
+            have = self.spec(src, assignment[src], v)
+            arriving.append((have, have is not None and (
+                src == self._free or g.values[v].producer in self.made_by)))
+        around = []
+        for other, is_producer in neighbours:
+            if other not in decided:
+                around.append((is_producer,))
+            elif is_producer:
+                around.append((True, other in fixed,
+                               self._edge_content(other, assignment[other], gid, None)))
+            else:
+                around.append((False, other in fixed,
+                               self._edge_content(gid, None, other, assignment[other])))
+        return self.table_rep[gid], tuple(arriving), tuple(around)
+
+    def _edge_content(self, gp: int, cp: int | None, gc: int, cc: int | None) -> tuple:
+        """What :meth:`edge_time` ``(gp, cp, gc, cc)`` reads, per reading (in order), with the
+        side whose candidate is ``None`` named in its table class representative's ids (so its
+        every candidate reads the same): the source layout (or value), the layout the reader
+        needs (or its node and operand), the value's shape and dtype, whether the change is
+        deferred, whether it is made directly (a carried state's), the reader's :meth:`runs`."""
+        g = self.graph
+        src_ids = self._rep_ids(gp) if cp is None and self.table_rep[gp] != gp else None
+        dst_ids = self._rep_ids(gc) if cc is None and self.table_rep[gc] != gc else None
+        out = []
+        for v, nid, k in self._edges.get((gp, gc), ()):
+            # (an id without a counterpart in the representative's stays the group's own)
+            if cp is not None:
+                src = self.spec(gp, cp, v)
+            else:
+                src = v if src_ids is None else src_ids[1].get(v, (gp, v))
+            if cc is not None:
+                dst = self.required(gc, cc, nid, k)
+            elif nid < 0:  # a carried state: the layout of its input (value) in the group
+                vin = g.inputs[k]
+                dst = ("input", vin if dst_ids is None else dst_ids[1].get(vin, (gc, vin)))
+            else:
+                dst = (nid if dst_ids is None else dst_ids[0].get(nid, (gc, nid)), k)
+            val = g.values[v]
+            deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and g.loop_body))
+            out.append((src, dst, val.shape, val.dtype, deferred, nid < 0, self.runs(nid)))
+        return tuple(out)
 
     def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""

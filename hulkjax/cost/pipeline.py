@@ -13,9 +13,17 @@ Where this sits::
 V100's pace and its collectives pay its own links):
 
 * ``forward`` / ``backward``: per microbatch, the roofline compute of its forward / backward nodes
-  at the microbatch's shapes, the collectives its SPMD plan implies for them (a weight gradient is
-  reduced inside each microbatch's backward pass, as the emitted program does) and the layout
-  changes into them;
+  at the microbatch's shapes, the collectives its SPMD plan implies for them and the layout
+  changes into them; a weight gradient the stage accumulates unreduced
+  (:mod:`hulkjax.cost.unreduced`: its plan splits the batch over mesh axes and leaves the
+  gradient whole over them) is not reduced there, as the emitted program does not reduce it;
+  one reduced as a shard (fsdp-like layouts) is, in every microbatch's backward (ZeRO-3);
+* ``reduction``: once per step, the all-reduce of each unreduced gradient's float32
+  accumulator, run right after the stage's last forward or backward, as the emitted step runs
+  it: the discrete-event schedule below keeps the stage's group busy with it (an interleaved
+  plan's later chunks on the group wait), the drain after it hides it (the stages still busy
+  with the last microbatch), and the rest lengthens the pipeline; such a gradient sent to
+  another stage's update leaves after it;
 * ``update``: once per step, its optimizer nodes and the layout changes of its state;
 * memory per device: its parameters, gradients and optimizer state, float32 gradient accumulators
   (more than one microbatch), and the saved activations and data of the microbatches in flight
@@ -50,10 +58,10 @@ microbatch and direction pays the latency.
   are not free (the steady state's round trips stall 1F1B, the same test shows);
 * and never less than the emitted order run as a discrete-event schedule (each group runs its
   programs in :func:`~hulkjax.plan.stages.schedule_queues` order, each once the group is free
-  and its inputs have arrived, sends as delays): that is where 1F1B's stalls come in (on the WAN
-  testbed a 3-stage 1F1B GPT step measured its sends almost fully exposed; the closed form
-  predicted them hidden). The pipeline's time is the larger of the two, so the closed form's
-  link-load bound stays;
+  and its inputs have arrived, sends as delays, a stage's reduction after its last program):
+  that is where 1F1B's stalls come in (on the WAN testbed a 3-stage 1F1B GPT step measured its
+  sends almost fully exposed; the closed form predicted them hidden). The pipeline's time is
+  the larger of the two, so the closed form's link-load bound stays;
 
 then what the per-step transfers leave exposed, then the slowest group's update (its chunks'
 updates in turn). A parameter one stage holds and another reads goes at the start of the step and
@@ -73,7 +81,11 @@ Approximations (stated so a reader knows what the number means): transfers ride 
 and engines (they never slow a stage's compute); a stage's forward and backward take the same time
 for every microbatch; values of several transfers between one pair of stages in one direction go
 as one message; the update starts when the last microbatch's backward ends on every stage (a
-stage that finishes early does not start its update early); host dispatch is free.
+stage that finishes early does not start its update early); a group's reductions are charged as
+a step's gradient all-reduces are (each its bytes and its share of the latency of the one XLA
+combines them into), and their scaling and cast to the gradient's dtype are not charged
+(elementwise, as the combination of the sums reduced per microbatch is not); host dispatch is
+free.
 """
 
 from __future__ import annotations
@@ -87,10 +99,12 @@ import numpy as np
 from hulkjax.cost.comm import collective_time
 from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
+from hulkjax.cost.unreduced import unreduced_sums
 from hulkjax.plan.cost import Cost, StageTime, Transfer
 from hulkjax.plan.specs import Spec, local_shape
 from hulkjax.plan.stages import schedule_in_flight, schedule_times
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
+from hulkjax.trace.microbatch import BatchSplit
 
 
 @dataclass
@@ -234,7 +248,8 @@ def link_class(topology, src: tuple[int, ...], dst: tuple[int, ...]) -> str:
 
 
 def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbatches: int,
-                  schedule: str = "1f1b", boundary=(), virtual_stages: int = 1) -> Cost:
+                  schedule: str = "1f1b", split: BatchSplit | None = None,
+                  virtual_stages: int = 1) -> Cost:
     """The :class:`~hulkjax.plan.Cost` of a staged plan (see the module docstring).
 
     Args:
@@ -244,8 +259,10 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         the devices of stage ``j % (len(stages) // virtual_stages)``).
       microbatches: ``M``.
       schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.
-      boundary: value ids accumulated over microbatches (gradients and summed losses; their
-        float32 accumulators count in memory when ``M > 1``).
+      split: the step's microbatch analysis (:mod:`hulkjax.trace.microbatch`). With ``M > 1``
+        its boundary sums (gradients and summed losses) get float32 accumulators (in memory),
+        and those a stage's plan lets it accumulate unreduced (:mod:`hulkjax.cost.unreduced`)
+        are reduced once per step instead of in every microbatch.
       virtual_stages: ``v``, chunks per device group (``"interleaved"`` only).
     """
     M, S, v = microbatches, len(stages), virtual_stages
@@ -253,7 +270,12 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         raise ValueError(f"virtual_stages={v} needs schedule='interleaved', got {schedule!r}")
     G = S // v  # device groups
     group = [k % G for k in range(S)]
-    work = [_stage_times(s) for s in stages]
+    split = split if M > 1 else None
+    boundary = () if split is None else tuple(
+        x for x, c in split.boundary.items() if c.kind == "sum")
+    unreduced = [unreduced_sums(s.cost_model, s.assignment, split, s.forward + s.backward)
+                 for s in stages]
+    work = [_stage_times(s, u) for s, u in zip(stages, unreduced)]
     stage_of: dict[int, int] = {}
     phase_of: dict[int, str] = {}
     for k, s in enumerate(stages):
@@ -262,7 +284,8 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                 stage_of[nid] = k
                 phase_of[nid] = ph
     holder = {i: k for k, s in enumerate(stages) for i in s.inputs}
-    transfers = _transfers(topology, stages, stage_of, phase_of, holder, M)
+    transfers = _transfers(topology, stages, stage_of, phase_of, holder, M,
+                           {x for u in unreduced for x in u})
     f = [w["f"] for w in work]
     b = [w["b"] for w in work]
     u = [w["u"] for w in work]
@@ -294,9 +317,22 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         # each way (v times 1F1B's).
         t_pipe = ((sum(w) - max(w)) / v + max(w) + sum(cf) + sum(cb)
                   + (M - 1) * max(max(w), max(duplex, default=0.0)))
-    # The emitted order as a discrete-event schedule: 1F1B's steady state waits for the round
-    # trip of its sends, which the closed form above hides behind compute.
-    t_pipe = max(t_pipe, _makespan(schedule, G, v, M, f, b, transfers))
+    # The emitted order as a discrete-event schedule (links are not queued there: the closed
+    # form keeps its link-load bound): 1F1B's steady state waits for the round trip of its
+    # sends, which the closed form above hides behind compute.
+    times = schedule_times(schedule, G, v, M, f, b, transfers)
+    plain = max((end for _, end in times.values()), default=0.0)
+    # Each stage reduces the gradients it accumulated unreduced right after its last forward
+    # or backward (the emitted step runs its reduction program there): its group is busy with
+    # it before the group's later programs, the drain after it hides what it can.
+    r = [work[k]["r"] for k in range(S)]
+    reduced = [0.0] * S  # when each stage's reduction ends
+    if any(r):
+        times = schedule_times(schedule, G, v, M, f, b, transfers, tails=r)
+        for (k, _, _), (_, end) in times.items():
+            reduced[k] = max(reduced[k], end + r[k])
+    makespan = max([plain, *reduced]) if any(r) else plain
+    t_pipe = max(t_pipe, makespan)
     # Per-step transfers, hidden by the first microbatch's forward chain before their reader
     # (parameters) or the last one's backward chain after their sender (gradients).
     fill, drain = [0.0] * S, [0.0] * S
@@ -308,15 +344,17 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         # while the fill (drain) goes on: those wait behind the per-step values, which the
         # emitted step sends first (measured between shaped namespaces: a 2-stage GPT's first
         # forward waited for the tied embedding to cross before its activations did).
+        # A sum reduced once per step is sent after its stage's reduction.
+        wait = r[a] if t["after_reduction"] else 0.0
         t["exposed"] = (max(t["start"] - (fill[c] - t["fwd"]), 0.0)
-                        + max(t["end"] - (drain[a] - t["bwd"]), 0.0) + t["late"])
+                        + max(wait + t["end"] - (drain[a] - t["bwd"]), 0.0) + t["late"])
     t_step_transfers = sum(t["exposed"] for t in transfers.values())
     u_group = [0.0] * G
     for k in range(S):
         u_group[group[k]] += u[k]
     step = t_pipe + t_step_transfers + max(u_group)
     # The busiest group: its compute and collectives; the rest of the step is bubble.
-    busy = [M * (work[k]["f"] + work[k]["b"]) + work[k]["u"] for k in range(S)]
+    busy = [M * (work[k]["f"] + work[k]["b"]) + work[k]["u"] + work[k]["r"] for k in range(S)]
     busy_group = [0.0] * G
     compute_group = [0.0] * G
     for k in range(S):
@@ -338,6 +376,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         mem = mems[k]
         cap = min(topology.devices[d].spec.memory for d in s.devices)
         st = StageTime(devices=tuple(s.devices), forward=f[k], backward=b[k], update=u[k],
+                       reduction=r[k], reduction_exposed=max(reduced[k] - plain, 0.0),
                        compute=work[k]["compute_step"](M), comm=busy[k] - work[k]["compute_step"](M),
                        peak_memory=float(sum(mem.values())), memory_capacity=cap,
                        in_flight=in_flight[k], memory_breakdown=mem)
@@ -365,24 +404,27 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                 transfers=recs, microbatches=M, schedule=schedule, virtual_stages=v)
 
 
-def _makespan(schedule: str, G: int, v: int, M: int, f, b, transfers) -> float:
-    """When the last microbatch's last backward ends in the emitted order run as a discrete-event
-    schedule (:func:`~hulkjax.plan.stages.schedule_times`; links are not queued there, the
-    caller keeps the closed form's link-load bound)."""
-    times = schedule_times(schedule, G, v, M, f, b, transfers)
-    return max((end for _, end in times.values()), default=0.0)
-
-
-def _stage_times(s: StageWork) -> dict:
+def _stage_times(s: StageWork, unreduced: dict) -> dict:
+    """``{"f", "b" (per microbatch), "u", "r" (per step), "compute_step", "comm_by_axis"}`` of a
+    stage; ``r``: the reduction of the sums it leaves unreduced (``unreduced``, by
+    :func:`~hulkjax.cost.unreduced.unreduced_sums`), whose all-reduces ``f`` and ``b`` no
+    longer make per microbatch."""
     nc = node_costs(s.cost_model, s.assignment)
+    cm = s.cost_model
+    saved: dict[int, float] = defaultdict(float)  # node -> seconds of collectives deferred
+    for un in unreduced.values():
+        saved[un.node] += sum(cm.comm_time(nc.own[un.node][i]) for i in un.deferred)
+    r = float(sum(cm.comm_time(un.reduction) for un in unreduced.values()))
     # A program per phase: each makes a shared layout change once, however many read it.
-    f = float(sum(nc.time[n] for n in s.forward)) - shared_excess(nc, s.forward)
-    b = float(sum(nc.time[n] for n in s.backward)) - shared_excess(nc, s.backward)
+    f = float(sum(nc.time[n] - saved.get(n, 0.0) for n in s.forward)) \
+        - shared_excess(nc, s.forward)
+    b = float(sum(nc.time[n] - saved.get(n, 0.0) for n in s.backward)) \
+        - shared_excess(nc, s.backward)
     u = float(sum(nc.time[n] for n in s.update)) - shared_excess(nc, s.update) + sum(
         nc.state_moves.get(i, 0.0) for i in s.inputs)
     cf = float(sum(nc.compute[n] for n in s.forward + s.backward))
     cu = float(sum(nc.compute[n] for n in s.update))
-    cm = s.cost_model
+    deferred = {(un.node, i) for un in unreduced.values() for i in un.deferred}
 
     def comm_by_axis(M: int) -> dict[str, float]:
         """Seconds per step on each axis of the stage's mesh (own collectives and moves)."""
@@ -397,9 +439,11 @@ def _stage_times(s: StageWork) -> dict:
 
         for nid, comms in b_.own.items():
             times = M if nid in mine_mb else 1 if nid in mine_u else 0
-            for c in comms:
-                if times:
+            for i, c in enumerate(comms):
+                if times and (nid, i) not in deferred:
                     add(c, times)
+        for un in unreduced.values():
+            add(un.reduction, 1)
         copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in _copies(b_, ph)
                   for i in ix}
         for i, m in enumerate(b_.moves):
@@ -408,7 +452,7 @@ def _stage_times(s: StageWork) -> dict:
                 add(m.comm, times)
         return dict(per)
 
-    return {"f": f, "b": b, "u": u, "compute_step": lambda M: M * cf + cu,
+    return {"f": f, "b": b, "u": u, "r": r, "compute_step": lambda M: M * cf + cu,
             "comm_by_axis": comm_by_axis}
 
 
@@ -416,11 +460,46 @@ def _axis_times(cm: CostModel, comm) -> dict[str, float]:
     return collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
 
 
-def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
+def crossing_values(graph: OpGraph, place_of, phase_of, holder):
+    """Every value a node reads that another place makes or holds: ``(value, source place,
+    reading place, kind)``, once per reading node. ``place_of`` / ``phase_of``: a node id's place
+    (a stage, a layer unit; ``None``: nowhere) and phase (``"F" | "B" | "U"``); ``holder``:
+    ``{input index: place}`` of the state leaves. Kinds: per microbatch ``"fwd"`` (a forward
+    value, read by a forward or a backward) and ``"bwd"`` (a backward value a backward reads);
+    per step ``"start"`` (a state leaf read away from its holder: a tied embedding the LM head
+    reads), ``"end"`` (a forward or backward value an update reads: that embedding's gradient)
+    and ``"late"`` (a value an update makes). The batch comes from the host, constants are
+    everywhere (an input ``holder`` does not place is not sent); where the source is ``None`` or
+    the place itself, nothing crosses (not yielded)."""
+    input_index = {v: i for i, v in enumerate(graph.inputs)}
+    for n in graph.nodes:
+        c = place_of(n.id)
+        if c is None:
+            continue
+        for v in n.inputs:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if p is None:
+                i = input_index.get(v)
+                if i is None or graph.input_roles[i] == DATA:
+                    continue  # constants are everywhere; the batch comes from the host
+                a, kind = holder.get(i), "start"
+            else:
+                a = place_of(p)
+                pp, pc = phase_of(p), phase_of(n.id)
+                kind = ("late" if pp == "U" else "end" if pc == "U"
+                        else "bwd" if pp == "B" and pc == "B" else "fwd")
+            if a is not None and a != c:
+                yield v, a, c, kind
+
+
+def _transfers(topology, stages, stage_of, phase_of, holder, M, unreduced=frozenset()) -> dict:
     """``{(src, dst): {"fwd", "bwd", "step", "start", "end", "late" seconds, bytes, link}}``
     (per microbatch for fwd / bwd; ``step`` = ``start`` (parameters read by another stage) +
     ``end`` (values a forward or backward sends to another stage's update) + ``late`` (values
-    an update sends))."""
+    an update sends)); ``after_reduction``: an ``end`` value is a sum reduced once per step
+    (in ``unreduced``), sent once its stage has reduced it."""
     g = stages[0].cost_model.graph
     per: dict[tuple[int, int], dict] = {}
     sent: set[tuple[int, int]] = set()
@@ -434,36 +513,19 @@ def _transfers(topology, stages, stage_of, phase_of, holder, M) -> dict:
                                "class": link_class(topology, stages[a].devices,
                                                    stages[c].devices),
                                "_fb": 0.0, "_bb": 0.0, "_sb": 0.0, "_eb": 0.0,
-                               "_lb": 0.0}
+                               "_lb": 0.0, "after_reduction": False}
         return e
 
-    input_index = {v: i for i, v in enumerate(g.inputs)}
-    for n in g.nodes:
-        c = stage_of.get(n.id)
-        if c is None:
-            continue
-        for v in n.inputs:
-            if v is None:
-                continue
-            p = g.values[v].producer
-            if p is None:
-                i = input_index.get(v)
-                if i is None or g.input_roles[i] == DATA:
-                    continue  # constants are everywhere; the batch comes from the host
-                a = holder.get(i)
-                kind = "start"
-            else:
-                a = stage_of.get(p)
-                pp, pc = phase_of.get(p), phase_of.get(n.id)
-                kind = ("late" if pp == "U" else "end" if pc == "U"
-                        else "bwd" if pp == "B" and pc == "B" else "fwd")
-            if a is None or a == c or (v, c) in sent or stages[a].devices == stages[c].devices:
-                continue  # (chunks of one group: the value stays on its devices)
-            sent.add((v, c))
-            nbytes = _transfer_bytes(g, v, stages[a], stages[c])
-            e = entry(a, c)
-            e["_" + {"fwd": "fb", "bwd": "bb", "start": "sb", "end": "eb", "late": "lb"}[kind]] \
-                += nbytes
+    for v, a, c, kind in crossing_values(g, stage_of.get, phase_of.get, holder):
+        if (v, c) in sent or stages[a].devices == stages[c].devices:
+            continue  # (chunks of one group: the value stays on its devices)
+        sent.add((v, c))
+        nbytes = _transfer_bytes(g, v, stages[a], stages[c])
+        e = entry(a, c)
+        e["_" + {"fwd": "fb", "bwd": "bb", "start": "sb", "end": "eb", "late": "lb"}[kind]] \
+            += nbytes
+        if kind == "end" and v in unreduced:
+            e["after_reduction"] = True
     for e in per.values():
         link = e["link"]
         for key, b in (("fwd", e["_fb"]), ("bwd", e["_bb"]), ("start", e["_sb"]),
@@ -526,5 +588,5 @@ def held_inputs(graph: OpGraph, home_stage: dict[int, int], k: int) -> tuple[int
                  if s == k and graph.input_roles[i] in (PARAMETER, OPTIMIZER))
 
 
-__all__ = ["NodeCosts", "StageWork", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
+__all__ = ["NodeCosts", "StageWork", "crossing_values", "held_inputs", "local_bytes", "node_costs", "pipeline_cost",
            "received_bytes", "stage_link"]

@@ -6,13 +6,25 @@ Where this sits::
         |   the traced step at the full batch and at the microbatch size (trace.microbatch)
         v
     per stage k:  F_k (its forward nodes)  B_k (its backward nodes, accumulating gradients)
-                  on its sub-mesh, from the microbatch trace; U (the optimizer) from the full trace
+                  on its sub-mesh, from the microbatch trace; R_k (the reduction of the
+                  gradients it accumulates unreduced); U (the optimizer) from the full trace
         |   jax.device_put of activations / gradients to the next stage's NamedSharding
         v
     StagedStep(state, batch): the batch cut into M microbatches; F and B in GPipe, 1F1B or
     interleaved 1F1B order for every microbatch; the accumulated gradients (and summed losses)
     combined exactly (M ** e times their sum, see hulkjax.trace.microbatch); the update once per
     step on each stage.
+
+Gradients accumulated unreduced (``Stage.unreduced``, decided by the cost model:
+:mod:`hulkjax.cost.unreduced`): where a stage's plan splits the batch over mesh axes and leaves a
+weight gradient whole over them, the operator making it (a sum over examples) runs per device on
+its piece of the batch inside ``jax.shard_map`` (manual over those axes only), and the
+microbatch's program adds each device's partial sum to its own row of a float32 accumulator
+(a leading dimension over the axes): no collective per microbatch. Right after the stage's last
+forward or backward, ``R_k`` sums the rows (one all-reduce, which XLA
+combines over the stage's gradients), scales them and hands the gradients to the update, as
+Megatron-LM and DeepSpeed reduce once per step. Gradients the plan reduce-scatters (fsdp-like)
+are reduced in every microbatch, as ZeRO-3 does.
 
 An interleaved plan (``plan.virtual_stages = v > 1``) lists every chunk of layers as a stage:
 chunk ``j`` has its own programs on its own mesh over the devices of group ``j % groups``. Each
@@ -29,7 +41,8 @@ Every program re-runs the plan's nodes of one traced step (:func:`hulkjax.trace.
 with the stage's planned constraints, so the staged step computes what the unsharded step computes.
 Programs are lowered and compiled by :meth:`StagedStep.compile` before any argument is touched.
 Donation as in SPMD emission: each state leaf's buffer is given to the program that writes its new
-value (the last to read it); gradient accumulators are donated from microbatch to microbatch.
+value (the last to read it); gradient accumulators are donated from microbatch to microbatch, and
+to the reduction.
 
 Under ``jax.distributed`` (several processes, e.g. ``hulkjax launch``) the same step runs
 multi-controller: every process calls it with the same arguments (host values, or what the step
@@ -61,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -86,7 +100,7 @@ from hulkjax.plan.records import Plan
 from hulkjax.plan.stages import schedule_queues, schedule_times
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import constant_values, equations, evaluate
-from hulkjax.trace.microbatch import analyze, microbatch_graph
+from hulkjax.trace.microbatch import analyze, microbatch_graph, sum_over_examples
 from hulkjax.trace.tracer import leaf_aval
 
 log = logging.getLogger("hulkjax.emit")
@@ -119,8 +133,9 @@ class StagedStep:
       plan: the staged :class:`~hulkjax.plan.Plan` it runs.
       meshes: one ``jax.sharding.Mesh`` per stage (its sub-mesh of ``jax.devices()``).
       programs: ``{(stage, phase): compiled program}`` after :meth:`compile` (phase ``"F"``,
-        ``"B"``, ``"U0"``, ``"U1"``, ... for the update's segments); in a multi-process job only
-        the stages this process holds.
+        ``"B"``, ``"R<stage>"`` for the reduction of its unreduced gradients, ``"U0"``,
+        ``"U1"``, ... for the update's segments); in a multi-process job only the stages this
+        process holds.
       local_stages: the stages whose devices this process holds (all of them in one process).
       crossings: the values the last call sent between processes, in order
         (:class:`hulkjax.emit.transfer.Crossing`; empty in one process).
@@ -231,7 +246,8 @@ class StagedStep:
             self.micro, self.boundary = micro, split.boundary
             self.split_inputs = set(split.split_inputs)
         else:
-            self.micro, self.boundary, self.split_inputs = g, {}, set()
+            self.micro, self.boundary, self.split_inputs, split = g, {}, set(), None
+        self.unreduced = self._check_unreduced(split)
         self.holder = {i: k for k, st in enumerate(plan.stages) for i in st.inputs}
         self._plan_programs()
         self._compile_programs()
@@ -239,6 +255,27 @@ class StagedStep:
         log.info("compiled %d stage programs for %s", len(self.programs),
                  getattr(self.fn, "__name__", "step"))
         return self.programs
+
+    def _check_unreduced(self, split) -> dict[int, tuple[tuple[str, ...], dict[int, int]]]:
+        """``{value: (mesh axes, {operand: batch dimension})}`` of the sums the plan's stages
+        accumulate unreduced (``Stage.unreduced``), each checked to be a boundary sum that a
+        per-microbatch program of its stage makes by a sum over examples."""
+        out = {}
+        for k, st in enumerate(self.plan.stages):
+            for v, axes in st.unreduced.items():
+                prod = self.full.values[v].producer if 0 <= v < len(self.full.values) else None
+                c = self.boundary.get(v)
+                operands = None if split is None or prod is None else \
+                    sum_over_examples(self.full, self.full.nodes[prod], split.flows)
+                if c is None or c.kind != "sum" or self.stage_of.get(prod) != k \
+                        or self.phase_of.get(prod) == U or not operands:
+                    raise InvalidPlanError(
+                        f"stage {k} of the plan accumulates value {v} unreduced over {axes}, but "
+                        f"with {self.plan.microbatches} microbatch(es) it is not a sum over "
+                        f"examples that the stage's forward or backward makes (was the plan "
+                        f"made for another step, or edited?). Re-plan.")
+                out[v] = (tuple(axes), operands)
+        return out
 
     def _plan_programs(self) -> None:
         plan, g = self.plan, self.full
@@ -277,6 +314,7 @@ class StagedStep:
             p.reads, p.writes = list(reads), list(writes)
         self._order_per_microbatch(S, M)
         self._releases(outputs)
+        self._plan_reductions()
 
     def _releases(self, outputs) -> None:
         """What a microbatch's values may be dropped after: each once its last reader among the
@@ -316,7 +354,7 @@ class StagedStep:
         for key in sequence:
             p = self.per_mb[key]
             for v in dict.fromkeys(p.writes + p.accs):
-                if v in self.boundary:
+                if v in self.boundary and v not in self.unreduced:  # (those: _plan_reductions)
                     self.finals[key].append(v)
         self.final_readers: dict[int, list[int]] = defaultdict(list)
         for seg in self.segments:
@@ -334,6 +372,28 @@ class StagedStep:
                 src = producer.get(v)
                 if src is not None and src[0] != k and (k, v) not in self.sends[src]:
                     self.sends[src].append((k, v))
+
+    def _plan_reductions(self) -> None:
+        """One program per stage that reduces the sums it accumulated unreduced (``R<stage>``),
+        run right after the stage's last forward or backward (as the cost model's
+        :func:`~hulkjax.cost.pipeline.pipeline_cost` has it: its group's later programs, the
+        other chunks of an interleaved plan, wait for it; the drain hides what it can)."""
+        self.reductions: list[_Program] = []
+        self.reduce_after: dict[tuple, list[_Program]] = defaultdict(list)
+        if not self.unreduced:
+            return
+        last: dict[int, tuple] = {}  # stage -> its last (stage, phase, microbatch)
+        for key in self.order:
+            last[key[0]] = key
+        for k in range(len(self.plan.stages)):
+            mine = [v for key in ((k, F), (k, B)) if key in self.per_mb
+                    for v in self.per_mb[key].accs if v in self.unreduced]
+            if not mine:
+                continue
+            r = _Program(f"R{k}", k, self.full, [])
+            r.accs, r.writes = mine, list(mine)
+            self.reductions.append(r)
+            self.reduce_after[last[k]].append(r)
 
     @property
     def _constants(self) -> set[int]:
@@ -425,7 +485,8 @@ class StagedStep:
         try:
             times = schedule_times(self.plan.schedule, S // v, v, M,
                                    [st.forward for st in cost.stages],
-                                   [st.backward for st in cost.stages], delays)
+                                   [st.backward for st in cost.stages], delays,
+                                   tails=[st.reduction for st in cost.stages])
         except InvalidPlanError:
             return {}
         return {key: t0 for key, (t0, _) in times.items()}
@@ -445,6 +506,9 @@ class StagedStep:
         consts = self._constant_env(graph)
         on_operand, on_result, on_bind = node_hooks(mesh, st.operand_specs, st.result_specs,
                                                     st.operand_paths)
+        partial = {graph.values[v].producer: v for v in p.accs if v in self.unreduced}
+        if partial:
+            on_bind, on_result = self._partial_hooks(p, partial, on_bind, on_result)
         on_body = body_hooks(mesh, st.bodies)
         n_reads, accs = len(p.reads), p.accs
         mine = set(p.nodes)
@@ -459,6 +523,52 @@ class StagedStep:
             new = [a + env[v].astype(jnp.float32)
                    for a, v in zip(args[n_reads:], accs)]
             return outs, new
+
+        return fn
+
+    def _partial_hooks(self, p: _Program, partial: dict[int, int], on_bind, on_result):
+        """``(on_bind, on_result)`` for a program making sums it leaves unreduced (``partial``:
+        node -> value): each such node runs per device on its piece of the batch
+        (:func:`_partial_sums`) and hands on its partial sums, stacked along a new leading
+        dimension over the stage's batch axes, in the accumulator's layout."""
+        mesh = self.meshes[p.stage]
+        wsc = jax.lax.with_sharding_constraint
+
+        def bind(nid, prim, invals, params):
+            v = partial.get(nid)
+            if v is None:
+                return None if on_bind is None else on_bind(nid, prim, invals, params)
+            axes, operands = self.unreduced[v]
+            return [_partial_sums(mesh, axes, operands, prim, invals, params)]
+
+        def result(nid, outs):
+            v = partial.get(nid)
+            if v is not None:
+                return [wsc(outs[0], self._acc_sharding[v])]
+            return outs if on_result is None else on_result(nid, outs)
+
+        return bind, result
+
+    def _acc_shape(self, v: int) -> tuple[int, ...]:
+        """An accumulator's shape: the value's, with a leading dimension of one partial sum per
+        device over its axes where it is accumulated unreduced."""
+        shape = tuple(self.micro.values[v].shape)
+        if v not in self.unreduced:
+            return shape
+        mesh = self.meshes[self.stage_of[self.micro.values[v].producer]]
+        return (math.prod(mesh.shape[a] for a in self.unreduced[v][0]),) + shape
+
+    def _reduction_fn(self, r: _Program):
+        """The program reducing a stage's unreduced accumulators once per step: the sum over
+        their leading dimension (one all-reduce over its axes), times the microbatches' scale
+        (``M ** e``), in the value's dtype and planned layout."""
+        M = self.plan.microbatches
+        scales = [self.boundary[v].scale(M) for v in r.accs]
+        dtypes = [self._dtype_of(self.full, v) for v in r.accs]
+
+        def fn(*accs):
+            return [_combine(jnp.sum(a, axis=0), c, d)
+                    for a, c, d in zip(accs, scales, dtypes)], []
 
         return fn
 
@@ -502,8 +612,15 @@ class StagedStep:
         def compile_one(p: _Program, key):
             k = p.stage
             for v in p.accs:
-                self._acc_sharding[v] = self._sharding(k, v) or \
-                    NamedSharding(self.meshes[k], PartitionSpec())
+                if v in self._acc_sharding:
+                    continue
+                s = self._sharding(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                if v in self.unreduced:  # one row per device over the axes, the rest as planned
+                    axes = self.unreduced[v][0]
+                    rest = list(s.spec) + [None] * (len(self.micro.values[v].shape) - len(s.spec))
+                    s = NamedSharding(self.meshes[k], PartitionSpec(
+                        axes[0] if len(axes) == 1 else tuple(axes), *rest))
+                self._acc_sharding[v] = s
             if k not in self.local_stages:  # another process runs it
                 return
             ins = []
@@ -518,16 +635,18 @@ class StagedStep:
             accs = []
             for v in p.accs:
                 s = self._acc_sharding[v]
-                val = p.graph.values[v]
-                accs.append(jax.ShapeDtypeStruct(val.shape, jnp.float32, sharding=s))
+                accs.append(jax.ShapeDtypeStruct(self._acc_shape(v), jnp.float32, sharding=s))
+            reduces = p in self.reductions
             outs = []
             for v in p.writes:
-                outs.append(self._out_sharding(k, v))
-            fn = self._program_fn(p)
+                s = self._out_sharding(k, v)
+                outs.append(NamedSharding(self.meshes[k], PartitionSpec())
+                            if s is None and reduces else s)
+            fn = self._reduction_fn(p) if reduces else self._program_fn(p)
             donate = tuple(range(len(ins), len(ins) + len(accs)))
             donate += tuple(j for j in p.donate if j < len(ins))
-            jitted = jax.jit(fn, out_shardings=(outs, [self._acc_sharding[v] for v in p.accs]),
-                             donate_argnums=donate)
+            new_sh = [] if reduces else [self._acc_sharding[v] for v in p.accs]
+            jitted = jax.jit(fn, out_shardings=(outs, new_sh), donate_argnums=donate)
             compiled = jitted.lower(*ins, *accs).compile()
             p.compiled = compiled
             self.programs[key] = compiled
@@ -539,12 +658,17 @@ class StagedStep:
         order += [(k, B) for k in reversed(range(len(self.plan.stages))) if (k, B) in self.per_mb]
         for key in order:
             compile_one(self.per_mb[key], key)
+        for r in self.reductions:
+            compile_one(r, (r.stage, r.name))
         if M > 1:
             for v in self.boundary:
                 prod = self.micro.values[v].producer
                 k = self.stage_of[prod]
-                s = self._acc_sharding.get(v) or self._sharding(k, v) or \
-                    produced.get(v, (k, NamedSharding(self.meshes[k], PartitionSpec())))[1]
+                if v in self.unreduced:  # the reduction's result, as planned
+                    s = self._sharding(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                else:
+                    s = self._acc_sharding.get(v) or self._sharding(k, v) or \
+                        produced.get(v, (k, NamedSharding(self.meshes[k], PartitionSpec())))[1]
                 produced[v] = (k, s)
         self._donations()
         for seg in self.segments:
@@ -671,7 +795,7 @@ class StagedStep:
         for p in self.per_mb.values():
             for v in p.accs:
                 s = self._acc_sharding[v]
-                shape = p.graph.values[v].shape
+                shape = self._acc_shape(v)
                 accs[v] = jnp.zeros(shape, jnp.float32, device=s) if p.stage in self.local_stages \
                     else transfer.placeholder(shape, jnp.float32, s)
         kept: dict[int, list] = defaultdict(list)  # concat boundaries, per microbatch
@@ -721,6 +845,12 @@ class StagedStep:
             if M > 1 and m == M - 1:  # values of the step this program ends: on to the update
                 for v in self.finals.get((k, ph), ()):
                     finish(v)
+                    for k2 in self.final_readers.get(v, ()):
+                        fetch(k2, v, {})
+            for r in self.reduce_after.get((k, ph, m), ()):  # the stage's last program: reduce
+                outs, _ = self._run(r, [], [accs.pop(v) for v in r.accs])
+                for v, x in zip(r.writes, outs):
+                    env[v] = x
                     for k2 in self.final_readers.get(v, ()):
                         fetch(k2, v, {})
         if M > 1:
@@ -792,14 +922,18 @@ class StagedStep:
                 return NamedSharding(self.meshes[k], self.plan.inputs[i].spec)
         return NamedSharding(self.meshes[k], PartitionSpec())
 
+    def _all_programs(self) -> list[_Program]:
+        return list(self.per_mb.values()) + self.reductions + self.segments
+
     def _compiled(self) -> list[_Program]:
-        return [p for p in list(self.per_mb.values()) + self.segments if p.compiled is not None]
+        return [p for p in self._all_programs() if p.compiled is not None]
 
     def program_collectives(self) -> dict[str, list[Collective]]:
         """``{program: collectives}`` read from each compiled stage program's HLO (names
-        ``"F0"``, ``"B1"``, ``"U0"``, ...); axes are those of the program's stage mesh. A
-        microbatch program's collectives run once per microbatch. In a multi-process job: the
-        programs of the stages this process holds."""
+        ``"F0"``, ``"B1"``, ``"R1"``, ``"U0"``, ...); axes are those of the program's stage
+        mesh. A microbatch program's collectives run once per microbatch, a reduction's and an
+        update's once per step. In a multi-process job: the programs of the stages this process
+        holds."""
         if not self._built:
             raise NotCompiledError(
                 f"{type(self).__name__}.program_collectives(): the step is not compiled yet (it "
@@ -816,7 +950,7 @@ class StagedStep:
         """Every compiled program's collectives, once per execution in a step (microbatch
         programs ``microbatches`` times), axes named ``"s<stage>/<axis>"``."""
         out = []
-        progs = {p.name: p for p in list(self.per_mb.values()) + self.segments}
+        progs = {p.name: p for p in self._all_programs()}
         for name, colls in self.program_collectives().items():
             p = progs[name]
             times = self.plan.microbatches if p in self.per_mb.values() else 1
@@ -840,6 +974,32 @@ class StagedStep:
 def _on(x, sharding) -> bool:
     return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and \
         x.sharding.is_equivalent_to(sharding, x.ndim)
+
+
+def _partial_sums(mesh, axes: tuple[str, ...], operands: dict[int, int], prim, invals, params):
+    """A sum over examples (``prim`` on ``invals``; ``operands``: the batch dimensions of the
+    operands it reads example by example) left unreduced over mesh ``axes``: the per-device
+    partial sums, stacked along a new leading dimension split over ``axes``.
+
+    Each device runs the operator on its piece of the batch inside ``jax.shard_map``, manual
+    over ``axes`` only (the partitioner still lays out the other axes, and makes the operator's
+    collectives over them), the operands independent of the batch whole over ``axes``: no
+    collective over ``axes``. The pieces' results add up to the operator's result
+    (:func:`~hulkjax.trace.microbatch.sum_over_examples`). A mesh with ``Explicit`` axes could
+    say the same with ``unreduced`` shardings; the stages' meshes have ``Auto`` axes (the
+    plan's layouts are hints the partitioner completes), where JAX 0.10 refuses them."""
+    entry = axes[0] if len(axes) == 1 else tuple(axes)
+    specs = tuple(PartitionSpec(*([None] * operands[k]), entry) if k in operands
+                  else PartitionSpec() for k in range(len(invals)))
+    bind_params = prim.get_bind_params(params)
+
+    def per_shard(*xs):
+        out = prim.bind(*xs, **bind_params)
+        return (out[0] if prim.multiple_results else out)[None]
+
+    return jax.shard_map(per_shard, mesh=mesh, in_specs=specs, out_specs=PartitionSpec(entry),
+                         axis_names=frozenset(axes), check_vma=False)(
+        *(jnp.asarray(x) for x in invals))
 
 
 def _combine(acc, scale: float, dtype):

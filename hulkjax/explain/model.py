@@ -627,24 +627,22 @@ def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True)
                 if nc.time[nid] > 0:
                     stages_of[label[nid]].add(k)
 
-            def charge(nid, comm, k=k, times=times, label=label, cm=cm):
+            def charge(nid, comm, runs, k=k, label=label, cm=cm):
                 name = label[nid]
                 keyaxes = tuple(f"s{k}/{x}" for x in comm.axes)
                 use = acc[name].comms.get((comm.kind, keyaxes))
                 if use is None:
                     use = acc[name].comms[(comm.kind, keyaxes)] = CollectiveUse(
                         kind=comm.kind, axes=keyaxes, links=tuple(links.get(x, "?") for x in keyaxes))
-                use.count += times[nid]
-                use.bytes += comm.bytes * times[nid]
-                use.time += cm.comm_time(comm) * times[nid]
+                use.count += runs
+                use.bytes += comm.bytes * runs
+                use.time += cm.comm_time(comm) * runs
 
-            for nid, comms in b.own.items():
-                if nid in times:
-                    for c in comms:
-                        charge(nid, c)
+            for nid, c, runs in _own_charges(plan, st, cm, a, b.own, times):
+                charge(nid, c, runs)
             for m in b.moves:
                 if m.node in times:
-                    charge(m.node, m.comm)
+                    charge(m.node, m.comm, times[m.node])
             held = set(st.inputs)
             mine = set(st.forward) | set(st.backward)
             inflight = cost.stages[k].in_flight if cost is not None and cost.stages else 1
@@ -689,6 +687,31 @@ def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True)
                        pipeline=pipeline_lines(plan))
 
 
+def _own_charges(plan, st, cm, assignment, own, times) -> list[tuple]:
+    """``(node, collective, runs per step)`` of the operators' own collectives on one stage:
+    each ``times[node]`` times (its program's runs), but for the sums the stage accumulates
+    unreduced (``Stage.unreduced``): their all-reduce once per step, on the float32 accumulator
+    (:mod:`hulkjax.cost.unreduced`), as the pipeline's cost charges it."""
+    from hulkjax.cost.unreduced import unreduced_sums
+    from hulkjax.strategies.partition import partition
+
+    un = {}
+    if st.unreduced and plan.microbatches > 1:
+        recs = unreduced_sums(cm, assignment, partition(plan.graph).split,
+                              st.forward + st.backward)
+        un = {r.node: r for r in recs.values()}
+    out = []
+    for nid, comms in own.items():
+        if nid not in times:
+            continue
+        r = un.get(nid)
+        out += [(nid, c, times[nid]) for i, c in enumerate(comms)
+                if r is None or i not in r.deferred]
+        if r is not None:
+            out.append((nid, r.reduction, 1))
+    return out
+
+
 def pipeline_lines(plan) -> list[str]:
     """A staged plan's pipeline in words: stages with their layers, times and memory; the bubble;
     the transfers per link."""
@@ -716,8 +739,10 @@ def pipeline_lines(plan) -> list[str]:
             f"  stage {k}{chunk} on {_stage_devices(st, topo)}, mesh "
             f"{' x '.join(f'{a}={n}' for a, n in zip(st.axis_names, st.mesh_shape))} "
             f"({st.strategy}): {span} ({len(st.layers)} units); per microbatch forward "
-            f"{format_time(t.forward)}, backward {format_time(t.backward)}; update "
-            f"{format_time(t.update)}; memory {format_bytes(t.peak_memory)} of "
+            f"{format_time(t.forward)}, backward {format_time(t.backward)}; "
+            + (f"gradients reduced once per step {format_time(t.reduction)} "
+               f"({format_time(t.reduction_exposed)} after the drain); " if t.reduction else "")
+            + f"update {format_time(t.update)}; memory {format_bytes(t.peak_memory)} of "
             f"{format_bytes(t.memory_capacity)}{'' if t.fits else ' (DOES NOT FIT)'}, "
             f"{t.in_flight} microbatch(es) in flight")
     for tr in c.transfers:
@@ -757,7 +782,10 @@ def _staged_attribution(plan, depth: int | None) -> Attribution:
 
         for nid, t in times.items():
             compute[nid] = float(nc.compute[nid]) * t
-            own[nid] = [charge(c, t) for c in b.own.get(nid, ())]
+            own[nid] = []
+        for nid, c, runs in _own_charges(plan, st, cm, a, b.own, times):
+            own[nid].append(charge(c, runs))
+        for nid in times:
             for o in g.nodes[nid].outputs:
                 if o in b.specs:
                     specs[o] = b.specs[o]

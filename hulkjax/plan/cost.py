@@ -38,8 +38,14 @@ class StageTime:
     Attributes:
       devices: the stage's devices (indices into the topology's).  # tuple of int
       forward / backward: seconds per microbatch on the stage's devices: compute and the
-        collectives of its SPMD plan (gradients are reduced inside each microbatch's backward).
+        collectives of its SPMD plan (gradients the stage accumulates unreduced are not reduced
+        there: see ``reduction``; the others are, in each microbatch's backward).
       update: seconds of the optimizer update, once per step.  # float
+      reduction: seconds per step of the all-reduces of the gradients it accumulates unreduced
+        over the microbatches (:mod:`hulkjax.cost.unreduced`), run right after its last
+        forward or backward (its group's later programs wait for them).  # float
+      reduction_exposed: how far past the end of the pipeline without reductions its
+        reduction ends (0: the drain hides it).  # float
       compute / comm: seconds per step of compute and of collectives inside the stage.  # float
       peak_memory: bytes per device at the peak: parameters, gradients, optimizer state, gradient
         accumulators, and the activations of ``in_flight`` microbatches; in an interleaved plan,
@@ -53,6 +59,8 @@ class StageTime:
     forward: float
     backward: float
     update: float
+    reduction: float = 0.0
+    reduction_exposed: float = 0.0
     compute: float = 0.0
     comm: float = 0.0
     peak_memory: float = 0.0

@@ -53,6 +53,10 @@ class Stage:
       bodies: layouts inside the bodies of its ``scan`` / ``while`` / ``cond`` nodes, as
         :attr:`Plan.bodies`.  # dict
       strategy: the SPMD plan inside the stage (``"dp_tp"``, ``"ilp"``, ...).  # str
+      unreduced: ``{value id: mesh axes}``: sums its per-microbatch programs make (weight
+        gradients, summed losses) that are accumulated unreduced over these axes of its
+        sub-mesh, one partial sum per device, and reduced once per step before the update,
+        instead of in every microbatch (:mod:`hulkjax.cost.unreduced`).  # dict
     """
 
     devices: tuple[int, ...]
@@ -72,6 +76,7 @@ class Stage:
     strategy: str = ""
     operand_paths: dict[tuple[int, int], tuple[PartitionSpec, ...]] = field(
         default_factory=dict, compare=False)
+    unreduced: dict[int, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         n = 1
@@ -84,6 +89,11 @@ class Stage:
                 f"mesh dimension and sizes multiplying to the number of devices.")
         if len(set(self.devices)) != len(self.devices):
             raise InvalidPlanError(f"Stage: devices {list(self.devices)} repeat a device.")
+        for v, axes in self.unreduced.items():
+            if not axes or not set(axes) <= set(self.axis_names):
+                raise InvalidPlanError(
+                    f"Stage: value {v} is accumulated unreduced over axes {tuple(axes)}, which "
+                    f"are not axes of the stage's mesh {tuple(self.axis_names)}. Re-plan.")
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -111,6 +121,7 @@ class Stage:
                        for nid, plans in sorted(self.bodies.items())],
             "strategy": self.strategy,
             "operand_paths": paths_to_json(self.operand_paths),
+            "unreduced": [[v, list(axes)] for v, axes in sorted(self.unreduced.items())],
         }
 
     @classmethod
@@ -135,6 +146,7 @@ class Stage:
             bodies=bodies(d["bodies"]) if d.get("bodies") else {},
             strategy=d.get("strategy", ""),
             operand_paths=paths_from_json(d.get("operand_paths", [])),
+            unreduced={int(v): tuple(axes) for v, axes in d.get("unreduced", [])},
         )
 
 
@@ -206,7 +218,8 @@ def schedule_queues(schedule: str, groups: int, chunks: int, microbatches: int
 
 
 def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, forward,
-                   backward, transfers=None) -> dict[tuple[int, str, int], tuple[float, float]]:
+                   backward, transfers=None,
+                   tails=None) -> dict[tuple[int, str, int], tuple[float, float]]:
     """``{(stage, phase, microbatch): (start, end)}`` when every device group runs its programs
     in :func:`schedule_queues` order, each as soon as the group is free and its inputs have
     arrived: a forward after the previous stage's forward of that microbatch, a backward after
@@ -218,6 +231,8 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
       forward / backward: seconds per microbatch, per stage (pipeline order).
       transfers: ``{(src, dst): {"fwd": s, "bwd": s}}``, seconds per microbatch of the values
         a forward (``"fwd"``) or a backward (``"bwd"``) of stage ``src`` sends stage ``dst``.
+      tails: seconds per stage that its group stays busy after the stage's last program (the
+        reduction of the gradients it accumulated unreduced): the group's later programs wait.
 
     >>> t = schedule_times("1f1b", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
     >>> t[(1, "F", 0)], t[(0, "B", 1)]
@@ -235,6 +250,11 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
         if t.get("bwd", 0.0) > 0:
             deps[("B", j)][("B", i)] = max(deps[("B", j)].get(("B", i), 0.0), t["bwd"])
     queues = schedule_queues(schedule, groups, chunks, microbatches)
+    tail = {}  # (stage, phase, microbatch) of each stage's last program -> its tail
+    for q in queues:
+        for key in q:
+            tail[key[0]] = key
+    tail = {key: float(tails[j]) for j, key in tail.items()} if tails is not None else {}
     times: dict[tuple[int, str, int], tuple[float, float]] = {}
     free, heads = [0.0] * groups, [0] * groups
     while any(h < len(q) for h, q in zip(heads, queues)):
@@ -246,8 +266,9 @@ def schedule_times(schedule: str, groups: int, chunks: int, microbatches: int, f
                 if any((i, p, mb) not in times for p, i in need):
                     break
                 start = max([free[d]] + [times[(i, p, mb)][1] + c for (p, i), c in need.items()])
-                free[d] = start + (f[j] if ph == "F" else b[j])
-                times[(j, ph, mb)] = (start, free[d])
+                end = start + (f[j] if ph == "F" else b[j])
+                times[(j, ph, mb)] = (start, end)
+                free[d] = end + tail.get((j, ph, mb), 0.0)
                 heads[d] += 1
                 progressed = True
         if not progressed:

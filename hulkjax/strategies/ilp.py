@@ -5,14 +5,27 @@ candidates; for each pair of classes joined by tensors, a coupling ``y_GH`` with
 and ``x_H`` (so ``y_GH[a, b] = x_G[a] x_H[b]`` at integral points); for each layout change of a
 value that several operators of other groups read (:meth:`CostModel.shared_items`) and that two
 of them can need, a ``z`` at least each reader's indicator of needing it (a sum of ``y``
-entries), so the change is charged once however many need it (:func:`_shared_terms`).
+entries), so the change is charged once however many need it (:func:`_shared_terms`); written
+as its excess over its first reading, one row fewer per change.
 Objective: the cost model's step time, ``sum_G t_G . x_G + sum_GH E_GH . y_GH + sum w_z z``,
 exactly the sum :meth:`CostModel.objective` computes. The shared changes make the program larger
-and slower to solve (GPT-2 small on two DGX-H100 nodes: 5,539 ``z``, about 4x the solve time), but
-a pairwise program charges a change once per reader, which the compiled program does not.
+(GPT-2 small on two DGX-H100 nodes: 5,539 ``z``), but a pairwise program charges a change once
+per reader, which the compiled program does not.
+
 Constraint: per-device memory ``sum_G m_G . x_G <= capacity``. Among plans of equal step
 time, a polishing pass then moves each group to its smallest-footprint candidate that leaves the
 objective unchanged.
+
+A coupling's rows and columns are parts of candidates, not candidates (:func:`_parts`): an edge's
+cost depends on the layouts of a few tensors, which many candidates share, so candidates with
+equal costs to every candidate of the other class, that the shared changes' readings also select
+alike, form one part, and the marginals are the parts' sums of ``x``. The relaxation stays as
+tight as the candidate-by-candidate one (a parts solution splits into pairs in proportion to
+``x``, with the same marginals and cost), from a program 4-8x smaller. On the third-party
+families of ``tests/realmodels`` (small, 2 x 4 mesh and two DGX-H100 nodes) the relaxation is
+integral in 13 of 14 cells, where HiGHS proves the optimum at its root node in 0.2-2.3 s on a
+loaded machine (T5 on 2 x 4 needs cuts: 0.04% from its bound at 10 s); the pairwise program
+stopped at that 10 s limit in 6 of the 14, 11-18% from a bound (``benchmarks/ILP.md``).
 
 The program always has a plan. Memory is the only constraint between classes and it is a sum over
 them, so the program is feasible exactly when the leanest candidate of every class together fits
@@ -23,7 +36,9 @@ its operands and results at once): when it rules every layout out, the program i
 it. Either way the peak decides (the optimum if it fits, else the fastest of the leanest choice
 and the baselines that fit; only when none does is the plan infeasible, and then no
 exhaustiveness is claimed). HiGHS (``highspy``) starts from the cheapest known solution: the best baseline that fits
-(every baseline's assignment is in the program's space), or that leanest choice. Stopped by its
+(every baseline's assignment is in the untied program's space; one that shards repeated layers
+differently starts the tied program tied, each class on its layers' most common candidate), or
+that leanest choice. Stopped by its
 time limit, it returns its best solution so far, never worse than that start, with the gap to the
 best proven bound in the plan's notes and in ``plan.solver`` (:class:`ILPResult`). HiGHS runs on
 one thread with a fixed seed, so a plan does not change from run to run.
@@ -54,7 +69,7 @@ from hulkjax.plan.records import Plan
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
-from hulkjax.strategies.registry import register_strategy
+from hulkjax.strategies.registry import get_strategy, make_options, register_strategy
 from hulkjax.strategies.search import polish_memory
 from hulkjax.strategies.stages import device_groups, spmd_or_staged
 from hulkjax.trace.graph import OpGraph
@@ -80,6 +95,12 @@ class ILPOptions:
         nodes, GPU kinds; :mod:`hulkjax.strategies.stages`) where the topology has such groups,
         and return the faster of the two optima.  # bool
       stage_time_limit: seconds for each intra-stage ILP of the staged search.  # float
+      start_from_auto: also start HiGHS from ``auto``'s SPMD plan (its network prior, shortlist
+        optimum and descent; costs auto's planning time on top), so that a plan stopped by the
+        time limit is never worse than auto's. Off by default: on the third-party families the
+        program's relaxation closes at the root in a few seconds, where the start does not
+        matter (``benchmarks/ILP.md``); it pays on programs HiGHS cannot finish (3-axis meshes,
+        untied layers of large models).  # bool
     """
 
     time_limit: float = 60.0
@@ -89,6 +110,7 @@ class ILPOptions:
     memory_limit: float | None = None
     stages: bool = True
     stage_time_limit: float = 10.0
+    start_from_auto: bool = False
 
     def __post_init__(self):
         _check_limits(self.time_limit, self.mip_rel_gap)
@@ -123,19 +145,26 @@ def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     """The SPMD optimum of the cost model (the integer program of the module docstring)."""
     cm = cost_model(graph, topology)
     seeds = baseline_assignments(graph, topology)
+    if options.start_from_auto:
+        # Looked up by name (auto builds on this module's solver).
+        auto = get_strategy("auto")
+        seeds["auto"] = list(auto.fn(graph, topology,
+                                     make_options(auto, {"stages": False})).assignment)
     kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
               max_candidates=options.max_candidates, memory_limit=options.memory_limit)
     limit = cm.capacity if options.memory_limit is None else options.memory_limit
     result = solve(cm, tie_layers=options.tie_layers, **kw)
-    best_seed = min((cm.objective(s) for s in seeds.values() if cm.memory(s) <= limit),
-                    default=np.inf)
+    best_seed, best_name = min(((cm.objective(s), n) for n, s in seeds.items()
+                                if cm.memory(s) <= limit), default=(np.inf, ""))
     notes = []
     if options.tie_layers and best_seed < result.objective * (1 - 1e-9):
-        # A baseline shards repeated layers differently and beats the tied program's plan: solve
-        # the untied program, whose space (and warm start) holds every baseline, in the time left.
-        log.info("tied plan %.6g > baseline %.6g: solving untied", result.objective, best_seed)
-        notes.append(f"ILP: with repeated layers tied, {result.objective * 1e3:.4g} ms > a "
-                     f"baseline's {best_seed * 1e3:.4g} ms: solved with layers untied")
+        # A seed (a baseline, or auto's plan) shards repeated layers differently and beats the
+        # tied program's plan: solve the untied program, whose space (and warm start) holds every
+        # seed, in the time left.
+        log.info("tied plan %.6g > %s %.6g: solving untied", result.objective, best_name,
+                 best_seed)
+        notes.append(f"ILP: with repeated layers tied, {result.objective * 1e3:.4g} ms > "
+                     f"{best_name}'s {best_seed * 1e3:.4g} ms: solved with layers untied")
         kw["time_limit"] = max(0.0, options.time_limit - result.solve_time)
         result = solve(cm, tie_layers=False, **kw)
     notes.insert(0, result.summary())
@@ -162,8 +191,11 @@ class ILPResult:
         class at its smallest-footprint candidate) when no seed fits.  # str
       start_objective: the warm start's step time, seconds.  # float
       solve_time, build_time: seconds in HiGHS / building the program.  # float
-      variables, classes: program size.  # int
+      variables, rows, classes: program size.  # int
       pruned: how many group classes had candidates pruned (0: the optimum is over all).  # int
+      nodes: branch-and-bound nodes HiGHS explored (1: the root's LP relaxation, with HiGHS's
+        cuts and heuristics, closed the gap).  # int
+      iterations: simplex iterations, all nodes together.  # int
     """
 
     assignment: list[int]
@@ -176,8 +208,11 @@ class ILPResult:
     solve_time: float
     build_time: float
     variables: int
+    rows: int
     classes: int
     pruned: int
+    nodes: int = 0
+    iterations: int = 0
 
     def __repr__(self) -> str:
         return (f"ILPResult({self.status}, objective={self.objective:.6g}, gap={self.gap:.2%}, "
@@ -187,7 +222,8 @@ class ILPResult:
         """One line for the plan's notes."""
         line = (f"ILP: {self.status}, objective {self.objective * 1e3:.4g} ms, gap {self.gap:.2%} "
                 f"(bound {self.bound * 1e3:.4g} ms), {self.variables} variables, {self.classes} "
-                f"classes, solved in {self.solve_time:.2f} s")
+                f"classes, {self.nodes} node{'s' * (self.nodes != 1)}, solved in "
+                f"{self.solve_time:.2f} s")
         if self.status != "optimal":
             line += (f"; started from {self.start} ({self.start_objective * 1e3:.4g} ms). Raise "
                      f"time_limit to close the gap")
@@ -197,7 +233,8 @@ class ILPResult:
 def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequence[int]] = (),
           time_limit: float = 60.0, mip_rel_gap: float = 1e-4, max_candidates: int = 256,
           tie_layers: bool = True, memory_limit: float | None = None,
-          restrict: dict[int, list[int]] | None = None, polish: bool = True) -> ILPResult:
+          restrict: dict[int, list[int]] | None = None, polish: bool = True,
+          aggregate: bool = True) -> ILPResult:
     """Minimize :meth:`CostModel.objective` subject to the memory limit.
 
     ``seeds`` are known assignments (a list, or ``{name: assignment}``): their candidates stay in
@@ -205,7 +242,10 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     alike) is HiGHS's starting solution. ``restrict`` limits each group to the given candidates
     (``auto`` passes the network's most likely ones): the optimum over that smaller space.
     ``polish`` moves each group to its smallest-footprint candidate of equal cost afterwards
-    (``auto`` polishes its final choice).
+    (``auto`` polishes its final choice). ``aggregate=False`` builds the program as it was at
+    f5a9d0b (every pair of candidates coupled, not parts of them; a shared change's variable at
+    least each of its readings, not its excess over the first): the same optimum and relaxation
+    from a program several times larger, for comparisons.
 
     Returns a plan whenever one fits: on a time limit, the best found so far (never worse than the
     starting solution) with ``status="time limit"`` and its gap.
@@ -219,7 +259,7 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
         [(f"seed {i}", s) for i, s in enumerate(seeds)]
     capacity = cm.capacity if memory_limit is None else memory_limit
     prog = _Program(cm, [s for _, s in named], tie_layers=tie_layers, restrict=restrict,
-                    max_candidates=max_candidates)
+                    max_candidates=max_candidates, aggregate=aggregate)
     # The program's memory is additive (every group's bytes at once), which usually overstates
     # the peak of the liveness walk (what a plan reports). When that sum rules every layout out,
     # the program is solved without it. Either way the liveness peak decides: the optimum if it
@@ -230,13 +270,14 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     build_time = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    found, status, highs_bound = _run_highs(prog, prog.vector(start), limit,
-                                            time_limit=time_limit, mip_rel_gap=mip_rel_gap)
+    run = _run_highs(prog, prog.vector(start), limit, time_limit=time_limit,
+                     mip_rel_gap=mip_rel_gap)
+    status, highs_bound = run.status, run.bound
     solve_time = time.perf_counter() - t1
     start_objective = cm.objective(start)
     assignment = start
-    if found is not None:
-        candidate = prog.decode(found)
+    if run.found is not None:
+        candidate = prog.decode(run.found)
         if cm.memory(candidate) <= limit and cm.objective(candidate) <= start_objective:
             assignment = candidate
         else:  # within HiGHS's tolerances only: the start is as good and surely fits
@@ -260,13 +301,39 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
     return ILPResult(assignment=assignment, objective=objective, bound=bound, gap=gap,
                      status=status, start=start_name, start_objective=start_objective,
                      solve_time=solve_time, build_time=build_time, variables=prog.n,
-                     classes=prog.n_classes, pruned=prog.pruned)
+                     rows=prog.n_rows, classes=prog.n_classes, pruned=prog.pruned,
+                     nodes=max(run.nodes, 0), iterations=run.iterations)
+
+
+def relaxation_bound(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] = (),
+                     tie_layers: bool = True, max_candidates: int = 256,
+                     memory_limit: float | None = None, aggregate: bool = True,
+                     time_limit: float = 600.0) -> float:
+    """The optimum of the program's LP relaxation (every choice fractional), in seconds: a lower
+    bound on :func:`solve`'s optimum, equal to it where the relaxation is integral. How tight
+    the formulation is (``benchmarks/ilp.py``); ``-inf`` if not solved within ``time_limit``.
+
+    >>> import hulkjax as hj, jax.numpy as jnp
+    >>> from hulkjax.strategies.realize import cost_model
+    >>> g = hj.trace(lambda w, x: (w, x @ w), jnp.ones((64, 64)), jnp.ones((32, 64)))
+    >>> cm = cost_model(g, hj.Topology.grid((4,), ("x",)))
+    >>> relaxation_bound(cm) <= solve(cm).objective * (1 + 1e-9)
+    True
+    """
+    named = list(seeds.items()) if isinstance(seeds, Mapping) else list(enumerate(seeds))
+    capacity = cm.capacity if memory_limit is None else memory_limit
+    prog = _Program(cm, [s for _, s in named], tie_layers=tie_layers, restrict=None,
+                    max_candidates=max_candidates, aggregate=aggregate)
+    limit = capacity if prog.min_memory <= capacity else np.inf
+    return _run_highs(prog, None, limit, time_limit=time_limit, mip_rel_gap=0.0,
+                      integral=False).bound
 
 
 class _Program:
     """The integer program of a cost model: classes, kept candidates, costs, constraints."""
 
-    def __init__(self, cm: CostModel, seeds, *, tie_layers: bool, restrict, max_candidates: int):
+    def __init__(self, cm: CostModel, seeds, *, tie_layers: bool, restrict, max_candidates: int,
+                 aggregate: bool = True):
         groups = cm.groups
         # Classes: groups of equal structure share a decision.
         cls_of: list[int] = []
@@ -323,11 +390,18 @@ class _Program:
             mm = m if cp < cc else m.T
             edge_cost[key] = edge_cost.get(key, 0) + mm
         hyper = _shared_terms(cm, cls_of, keep, node_cost, edge_cost)
-        for row_keys in hyper:  # every pair of classes a shared change's rows read has a y block
+        # The positions each shared change's readings select on either side of a pair of
+        # classes (every such pair gets a y block, even with no edge cost of its own).
+        cuts: dict[tuple[int, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+        for row_keys in hyper:
             for rk in row_keys:
                 if rk[0] == "y":
-                    a_, b_ = sorted(rk[1:3])
+                    _, a_, b_, S, D = rk
+                    if a_ > b_:
+                        a_, b_, S, D = b_, a_, D, S
                     edge_cost.setdefault((a_, b_), np.zeros((len(keep[a_]), len(keep[b_]))))
+                    cuts[(a_, b_)][0].append(S)
+                    cuts[(a_, b_)][1].append(D)
 
         self.cls_of, self.members, self.keep, self.pruned = cls_of, members, keep, pruned
         self.n_classes, self.n_groups = n_classes, len(groups)
@@ -338,16 +412,35 @@ class _Program:
         self.trivial_bound = float(sum(float(t.min()) for t in node_cost))
 
         # Variables: x blocks (one per class), then y blocks (one per joined pair of classes).
+        # A y block couples parts of the two classes' candidates, not candidates: candidates
+        # whose edge costs agree (an edge's cost depends on the layouts of a few tensors, which
+        # many candidates share) and that every shared change's readings select alike form one
+        # part (:func:`_parts`). The coupling's marginals are the parts' sums of x, and the
+        # relaxation is as tight as the candidate-by-candidate one: any part-level solution
+        # splits into candidate pairs in proportion to their x with the same marginals and cost.
+        # GPT-2 small on a 2 x 4 mesh: 184,785 y variables become 22,159.
         sizes = np.array([len(k) for k in keep], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         self.n_x = int(sizes.sum())
-        self.blocks: list[tuple[int, int, int, int, int]] = []  # (a, b, base, ka, kb)
+        # (a, b, base, parts of a, parts of b, part of each position of a, of b)
+        self.blocks: list[tuple[int, int, int, int, int, np.ndarray, np.ndarray]] = []
+        y_cost = []
         n = self.n_x
         for (a, b), m in edge_cost.items():
-            self.blocks.append((a, b, n, m.shape[0], m.shape[1]))
-            n += m.size
-        # z variables (continuous, last): one per shared change, at least every reading of it.
-        block_at = {(a, b): (base, ka, kb) for a, b, base, ka, kb in self.blocks}
+            rows_cut, cols_cut = cuts.get((a, b), ([], []))
+            ra, reps_a = _parts(m, rows_cut, aggregate)
+            rb, reps_b = _parts(m.T, cols_cut, aggregate)
+            self.blocks.append((a, b, n, len(reps_a), len(reps_b), ra, rb))
+            y_cost.append(m[np.ix_(reps_a, reps_b)].ravel())
+            n += len(reps_a) * len(reps_b)
+        # Shared changes (continuous variables, last): a change charged at the largest of its
+        # readings, z >= every reading, is written z = (its first reading) + t with t >= 0 and
+        # t >= (another reading) - (the first): the first reading's columns take the change's
+        # cost, and the variable is the excess t. The same relaxation with one row fewer per
+        # change (half the rows of a change two classes read): HiGHS's simplex took half the
+        # iterations on the untied GPT-2 and Mixtral programs (Mixtral: 34 s, was 178 s).
+        block_at = {(a, b): blk for a, b, *blk in self.blocks}
+        self._part_memo: dict[tuple, np.ndarray] = {}
         self.z_rows: list[tuple[int, list[np.ndarray]]] = []
         z_cost = []
         for row_keys, w in hyper.items():
@@ -355,31 +448,36 @@ class _Program:
             z_cost.append(w)
             n += 1
         self.n = n
-        self.cost = np.concatenate([*node_cost, *(m.ravel() for m in edge_cost.values()),
-                                    np.asarray(z_cost, dtype=np.float64)]) if n else np.zeros(0)
+        self.cost = np.concatenate([*node_cost, *y_cost, np.asarray(z_cost, dtype=np.float64)]) \
+            if n else np.zeros(0)
+        self.excess = aggregate  # (without: z >= every reading, the program as it was)
+        for (_, readings), w in zip(self.z_rows, z_cost):
+            if self.excess:
+                self.cost[readings[0]] += w
 
         # Rows: one candidate per class; the marginals of every y block; memory (last).
         rows, cols, vals = [np.repeat(np.arange(n_classes), sizes)], [np.arange(self.n_x)], \
             [np.ones(self.n_x)]
         r = n_classes
-        for a, b, base, ka, kb in self.blocks:
-            ys = base + np.arange(ka * kb)
-            # sum_j y[i, j] = x_a[i]
-            rows += [r + np.repeat(np.arange(ka), kb), r + np.arange(ka)]
-            cols += [ys, self.offsets[a] + np.arange(ka)]
-            vals += [np.ones(ka * kb), -np.ones(ka)]
-            r += ka
-            # sum_i y[i, j] = x_b[j]
-            rows += [r + np.tile(np.arange(kb), ka), r + np.arange(kb)]
-            cols += [ys, self.offsets[b] + np.arange(kb)]
-            vals += [np.ones(ka * kb), -np.ones(kb)]
-            r += kb
+        for a, b, base, pa, pb, ra, rb in self.blocks:
+            ys = base + np.arange(pa * pb)
+            # sum_Q y[P, Q] = sum of x_a over part P
+            rows += [r + np.repeat(np.arange(pa), pb), r + ra]
+            cols += [ys, self.offsets[a] + np.arange(len(ra))]
+            vals += [np.ones(pa * pb), -np.ones(len(ra))]
+            r += pa
+            # sum_P y[P, Q] = sum of x_b over part Q
+            rows += [r + np.tile(np.arange(pb), pa), r + rb]
+            cols += [ys, self.offsets[b] + np.arange(len(rb))]
+            vals += [np.ones(pa * pb), -np.ones(len(rb))]
+            r += pb
         r_eq = r
-        for z, readings in self.z_rows:  # z - (sum of a reading's x or y) >= 0
-            for c in readings:
-                rows += [np.full(len(c) + 1, r)]
-                cols += [np.concatenate([[z], c])]
-                vals += [np.concatenate([[1.0], -np.ones(len(c))])]
+        for z, readings in self.z_rows:  # t + (the first reading) - (another) >= 0
+            first = readings[0] if self.excess else np.zeros(0, dtype=np.int64)
+            for c in readings[1:] if self.excess else readings:
+                rows += [np.full(1 + len(first) + len(c), r)]
+                cols += [np.concatenate([[z], first, c])]
+                vals += [np.concatenate([[1.0], np.ones(len(first)), -np.ones(len(c))])]
                 r += 1
         mem = np.concatenate(node_mem) if n_classes else np.zeros(0)
         rows.append(np.full(self.n_x, r))
@@ -392,6 +490,7 @@ class _Program:
         self.matrix = sp.csc_array(
             (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
             shape=(self.n_rows, n))
+        del self._part_memo
 
     def _columns(self, rk: tuple, block_at: dict) -> np.ndarray:
         """The columns of one reading of a shared change (:func:`_shared_terms`)."""
@@ -399,11 +498,18 @@ class _Program:
             _, c, pos = rk
             return self.offsets[c] + np.asarray(pos, dtype=np.int64)
         _, a, b, S, D = rk
-        S, D = np.asarray(S, dtype=np.int64), np.asarray(D, dtype=np.int64)
         if a > b:
             a, b, S, D = b, a, D, S
-        base, _, kb = block_at[(a, b)]
-        return (base + S[:, None] * kb + D[None, :]).ravel()
+        base, _, pb, ra, rb = block_at[(a, b)]
+        # S and D are unions of parts (the parts were cut along them): each part once. Many
+        # readings select the same positions (one per target layout): memoized.
+        P = self._part_memo.get((a, b, 0, S))
+        if P is None:
+            P = self._part_memo[(a, b, 0, S)] = np.unique(ra[np.asarray(S, dtype=np.int64)])
+        Q = self._part_memo.get((a, b, 1, D))
+        if Q is None:
+            Q = self._part_memo[(a, b, 1, D)] = np.unique(rb[np.asarray(D, dtype=np.int64)])
+        return (base + P[:, None] * pb + Q[None, :]).ravel()
 
     def representable(self, assignment) -> bool:
         """Whether every class's groups take one candidate the program kept."""
@@ -420,10 +526,11 @@ class _Program:
         for c, gids in self.members.items():
             pick[c] = self.position[c][assignment[gids[0]]]
         x[self.offsets + pick] = 1.0
-        for a, b, base, _ka, kb in self.blocks:
-            x[base + pick[a] * kb + pick[b]] = 1.0
-        for z, readings in self.z_rows:
-            x[z] = max(float(x[c].sum()) for c in readings)
+        for a, b, base, _pa, pb, ra, rb in self.blocks:
+            x[base + ra[pick[a]] * pb + rb[pick[b]]] = 1.0
+        for z, readings in self.z_rows:  # the excess over the first reading
+            x[z] = max(float(x[c].sum()) for c in readings) - \
+                (float(x[readings[0]].sum()) if self.excess else 0.0)
         return x
 
     def decode(self, x: np.ndarray) -> list[int]:
@@ -446,18 +553,51 @@ class _Program:
         return assignment
 
     def start(self, cm: CostModel, named, capacity: float) -> tuple[str, list[int]]:
-        """The cheapest known solution: a fitting, representable seed, or the leanest choice."""
-        options = [(cm.objective(s), i, name, list(s)) for i, (name, s) in enumerate(named)
-                   if cm.memory(s) <= capacity and self.representable(s)]
+        """The cheapest known solution: a fitting seed (a seed that shards repeated layers
+        differently, tied: each class on its groups' most common kept candidate), or the
+        leanest choice."""
+        options = []
+        for i, (name, s) in enumerate(named):
+            if not self.representable(s):
+                s, name = self.tied(s), f"{name} (layers tied)"
+            if s is not None and cm.memory(s) <= capacity:
+                options.append((cm.objective(s), i, name, list(s)))
         if options:
             _, _, name, s = min(options)
             return name, s
         return "leanest", self.leanest()
 
+    def tied(self, assignment) -> list[int] | None:
+        """``assignment`` with every class's groups on the candidate most of them take (of equal
+        counts, the first group's); ``None`` where that candidate was not kept."""
+        out = list(assignment)
+        for c, gids in self.members.items():
+            counts: dict[int, int] = {}
+            for g in gids:
+                counts[assignment[g]] = counts.get(assignment[g], 0) + 1
+            k = max(counts, key=counts.get)  # the first of the most common (insertion order)
+            if k not in self.position[c]:
+                return None
+            for g in gids:
+                out[g] = k
+        return out
 
-def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit: float,
-               mip_rel_gap: float) -> tuple[np.ndarray | None, str, float]:
-    """Solve ``prog`` with HiGHS from ``start``: ``(solution or None, status, dual bound)``."""
+
+@dataclass(frozen=True)
+class _Run:
+    """What one HiGHS run returned."""
+
+    found: np.ndarray | None  # the best solution's variables (None: none found)
+    status: str
+    bound: float  # the dual bound, seconds (-inf: none proven)
+    nodes: int  # branch-and-bound nodes
+    iterations: int  # simplex iterations
+
+
+def _run_highs(prog: _Program, start: np.ndarray | None, capacity: float, *, time_limit: float,
+               mip_rel_gap: float, integral: bool = True) -> _Run:
+    """Solve ``prog`` with HiGHS from ``start`` (``integral=False``: its LP relaxation, whose
+    optimum is the bound)."""
     # Step times are seconds (1e-6 for a tiny model): HiGHS's absolute tolerances (mip_abs_gap
     # 1e-6, dual feasibility 1e-7) would call a plan 50% above the optimum "optimal". The program
     # is solved in units of its trivial bound, with no absolute gap.
@@ -468,22 +608,31 @@ def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit
     positive = cost[cost > 0]
     unit = prog.trivial_bound if 0 < prog.trivial_bound < np.inf else \
         (float(positive.max()) if positive.size else 1.0)
+    # Memory in units of its largest entry: bytes (a capacity of 1e10) beside the 0/1 rows made
+    # HiGHS warn that the program is badly scaled for its tolerances. (In units of the capacity,
+    # small tensors' bytes fell below HiGHS's matrix tolerance and were dropped.)
+    values = prog.matrix.data.copy()
+    on_memory = prog.matrix.indices == prog.n_rows - 1
+    mem_unit = float(np.abs(values[on_memory]).max(initial=0.0)) or 1.0
+    values[on_memory] /= mem_unit
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = prog.n, prog.n_rows
     lp.col_cost_ = cost / unit
     lp.col_lower_ = np.zeros(prog.n)
     lp.col_upper_ = np.where(never, 0.0, 1.0)
     lp.row_lower_ = np.where(np.isfinite(prog.row_lo), prog.row_lo, -highspy.kHighsInf)
-    lp.row_upper_ = np.concatenate([prog.row_hi_wo_memory, [capacity]])
+    lp.row_upper_ = np.concatenate([prog.row_hi_wo_memory, [capacity / mem_unit]])
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = prog.matrix.indptr
     lp.a_matrix_.index_ = prog.matrix.indices
-    lp.a_matrix_.value_ = prog.matrix.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * prog.n_x + \
-        [highspy.HighsVarType.kContinuous] * (prog.n - prog.n_x)
+    lp.a_matrix_.value_ = values
+    if integral:
+        lp.integrality_ = [highspy.HighsVarType.kInteger] * prog.n_x + \
+            [highspy.HighsVarType.kContinuous] * (prog.n - prog.n_x)
     solution = highspy.HighsSolution()
-    solution.col_value = start
-    solution.value_valid = True
+    if start is not None:
+        solution.col_value = start
+        solution.value_valid = True
 
     def run(threads: int):
         h = highspy.Highs()
@@ -492,7 +641,8 @@ def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit
                               ("mip_rel_gap", float(mip_rel_gap)), ("mip_abs_gap", 0.0)):
             h.setOptionValue(option, value)
         h.passModel(lp)
-        h.setSolution(solution)
+        if start is not None:
+            h.setSolution(solution)
         return h, h.run()
 
     # One thread: deterministic and polite on shared machines. HiGHS refuses a thread count other
@@ -516,7 +666,12 @@ def _run_highs(prog: _Program, start: np.ndarray, capacity: float, *, time_limit
         status = h.modelStatusToString(model_status).lower()
         log.warning("HiGHS stopped with %r (run status %s); returning the best plan known",
                     status, run_status)
-    return found, status, float(info.mip_dual_bound) * unit
+    if integral:
+        bound = float(info.mip_dual_bound)
+    else:
+        bound = float(info.objective_function_value) if status == "optimal" else -np.inf
+    return _Run(found=found, status=status, bound=bound * unit, nodes=int(info.mip_node_count),
+                iterations=int(info.simplex_iteration_count))
 
 
 def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tuple, float]:
@@ -618,6 +773,29 @@ def _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost) -> None:
         m[np.ix_(S, D)] += w
     else:
         m[np.ix_(D, S)] += w
+
+
+def _parts(m: np.ndarray, cuts: list, aggregate: bool = True) -> tuple[np.ndarray, list[int]]:
+    """The parts of a y block's side: positions (rows of ``m``) with equal costs to every
+    candidate of the other side and inside the same sets of ``cuts`` (the positions shared
+    changes' readings select). Returns each position's part and each part's first position, parts
+    in order of first position; ``aggregate=False`` gives every position a part of its own (the
+    candidate-by-candidate program, which the tests compare)."""
+    k = m.shape[0]
+    if not aggregate or k < 2:
+        return np.arange(k), list(range(k))
+    sig = m
+    cuts = list(dict.fromkeys(cuts))  # many readings select the same positions
+    if cuts:
+        inside = np.zeros((k, len(cuts)))
+        for j, c in enumerate(cuts):
+            inside[list(c), j] = 1.0
+        sig = np.concatenate([m, inside], axis=1)
+    _, first, label = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # parts numbered by first position
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[label.ravel()], sorted(first.tolist())
 
 
 def _positions(items) -> dict:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hulkjax.errors import InvalidOptionError, UnknownOptionError, UnknownStrategyError
+from hulkjax.heap import collector_paused
 from hulkjax.plan.records import Plan
 from hulkjax.trace.graph import OpGraph
 
@@ -137,6 +138,7 @@ def make_options(s: Strategy, given: dict[str, Any]):
         raise InvalidOptionError(f"strategy {s.name!r}: {e}") from e
 
 
+@collector_paused()  # see hulkjax.heap: planning allocates much and frees little
 def run_planner(name: str, graph: OpGraph, topology, **options) -> Plan:
     """Run a registered planner and stamp the plan with timing and fingerprints."""
     s = get_strategy(name)

@@ -76,13 +76,26 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
     is reduced to its parameter's layout). No global optimization: that is the ILP's job. Parameters keep the strategy's intent: with
     ``param_use="keep"`` an operator uses a parameter at the parameter's layout (no resharding of
     weights); with ``"gather"`` (ZeRO-3) it uses the whole parameter, gathered right before use.
+
+    Repeated layers decide once: an operator whose group is of the table class of one decided
+    before, with its operands arriving in the same layouts and its decided neighbours on the same
+    candidates over edges of the same class (:meth:`CostModel.decision_key`), takes that group's
+    candidate, which is what its own decision would compute (every number it compares is the
+    same, added in the same order).
     """
+    return _propagate(cm, fixed, param_use=param_use, gather_axes=gather_axes, share=True)
+
+
+def _propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str,
+               gather_axes: tuple[str, ...] | None, share: bool) -> list[int]:
+    """:func:`propagate`; ``share=False`` decides every group on its own (the tests' reference)."""
     a = cm.replicated_assignment()
     for gid, c in fixed.items():
         a[gid] = c
     decided = set(fixed) | {grp.id for grp in cm.groups if grp.kind not in (INPUT, LEADER)}
     nb = neighbours(cm)
     g = cm.graph
+    decisions: dict[tuple, int] = {}  # decision_key -> the candidate taken
     for grp in sorted((x for x in cm.groups if x.kind == LEADER and x.id not in fixed),
                       key=lambda x: x.leader):
         node = g.nodes[grp.leader]
@@ -98,6 +111,15 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
                 gather = param_use == "gather" and not node.subgraphs
                 if spec is not None:
                     wanted[k] = _gathered(spec, gather_axes) if gather else spec
+        alike = None
+        if share:
+            alike = (cm.decision_key(grp.id, a, nb.get(grp.id, ()), decided, fixed),
+                     tuple(sorted(wanted.items())))
+            hit = decisions.get(alike)
+            if hit is not None:
+                a[grp.id] = hit
+                decided.add(grp.id)
+                continue
         scatter = _ScatterCheck(cm, nb, grp, fixed, a)
         # Fewest layout changes first, decided on the candidates alone; only those get costed.
         # (Among the candidates at the wanted layouts that the scatter check allows; it is asked
@@ -138,6 +160,8 @@ def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
                 best_c, best_key = c, key
         a[grp.id] = best_c
         decided.add(grp.id)
+        if alike is not None:
+            decisions[alike] = best_c
     return a
 
 

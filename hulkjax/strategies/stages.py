@@ -50,7 +50,9 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   that cannot be microbatched exactly (:mod:`hulkjax.trace.microbatch`) uses one microbatch;
   each count's dynamic program ranks its layouts by its closed form, so the best
   :data:`CROSS_COUNT_LAYOUTS` layouts costed exactly are also costed at every other count
-  searched (same ranges, groups and stage plans);
+  searched (same ranges, groups and stage plans), and each interleaved layout costed is also
+  costed with equal layers per chunk (the interleaved closed form does not see how unequal
+  chunks stretch the fill and drain);
 * where ``ilp`` and ``auto`` already have an SPMD plan, microbatch counts whose
   :func:`staged_lower_bound` is no faster than it (less :data:`STAGED_MIN_GAIN`) are not
   searched: every operator's roofline and kernel launches spread perfectly over the largest
@@ -83,12 +85,14 @@ from jax.sharding import PartitionSpec
 
 from hulkjax.cost.pipeline import (
     StageWork,
+    crossing_values,
     local_bytes,
     node_costs,
     pipeline_cost,
     received_bytes,
     stage_link,
 )
+from hulkjax.cost.unreduced import unreduced_sums
 from hulkjax.errors import (
     InfeasiblePlanError,
     InvalidOptionError,
@@ -239,7 +243,18 @@ def _unit_table(part: Partition, cm, assignment, name: str, M: int) -> UnitTable
                 (f, b, u)[c][unit[n]] -= t
             else:
                 first[c] = n
+    # Sums the stage accumulates unreduced (cost.unreduced): their all-reduces leave the
+    # microbatch's programs; the reduction once per step goes with the update (``u``), not
+    # into ``u_ops``, which the floors read (the exact cost hides part of it in the drain).
+    un = unreduced_sums(cm, assignment, part.split if M > 1 else None,
+                        np.flatnonzero(phase != 2).tolist())
+    reduction = np.zeros(U)
+    for x in un.values():
+        saved = sum(cm.comm_time(nc.own[x.node][i]) for i in x.deferred)
+        (f, b)[int(phase[x.node])][unit[x.node]] -= saved
+        reduction[unit[x.node]] += cm.comm_time(x.reduction)
     u_ops = u.copy()
+    u += reduction
     for i, t in nc.state_moves.items():
         u[part.home.get(i, 0)] += t
     static, act, data, acc = np.zeros(U), np.zeros(U), np.zeros(U), np.zeros(U)
@@ -324,8 +339,11 @@ class _Context:
                 # A stage runs a program per phase, each making a shared layout change once,
                 # its forward and backward once per microbatch and its update once per step
                 # (what pipeline_cost charges): the ILP minimizes that step.
+                # Sums the stage may accumulate unreduced: reduced once per step.
                 runs = {FORWARD: M, BACKWARD: M, UPDATE: 1}
-                res = self.solver(cm.by_programs(self.part.phase, runs), seeds=seeds,
+                view = cm.by_programs(self.part.phase, runs,
+                                      split=self.part.split if M > 1 else None)
+                res = self.solver(view, seeds=seeds,
                                   time_limit=self.time_limit,
                                   memory_limit=float("inf"))
                 self.plans[(M, sub, "ilp")] = res.assignment
@@ -403,10 +421,8 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
 def layout_cost(ctx: _Context, layout: StagedLayout):
     """The exact pipeline :class:`~hulkjax.plan.Cost` of a layout."""
     works, _ = stage_works(ctx, layout)
-    boundary = () if ctx.part.split is None else tuple(
-        v for v, c in ctx.part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
-                         schedule=layout.schedule, boundary=boundary,
+                         schedule=layout.schedule, split=ctx.part.split,
                          virtual_stages=layout.virtual_stages)
 
 
@@ -451,8 +467,10 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
                 crossing[node_stage[p]].add(v)
     stages = []
     labels = [u.label for u in part.units]
+    split = part.split if layout.microbatches > 1 else None
     for k, (w, (a, b)) in enumerate(zip(works, layout.ranges)):
         cm, sub = w.cost_model, w.cost_model.topology
+        unreduced = unreduced_sums(cm, w.assignment, split, w.forward + w.backward)
         mine = set(w.forward) | set(w.backward) | set(w.update)
         ops, res = cm.pinned_layouts(w.assignment)
         via = cm.pinned_paths(w.assignment, ops)
@@ -466,7 +484,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             result_specs={key: to_pspec(s) for key, s in res.items() if key[0] in mine},
             operand_paths={key: tuple(to_pspec(s) for s in p) for key, p in via.items()
                            if key[0] in mine},
-            bodies=bodies, strategy=layout.plans[k]))
+            bodies=bodies, strategy=layout.plans[k],
+            unreduced={v: x.axes for v, x in sorted(unreduced.items())}))
     inputs = []
     for i, (path, v, role) in enumerate(zip(g.input_paths, g.inputs, g.input_roles)):
         k = holder.get(i)
@@ -520,11 +539,8 @@ def plan_cost(graph: OpGraph, topology, plan: Plan):
         works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
                                forward=st.forward, backward=st.backward, update=st.update,
                                inputs=st.inputs))
-    part = partition(graph)
-    boundary = () if part.split is None else tuple(
-        v for v, c in part.split.boundary.items() if c.kind == "sum")
     return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
-                         schedule=plan.schedule, boundary=boundary,
+                         schedule=plan.schedule, split=partition(graph).split,
                          virtual_stages=plan.virtual_stages)
 
 
@@ -981,28 +997,11 @@ def _unit_values(ctx: _Context) -> list[tuple[int, int, str, tuple[int, ...]]]:
     reading unit (made once per context)."""
     if ctx.unit_values is not None:
         return ctx.unit_values
-    g, part = ctx.graph, ctx.part
-    input_index = {v: i for i, v in enumerate(g.inputs)}
+    part = ctx.part
     found: dict[int, list] = {}
-    for n in g.nodes:
-        here = part.unit[n.id]
-        for v in n.inputs:
-            if v is None:
-                continue
-            p = g.values[v].producer
-            if p is None:
-                i = input_index.get(v)
-                if i is None or g.input_roles[i] not in (PARAMETER, OPTIMIZER) \
-                        or i not in part.home:
-                    continue  # constants are everywhere; the batch comes from the host
-                src, kind = part.home[i], "start"
-            else:
-                pp, pc = part.phase[p], part.phase[n.id]
-                src = part.unit[p]
-                kind = ("late" if pp == UPDATE else "end" if pc == UPDATE
-                        else "bwd" if pp == BACKWARD and pc == BACKWARD else "fwd")
-            if here != src:
-                found.setdefault(v, [src, kind, set()])[2].add(here)
+    for v, src, here, kind in crossing_values(ctx.graph, part.unit.__getitem__,
+                                              part.phase.__getitem__, part.home):
+        found.setdefault(v, [src, kind, set()])[2].add(here)
     ctx.unit_values = [(v, src, kind, tuple(sorted(dst))) for v, (src, kind, dst) in
                        found.items()]
     return ctx.unit_values
@@ -1181,6 +1180,37 @@ CROSS_COUNT_LAYOUTS = 2  # the best layouts :func:`search` also costs at the oth
 PROPOSED_LAYOUTS = 2  # layouts along proposed orders :func:`search` costs (their best: at all)
 
 
+def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
+    """An interleaved layout with equal layers per chunk (:func:`uniform_ranges`) on the same
+    groups, each chunk taking the fastest of its group's SPMD plans (tables already built) that
+    fits ``1 / v`` of the group's memory with its in-flight microbatches, as
+    :func:`_dp_interleaved` chooses; ``None`` where the units or the memory do not allow."""
+    P, v, M = len(layout.groups), layout.virtual_stages, layout.microbatches
+    try:
+        ranges = uniform_ranges(ctx.part, P)
+    except StrategyNotApplicableError:
+        return None
+    if any(a >= b for a, b in ranges):
+        return None
+    inflight = schedule_in_flight("interleaved", P // v, v, M)
+    plans = []
+    for p, (a, b) in enumerate(ranges):
+        sub = group_topology(ctx.topology, layout.groups[p])
+        best = None
+        for name in INTRA_PLANS:
+            t = ctx.tables.get((M, sub, name))
+            if t is None:
+                continue
+            mem = float((t.static + t.acc + inflight[p] * (t.act + t.data))[a:b].sum())
+            w = float((t.f + t.b)[a:b].sum())
+            if mem <= t.capacity / v and (best is None or w < best[0]):
+                best = (w, name)
+        if best is None:
+            return None
+        plans.append(best[1])
+    return replace(layout, ranges=tuple(ranges), plans=tuple(plans))
+
+
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
@@ -1226,7 +1256,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         at least the cutoff is not costed exactly either: it could not beat the cutoff, so the
         best layout returned, where one beats the cutoff, is the same.
 
-    The :data:`CROSS_COUNT_LAYOUTS` best layouts costed are also costed at every other count
+    Each interleaved layout costed is also costed with equal layers per chunk
+    (:func:`_balanced`: the interleaved program's closed form does not see unequal chunks), and
+    the :data:`CROSS_COUNT_LAYOUTS` best layouts costed are also costed at every other count
     searched (a count's dynamic program can miss ranges another count's found).
 
     Returns the ``keep`` best layouts by exact cost.
@@ -1390,23 +1422,40 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         shortlist = max(keep * 3, 6)
     # The best layouts found are also ranked at every other count searched (their stage plans
     # exist there): a count's program can miss ranges another count's found.
+    # An interleaved layout is also ranked with equal layers per chunk (the interleaved
+    # program's closed form does not see how unequal chunks stretch the fill and drain).
     counts = sorted({lay.microbatches for _, lay in found})
     ranked = {lay: t for t, lay in sorted(found, key=lambda t: t[0], reverse=True)}
     for _, layout in sorted(found, key=lambda t: t[0])[:shortlist]:
         for M in counts:
             other = replace(layout, microbatches=M)
-            if other not in ranked and _variant_ok(ctx, other):
-                t = _ranking_time(ctx, other)
-                if math.isfinite(t):
-                    ranked[other] = t
+            variants = [other]
+            if other.virtual_stages > 1 and _variant_ok(ctx, other):
+                variants.append(_balanced(ctx, other))
+            for lay in variants:
+                if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
+                    t = _ranking_time(ctx, lay)
+                    if math.isfinite(t):
+                        ranked[lay] = t
     unique = sorted(ranked, key=ranked.get)
     for layout in (unique if widened else unique[:shortlist]):
         cost_exactly(layout)
+    # The interleaved program's closed form does not see how unequal chunks stretch the fill and
+    # drain (it bounds each chunk by tau / v and sums the group's work): it can prefer lopsided
+    # chunks the exact cost finds slower than equal ones. Each interleaved layout costed also
+    # has its chunks' layers made equal and costed (regional-10g-2.7b: the program's best at 8
+    # microbatches, chunks of 1, 1, 2, 2, 7, 7, 7 and 8 units, is 1,084 ms; equal ones 929).
+    costed = {lay for _, lay, _ in exact}
+    for _, layout, _ in list(exact):
+        balanced = _balanced(ctx, layout) if layout.virtual_stages > 1 else None
+        if balanced is not None and balanced not in costed:
+            costed.add(balanced)
+            cost_exactly(balanced)
     # Each count's dynamic program ranks layouts by its closed form (the interleaved one bounds
     # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
     # be faster at another than what that count's program found: the best layouts are costed at
     # every other count searched too (their stage plans exist there; no solve is added).
-    costed = {lay for _, lay, _ in exact}
+    costed |= {lay for _, lay, _ in exact}
     for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
         for M in counts:
             other = replace(layout, microbatches=M)

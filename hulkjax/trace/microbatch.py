@@ -419,6 +419,75 @@ def analyze(graph: OpGraph, micro: OpGraph) -> BatchSplit:
                       boundary=boundary, split_inputs=split, problems=list(dict.fromkeys(problems)))
 
 
+def sum_over_examples(graph: OpGraph, node, flows: list[Flow]) -> dict[int, int] | None:
+    """``{operand index: batch dimension}`` of the operands of ``node`` that are read example
+    by example, where its result is a sum of per-example terms, each reading one example (one
+    slice along that dimension) of each of those operands and the others whole; ``None`` for
+    every other node. ``flows`` are :func:`analyze`'s, for ``graph``'s values.
+
+    Such a node run on any cut of the batch (the same examples of each of those operands in
+    each piece, the other operands whole) gives partial results that add up to its result:
+    what lets a staged plan accumulate a weight gradient's per-device partial sums over the
+    microbatches and reduce them once per step (:mod:`hulkjax.cost.unreduced`). Which operators
+    qualify is read from what they are:
+
+    * ``reduce_sum`` over the batch dimension;
+    * ``dot_general`` contracting the batch dimensions of two per-example operands with each
+      other (a weight gradient ``x^T dy``);
+    * ``scatter-add`` of per-example updates into zeros, their batch dimension a scatter
+      dimension, at indices cut along the matching dimension (per-example token ids: an
+      embedding's gradient; or indices independent of the data with a dimension of the batch's
+      size there: the positions of a position embedding's gradient);
+    * ``conv_general_dilated`` contracting the batch dimensions of two per-example operands (a
+      kernel's gradient), without feature or batch groups (a group would cut the batch).
+
+    Loops are not: their bodies are traced at the microbatch's shapes and run as one operator.
+
+    >>> import jax.numpy as jnp, hulkjax as hj
+    >>> g = hj.trace(lambda w, x: jnp.sum(x @ w), jnp.ones((4, 4)), jnp.ones((8, 4)))
+    >>> split = analyze(g, microbatch_graph(g, 2))
+    >>> [(n.name, sum_over_examples(g, n, split.flows)) for n in g.nodes]
+    [('dot_general', None), ('reduce_sum', {0: 0})]
+    """
+    if len(node.outputs) != 1 or flows[node.outputs[0]].kind != RED \
+            or flows[node.outputs[0]].exp is None:
+        return None
+    ins = [None if v is None else flows[v] for v in node.inputs]
+    if any(f is None or f.kind == RED for f in ins):
+        return None
+    ex = {k: f.dim for k, f in enumerate(ins) if f.kind == EX}
+    prim, params = node.primitive, node.params
+    if prim is P.reduce_sum_p:
+        return ex if len(ex) == 1 and ex.get(0) in tuple(params["axes"]) else None
+    if prim is P.dot_general_p:
+        (lc, rc), _ = params["dimension_numbers"]
+        if set(ex) != {0, 1} or ex[0] not in lc or ex[1] not in rc \
+                or list(lc).index(ex[0]) != list(rc).index(ex[1]):
+            return None
+        return ex
+    if node.name in ("scatter-add", "scatter_add"):
+        dn = params["dimension_numbers"]
+        if ins[0].kind != IND or not ins[0].zero or set(ex) - {1, 2} or 2 not in ex \
+                or dn.operand_batching_dims:
+            return None
+        upd = graph.values[node.inputs[2]].shape
+        scattered = [d for d in range(len(upd)) if d not in dn.update_window_dims]
+        if ex[2] not in scattered:
+            return None
+        d = scattered.index(ex[2])  # the indices' dimensions in order (the last: the index)
+        if ex.get(1, d) != d or graph.values[node.inputs[1]].shape[d] != upd[ex[2]]:
+            return None
+        return {1: d, 2: ex[2]}
+    if prim is P.conv_general_dilated_p:
+        dn = params["dimension_numbers"]
+        if set(ex) != {0, 1} or ex[0] != dn.lhs_spec[1] or ex[1] != dn.rhs_spec[1] \
+                or params.get("feature_group_count", 1) != 1 \
+                or params.get("batch_group_count", 1) != 1:
+            return None
+        return ex
+    return None
+
+
 def _structure_mismatch(g: OpGraph, m: OpGraph) -> str:
     if len(g.nodes) != len(m.nodes) or len(g.values) != len(m.values):
         return (f"the step's structure depends on the batch size ({len(g.nodes)} operators at the "

@@ -20,6 +20,7 @@ from jax.extend.core import primitives as P
 from jax.interpreters import partial_eval as pe
 
 from hulkjax.errors import UnsupportedStepError
+from hulkjax.heap import collector_paused
 from hulkjax.trace.flops import flops_of
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, Value, dtype_name
 from hulkjax.trace.kernels import describe as describe_kernel
@@ -27,6 +28,7 @@ from hulkjax.trace.primitives import KERNELS, PASS_THROUGH, SAME_SHAPE_UPDATES
 from hulkjax.trace.walk import inlined_body, sub_jaxprs
 
 
+@collector_paused()  # see hulkjax.heap: a trace allocates much and frees little
 def trace(fn, *args, **kwargs) -> OpGraph:
     """Trace ``fn(*args)`` into an operator graph without running it.
 

@@ -75,13 +75,15 @@ def test_the_ilp_optimum_is_the_brute_force_optimum_with_a_shared_value():
     assert result.objective == pytest.approx(best, rel=1e-6)
 
 
+@pytest.mark.parametrize("aggregate", [True, False], ids=["parts", "pairwise"])
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_the_integer_program_prices_every_assignment_as_the_objective(gpt2_tiny, tie):
+def test_the_integer_program_prices_every_assignment_as_the_objective(gpt2_tiny, tie, aggregate):
     """At every integral point the program's objective (its shared-change variables at their
-    least feasible value: the largest reading) is the cost model's objective, and every row
-    holds: the linearization is exact."""
+    least feasible value: the largest reading's excess over the first) is the cost model's
+    objective, and every row holds: the linearization is exact."""
     cm = gpt2_tiny
-    prog = _Program(cm, [], tie_layers=tie, restrict=None, max_candidates=256)
+    prog = _Program(cm, [], tie_layers=tie, restrict=None, max_candidates=256,
+                    aggregate=aggregate)
     assert prog.z_rows  # GPT-2's weights and activations are read by several operators
     for a in _random(cm, 12, seed=int(tie)):
         for gids in prog.members.values():
@@ -92,8 +94,9 @@ def test_the_integer_program_prices_every_assignment_as_the_objective(gpt2_tiny,
         rows = prog.matrix @ x
         assert np.all(rows[:-1] >= prog.row_lo[:-1] - 1e-9)
         assert np.all(rows[:-1] <= prog.row_hi_wo_memory + 1e-9)
-        for z, readings in prog.z_rows:  # least feasible: some reading is active
-            assert x[z] == max(x[c].sum() for c in readings)
+        for z, readings in prog.z_rows:  # least feasible (the excess over the first reading)
+            first = x[readings[0]].sum() if prog.excess else 0.0
+            assert x[z] + first == max(x[c].sum() for c in readings)
 
 
 def test_the_descent_sees_a_group_s_exact_share_of_the_objective(gpt2_tiny):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hulkjax as hj
+from hulkjax import zoo
 from hulkjax.errors import ProcessLayoutError
 from hulkjax.launch import launch
 from tests.helpers import zoo_losses_and_state
@@ -114,6 +115,21 @@ def test_one_f_one_b_with_more_microbatches_than_stages_does_not_deadlock(tmp_pa
                     plan_options={"microbatches": 4, "schedule": "1f1b"})
     run = _check_staged_run(report, processes=2, stages=2, microbatches=4, name="gpt2", batch=8)
     assert run["schedule"] == "1f1b"
+
+
+def test_gradients_left_unreduced_are_reduced_once_per_step_across_processes(tmp_path):
+    """Two sites of 2 nodes x 2 devices, one process each: dp_tp splits each stage's batch
+    over its nodes, so the stages accumulate their gradients unreduced and reduce them once per
+    step (the last stage's share of the tied embedding's gradient is reduced, then sent to the
+    first stage's update in the other process)."""
+    sites = hj.Topology.preset("regional", regions=2, nodes_per_region=2, gpus_per_node=2)
+    m = zoo.get("gpt2", size="tiny", batch=8)
+    plan = hj.plan(m.step, *m.abstract(), topology=sites, strategy="pipeline", microbatches=4)
+    assert all(st.unreduced for st in plan.stages)
+    report = launch("gpt2", sites, size="tiny", overrides={"batch": 8}, strategies="pipeline",
+                    processes=2, steps=STEPS, out=str(tmp_path), timeout=TIMEOUT,
+                    plan_options={"microbatches": 4, "schedule": "1f1b"})
+    _check_staged_run(report, processes=2, stages=2, microbatches=4, name="gpt2", batch=8)
 
 
 def test_an_interleaved_pipeline_runs_its_chunks_in_their_groups_processes(tmp_path):

@@ -2,6 +2,7 @@
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -9,9 +10,10 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.errors import InfeasiblePlanError
 from hulkjax.strategies.baselines import baseline_assignments
-from hulkjax.strategies.ilp import solve
+from hulkjax.strategies.ilp import relaxation_bound, solve
 from hulkjax.strategies.realize import cost_model
 from hulkjax.topology import DeviceSpec
+from tests.helpers import TWO_D_TOPOLOGY
 
 BASELINES = ["replicate", "dp", "fsdp", "megatron", "dp_tp", "expert"]
 ONE_D = hj.Topology.grid((8,), ("x",), bandwidth=100e9, latency=5e-6, device="V100")
@@ -44,6 +46,50 @@ def test_ilp_is_the_exact_optimum_of_a_small_program():
     result = solve(cm, tie_layers=False, max_candidates=10**6)
     assert result.status == "optimal"
     assert result.objective == pytest.approx(best, rel=1e-6)  # up to the memory tie-break
+
+
+def test_ilp_is_the_exact_optimum_of_a_training_step_with_shared_changes():
+    """Brute force over every assignment of a two-matmul training step, whose weights and
+    activations the forward and the backward pass both read (layout changes charged once: the
+    program's ``z`` terms, over parts of candidates), agrees with the solver."""
+    def loss(w1, w2, x):
+        return jnp.sum((jnp.tanh(x @ w1) @ w2) ** 2)
+
+    def step(w1, w2, x):
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x)
+        return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+    args = jnp.ones((64, 256)), jnp.ones((256, 64)), jnp.ones((32, 64))
+    topo = hj.Topology.grid((4,), ("x",), bandwidth=1e9, latency=1e-5)
+    cm = cost_model(hj.trace(step, *args), topo)
+    assert cm.shared_items()
+    sizes = [len(grp.candidates) for grp in cm.groups]
+    best = min(cm.objective(list(a)) for a in itertools.product(*map(range, sizes)))
+    result = solve(cm, tie_layers=False, max_candidates=10**6, mip_rel_gap=0.0)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("model, topology", [
+    ("gpt2", TWO_D_TOPOLOGY), ("transformer-block", hj.Topology.preset("dgx-h100", nodes=2)),
+    ("moe", ONE_D)], ids=["gpt2-2x4", "block-dgx2", "moe-1d"])
+def test_coupling_parts_of_candidates_keeps_the_optimum_and_the_relaxation(model, topology):
+    """The program couples parts of two classes' candidates (candidates the pair's edge costs
+    and shared changes do not tell apart), not every pair: the same optimum and the same LP
+    relaxation (a parts solution splits into pairs in proportion to ``x``), from a program
+    several times smaller."""
+    m = zoo.get(model, size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    cm = cost_model(g, topology)
+    seeds = baseline_assignments(g, topology)
+    parts = solve(cm, seeds=seeds, mip_rel_gap=0.0)
+    pairs = solve(cm, seeds=seeds, mip_rel_gap=0.0, aggregate=False)
+    assert parts.status == pairs.status == "optimal"
+    assert parts.objective == pytest.approx(pairs.objective, rel=1e-9)
+    assert cm.objective(parts.assignment) == pytest.approx(parts.objective, rel=1e-12)
+    assert relaxation_bound(cm, seeds=seeds) == pytest.approx(
+        relaxation_bound(cm, seeds=seeds, aggregate=False), rel=1e-7)
+    assert parts.variables < pairs.variables / 2
 
 
 @pytest.mark.parametrize("model, size", [("mlp", "tiny"), ("transformer-block", "tiny"),
@@ -167,9 +213,10 @@ def test_a_model_that_cannot_fit_is_a_clear_error():
 
 
 def test_gpt2_small_solves_to_optimality():
+    # The SPMD program (with staged plans, two nodes running half the layers each win by 3.5%).
     m = zoo.get("gpt2", size="small")
     p = hj.plan(m.step, *m.abstract(), topology=hj.Topology.preset("dgx-h100", nodes=2),
-                strategy="ilp")
+                strategy="ilp", stages=False)
     assert p.solver.status == "optimal" and p.solver.gap < 0.01
     assert p.notes[0].startswith("ILP: optimal")
 
@@ -227,6 +274,21 @@ def test_a_plan_stopped_by_its_time_limit_says_so_with_the_gap(mixed_mlp):
     assert full.solver.status == "optimal" and full.cost.step_time < 0.5 * best
 
 
+def test_started_from_auto_a_stopped_ilp_is_never_worse_than_auto(mixed_mlp):
+    """``start_from_auto``: auto's SPMD plan is one more warm start, so even an ILP stopped
+    before it improves on its start returns a plan no slower than auto's (started from the
+    baselines alone, it returns the best baseline's, here slower)."""
+    m, g, _, _ = mixed_mlp
+    state, batch = m.abstract()
+    auto = hj.plan(m.step, state, batch, topology=TWO_D, strategy="auto", graph=g)
+    cut = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g, time_limit=0)
+    assert cut.cost.step_time > auto.cost.step_time * 1.01
+    seeded = hj.plan(m.step, state, batch, topology=TWO_D, strategy="ilp", graph=g,
+                     time_limit=0, start_from_auto=True)
+    assert seeded.solver.status == "time limit" and seeded.solver.start.startswith("auto")
+    assert seeded.cost.step_time <= auto.cost.step_time * (1 + 1e-9)
+
+
 def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     """No seed fits under the limit, yet a plan does: the solver starts from every class's
     smallest-footprint candidate, which fits whenever anything does, and what it returns fits by
@@ -239,8 +301,8 @@ def test_without_a_fitting_seed_the_leanest_layouts_start_the_solver(mixed_mlp):
     unfit = {k: a for k, a in seeds.items()
              if cm.memory(a) > limit and cm.peak_memory(a) > limit}
     assert {"replicate", "dp"} <= set(unfit)  # (dp_tp's vocab-parallel last layer fits)
-    for time_limit in (0.0, 60.0):
-        r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit)
+    for time_limit in (0.0, 60.0):  # (untied: no seed is tied into one that fits)
+        r = solve(cm, seeds=unfit, memory_limit=limit, time_limit=time_limit, tie_layers=False)
         assert r.start == "leanest" and cm.peak_memory(r.assignment) <= limit
     assert r.status == "optimal" and r.objective < lean.start_objective
 
@@ -276,6 +338,19 @@ def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_
         assert p.solver.status == status
         assert any("solved with layers untied" in n for n in p.notes), p.notes
         assert p.cost.step_time <= untied.objective * (1 + 1e-9)
+
+
+def test_a_seed_sharding_repeated_layers_differently_starts_the_tied_program_tied():
+    """A seed the tied program cannot hold (its equal layers on different candidates) is not
+    dropped: tied (each class on its layers' most common candidate), it is a start like any."""
+    m = zoo.get("mlp", size="tiny", depth=4, width=1024, in_dim=1024, out_dim=1024, batch=1024)
+    g = hj.trace(m.step, *m.abstract())
+    cm = cost_model(g, ONE_D)
+    untied = solve(cm, seeds=baseline_assignments(g, ONE_D), tie_layers=False)
+    r = solve(cm, seeds={"mixed": untied.assignment}, time_limit=0.0, polish=False)
+    assert r.start == "mixed (layers tied)"
+    assert r.start_objective > untied.objective  # tied, it is another plan
+    assert r.objective <= r.start_objective * (1 + 1e-12)
 
 
 def test_the_solver_is_deterministic(mixed_mlp):

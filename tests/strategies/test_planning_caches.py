@@ -1,6 +1,8 @@
 """Caches that make planning faster return what the uncached computations return (issue 14,
 item 1): a stale or mis-keyed cache entry fails here."""
 
+import random
+
 import jax
 import pytest
 
@@ -150,3 +152,66 @@ def test_kept_breakdowns_equal_fresh_ones_and_are_not_changed_by_callers():
             [(u.node, u.group, u.kind, u.bytes) for u in want.memory]
         assert cm.peak_memory(a) == fresh().peak_memory(a)
         assert cm.evaluate(a) == fresh().evaluate(a)
+
+
+def _fixed_layouts(graph, topology):
+    """Every baseline's fixed input layouts, as ``SpecBuilder.assignment`` hands them to
+    ``propagate``: ``{baseline: (fixed, param_use, gather_axes)}``."""
+    from hulkjax.strategies.baselines import LAYOUTS
+    from hulkjax.strategies.realize import assignment_for_inputs, cost_model
+
+    cm = cost_model(graph, topology)
+    out = {}
+    for name, make in LAYOUTS.items():
+        try:
+            sb = make(graph, topology)
+        except hj.errors.StrategyNotApplicableError:
+            continue
+        for opt, param in graph.owners.items():
+            if graph.values[graph.inputs[opt]].shape == graph.values[graph.inputs[param]].shape:
+                sb.input_specs[opt] = sb.input_specs[param]
+        out[name] = (assignment_for_inputs(cm, sb.input_specs), sb.param_use, sb.gather_axes)
+    return out
+
+
+@pytest.mark.parametrize("name,overrides,topology", [
+    ("gpt2", {"size": "tiny", "n_layers": 4}, hj.Topology.grid((2, 4), ("data", "model"))),
+    ("llama", {"size": "tiny", "n_layers": 4}, hj.Topology.preset("dgx-h100", nodes=2,
+                                                                  gpus_per_node=4)),
+    ("moe", {"size": "tiny"}, hj.Topology.grid((4, 2), ("a", "b"))),
+    ("bert", {"size": "tiny"}, hj.Topology.grid((8,), ("model",))),
+])
+def test_propagation_decides_repeated_layers_once_as_it_decides_each(name, overrides, topology):
+    """``propagate`` takes a repeated layer's decision from an earlier group with the same
+    decision key (table class, arriving layouts, neighbours' edges and candidates): for every
+    baseline's layouts it completes the assignment that deciding every group on its own gives,
+    and it does reuse decisions."""
+    from hulkjax.strategies import search
+    from hulkjax.strategies.realize import cost_model
+
+    m = zoo.get(name, **overrides)
+    g = hj.trace(m.step, *m.abstract())
+    cm = cost_model(g, topology)
+    calls = []
+    real = cm.operand_changes_of
+    cm.operand_changes_of = lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+    # Every baseline's layouts, and random input layouts (layers then differ in what arrives
+    # and in their neighbours' candidates: a key that misses either decides wrongly).
+    rng = random.Random(0)
+    inputs = [grp for grp in cm.groups if grp.kind == "input"]
+    cases = dict(_fixed_layouts(g, topology))
+    for k in range(16):
+        share = rng.random()
+        fixed = {grp.id: rng.randrange(len(grp.candidates)) for grp in inputs
+                 if rng.random() < share}
+        cases[f"random {k}"] = (fixed, rng.choice(["keep", "gather"]), None)
+    for baseline, (fixed, param_use, gather_axes) in cases.items():
+        calls.clear()
+        shared = search.propagate(cm, fixed, param_use=param_use, gather_axes=gather_axes)
+        reused = len(calls)
+        calls.clear()
+        own = search._propagate(cm, fixed, param_use=param_use, gather_axes=gather_axes,
+                                share=False)
+        assert shared == own, baseline
+        if not baseline.startswith("random"):
+            assert reused < len(calls), baseline

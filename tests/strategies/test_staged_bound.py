@@ -51,7 +51,8 @@ def _candidates(g, topology, level):
             out += [lay for _, lay in res.layouts]
         for S in (1, 2):
             for order in itertools.permutations(range(len(groups)), S):
-                for plan in ("dp_tp", "fsdp", "ilp"):
+                # dp: every gradient accumulated unreduced, its reduction once per step
+                for plan in ("dp_tp", "fsdp", "ilp", "dp"):
                     out.append(StagedLayout(groups=tuple(groups[k] for k in order),
                                             ranges=tuple(uniform_ranges(ctx.part, S)),
                                             plans=(plan,) * S, microbatches=M))
@@ -62,6 +63,8 @@ def _candidates(g, topology, level):
                                     schedule="interleaved", virtual_stages=2))
         out.append(StagedLayout(groups=tuple(groups), ranges=tuple(uniform_ranges(ctx.part, 2)),
                                 plans=("fsdp",) * 2, microbatches=M, schedule="gpipe"))
+        out.append(StagedLayout(groups=tuple(groups), ranges=tuple(uniform_ranges(ctx.part, 2)),
+                                plans=("dp",) * 2, microbatches=M, schedule="gpipe"))
     return ctx, groups, list(dict.fromkeys(out))
 
 
@@ -86,6 +89,8 @@ def test_lower_bounds_are_at_most_the_exact_pipeline_cost(model, kw, topology, l
         assert floor <= exact, (layout, floor, exact)
         checked += floor > 0
     assert checked > len(layouts) // 2  # the floor had its tables for most layouts
+    assert any(st.reduction > 0 for layout in layouts if layout.microbatches > 1
+               for st in layout_cost(ctx, layout).stages)  # gradients left unreduced
     # The bound grows with the microbatches' kernel launches: it is of use for many of them.
     assert staged_lower_bound(ctx, groups, 64) > staged_lower_bound(ctx, groups, 2)
 

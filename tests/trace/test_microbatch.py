@@ -104,6 +104,28 @@ def test_a_batch_size_constant_that_is_no_power_is_refused():
     assert not split.exact
 
 
+@pytest.mark.parametrize("batch_sized,constant,differ", [
+    # B - 1 and the constant 7.0: one literal at B = 8; only the first is no power of B.
+    (lambda w, x: jnp.sum(x @ w) / (x.shape[0] - 1), lambda w, x: jnp.sum(x @ w) / 7.0,
+     "exactness"),
+    # zeros of the batch's size and of 8: one shape at B = 8, another at a microbatch.
+    (lambda w, x: jnp.sum(x @ w) + jnp.sum(jnp.ones(x.shape[0]) ** 2),
+     lambda w, x: jnp.sum(x @ w) + jnp.sum(jnp.ones(8) ** 2), "shapes"),
+])
+def test_the_microbatch_trace_says_what_the_full_graph_cannot(batch_sized, constant, differ):
+    """Why the partition traces the step once at a microbatch instead of deriving that graph
+    from the full one (as :func:`planning_graph` derives the other counts from the two): two
+    steps with one jaxpr at the full batch can depend on the batch size differently, which only
+    the step's code run at another batch size tells."""
+    a, b = hj.trace(_sgd(batch_sized), W, X), hj.trace(_sgd(constant), W, X)
+    assert str(a.jaxpr) == str(b.jaxpr)
+    ma, mb = microbatch_graph(a, 2), microbatch_graph(b, 2)
+    if differ == "exactness":
+        assert not analyze(a, ma).exact and analyze(b, mb).exact
+    else:
+        assert [v.shape for v in ma.values] != [v.shape for v in mb.values]
+
+
 def test_scan_over_layers_is_analysed_inside_its_body():
     def loss(ws, x):
         h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)

@@ -136,6 +136,23 @@ def test_stages_are_shown_when_the_plan_has_them(gpt2_tiny):
     assert "stages (" not in explain(spmd, fmt="text")
 
 
+def test_gradients_reduced_once_per_step_are_charged_once():
+    """A staged plan whose stages split the batch over their nodes accumulates its gradients
+    unreduced: the per-layer rows charge each one's all-reduce over the batch axis once per
+    step (not once per microbatch), and the pipeline lines say what it costs."""
+    from hulkjax import zoo
+
+    m = zoo.get("mlp", size="tiny")
+    sites = hj.Topology.preset("regional", regions=2, nodes_per_region=2, gpus_per_node=2)
+    plan = hj.plan(m.step, *m.abstract(), topology=sites, strategy="pipeline", microbatches=4)
+    assert all(st.unreduced for st in plan.stages)
+    e = explanation(plan, collapse=False)
+    counts = [c.count for r in e.rows for c in r.collectives
+              if c.kind == "all-reduce" and any(a.endswith("/node") for a in c.axes)]
+    assert sum(counts) == sum(len(st.unreduced) for st in plan.stages)
+    assert "gradients reduced once per step" in explain(plan, fmt="text")
+
+
 def test_bad_format_is_an_error(gpt2_plans):
     with pytest.raises(HulkjaxError, match="fmt='html'"):
         explain(gpt2_plans["dp"], fmt="html")
