@@ -30,6 +30,7 @@ from hulkjax import api
 from hulkjax.emit.hlo import summarize
 from hulkjax.errors import (
     HulkjaxError,
+    InvalidOptionError,
     ProcessLayoutError,
     StrategyNotApplicableError,
 )
@@ -256,7 +257,8 @@ def cmd_explain(args) -> int:
 
 
 PLANNER_RUN = {"samples": 360, "val_samples": 24, "epochs": 30}
-GROUPS_RUN = {"samples": 300, "val_samples": 60, "epochs": 40}  # what the shipped head trained with
+# What the shipped device-group head trained with (hulkjax/gnn/weights/groups.json).
+GROUPS_RUN = {"samples": 112, "val_samples": 24, "test_samples": 24, "epochs": 40}
 
 
 _EXAMPLES = {
@@ -264,7 +266,7 @@ _EXAMPLES = {
   hulkjax train-gnn                       # 360 ILP-labelled graphs, 30 epochs (~45 min on 2 cores)
   hulkjax train-gnn --samples 40 --epochs 5 --out /tmp/gnn   # a quick run, weights in /tmp/gnn
   hulkjax train-gnn --head groups         # the device-group head: the staged search over every
-                                          # order of 3-5 groups labels its data (see README)
+                                          # order of 3-4 groups labels its data (see README)
   (use them with strategy="auto" and weights="/tmp/gnn"; labelled graphs are cached in
    $HULKJAX_CACHE or ~/.cache/hulkjax)""",
     "demo": """examples:
@@ -621,6 +623,9 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--val-samples", type=int, default=None,
                     help=f"held-out graphs (default {PLANNER_RUN['val_samples']}; --head "
                          f"groups: {GROUPS_RUN['val_samples']})")
+    tg.add_argument("--test-samples", type=int, default=None,
+                    help=f"--head groups: test (model, cluster) pairs, evaluated once on the "
+                         f"weights kept (default {GROUPS_RUN['test_samples']})")
     tg.add_argument("--epochs", type=int, default=None,
                     help=f"default {PLANNER_RUN['epochs']} (--head groups: "
                          f"{GROUPS_RUN['epochs']})")
@@ -634,21 +639,34 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train_gnn(args) -> int:
     defaults = GROUPS_RUN if args.head == "groups" else PLANNER_RUN
     run = train_group_head if args.head == "groups" else train_planner
+    extra = {}
+    if args.head == "groups":
+        extra = {"test_samples": (defaults["test_samples"] if args.test_samples is None
+                                  else args.test_samples),
+                 "command": "hulkjax " + " ".join(
+                     a for a in (args.argv or []) if a != args.out and a != "--out")}
+    elif args.test_samples is not None:
+        raise InvalidOptionError("--test-samples is for --head groups (the planner network's "
+                                 "held-out graphs are --val-samples)")
     history = run(samples=defaults["samples"] if args.samples is None else args.samples,
                   val_samples=(defaults["val_samples"] if args.val_samples is None
                                else args.val_samples),
                   epochs=defaults["epochs"] if args.epochs is None else args.epochs,
-                  seed=args.seed, out_dir=args.out, progress=True)
+                  seed=args.seed, out_dir=args.out, progress=True, **extra)
     print(f"weights written to {args.out or WEIGHTS_DIR}")
     for key in ("train_loss", "val_loss", "val_argmax_ratio", "val_search_ratio",
                 "val_own_regret", "val_head_regret", "val_random_regret"):
         if history.get(key):
             print(f"{key}: {history[key][0]:.4f} -> {history[key][-1]:.4f}")
+    for n, metrics in (history.get("test") or {}).items():
+        print(f"test, {n} order(s) proposed: " + ", ".join(f"{k} {v:.4f}"
+                                                          for k, v in metrics.items()))
     return 0
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a run records it was
     try:
         return args.func(args)
     except HulkjaxError as e:

@@ -22,7 +22,7 @@ WEIGHTS_DIR = os.path.join(os.path.dirname(__file__), "weights")
 CONFIG = {"hidden": 64, "layers": 4, "features_version": 1}
 """The network's size and the feature version the shipped weights were trained with."""
 
-GROUP_CONFIG = {"hidden": 64, "layers": 3, "unit_features": 11, "groups": [3, 5]}
+GROUP_CONFIG = {"hidden": 64, "layers": 3, "unit_features": 11, "groups": [3, 4]}
 """The device-group head's size (:class:`hulkjax.training.model.GroupHead`), its unit features
 (:data:`hulkjax.gnn.groups.UNIT_FEATURES`) and the counts of device groups it is trained on
 (and proposes orders for); its weights are ``groups.msgpack``."""

@@ -6,7 +6,7 @@ import pytest
 
 from hulkjax.gnn.groups import StageGraph
 from hulkjax.training import group_data
-from hulkjax.training.groups import random_regret, soft_targets
+from hulkjax.training.groups import ALONE_CAP, alone_regret, random_regret, soft_targets
 
 TINY = {"family": "gpt2", "model": dict(size="tiny", n_layers=3, batch=8),
         "cluster": {"kind": "pairs", "kinds": ["A100", "T4", "V100"], "gpus": 2,
@@ -33,6 +33,10 @@ def test_soft_targets_weigh_each_orders_layout_by_its_regret():
     np.testing.assert_allclose(soft_targets(lab), [[0, 1], [1, 0]], atol=1e-12)
     assert lab.regret([(0, 1)]) == 1.0 and lab.regret([(1, 0)]) == 2.0  # the own search's
     assert random_regret(lab, 1) == 1.5 and random_regret(lab, 2) == 1.0
+    # Alone (without the own orders' search), an order along which nothing fits counts
+    # ALONE_CAP.
+    assert alone_regret(lab, [(0, 1)]) == 1.0 and alone_regret(lab, [(1, 0)]) == ALONE_CAP
+    assert random_regret(lab, 1, own=False) == (1.0 + ALONE_CAP) / 2
 
 
 def test_labels_search_every_order_and_are_cached(tmp_path, monkeypatch):
@@ -68,12 +72,20 @@ def test_train_gnn_head_groups_trains_and_auto_proposes_with_it(tmp_path, monkey
                         lambda n, seed: specs[:n] if seed == 1 else specs[2:2 + n])
     out = tmp_path / "weights"
     assert main(["train-gnn", "--head", "groups", "--samples", "2", "--val-samples", "1",
-                 "--epochs", "3", "--out", str(out)]) == 0
+                 "--test-samples", "1", "--epochs", "3", "--out", str(out)]) == 0
     loaded = load(str(out), name="groups")
     hist = loaded.meta["history"]
     assert len(hist["train_loss"]) == 3 and hist["labels"] == {**hist["labels"], "train": 2,
                                                                  "val": 1}
     assert hist["val_head_regret"][-1] >= 1.0
+    # The kept epoch is evaluated once on the test draw, with 1-3 orders proposed; the command
+    # that made the weights is recorded.
+    meta = loaded.meta
+    assert meta["command"] == ("hulkjax train-gnn --head groups --samples 2 --val-samples 1 "
+                               "--test-samples 1 --epochs 3")
+    assert meta["samples"] == {"train": 2, "val": 1, "test": 1, "seed": 0}
+    assert sorted(meta["test"]) == ["1", "2", "3"]
+    assert meta["test"]["1"]["head_regret"] <= meta["test"]["1"]["own_regret"]
     m = zoo.get("gpt2", size="tiny", n_layers=3)
     graph = hj.trace(m.step, *m.abstract())
     topo = group_data.make_cluster(TINY["cluster"])
