@@ -1305,6 +1305,15 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                     t = max(sol[3], _ranking_time(ctx, layout))
                     found.append((t, layout))
                     tried[M] = min(tried[M], t)
+                    # The interleaved program's closed form does not see how unequal chunks
+                    # stretch the fill and drain: its layout is also ranked with equal layers
+                    # per chunk (:func:`_balanced`), for the count's comparisons too.
+                    eq = _balanced(ctx, layout) if v > 1 else None
+                    if eq is not None and eq != layout and _variant_ok(ctx, eq):
+                        te = _ranking_time(ctx, eq)
+                        if math.isfinite(te):
+                            found.append((te, eq))
+                            tried[M] = min(tried[M], te)
             return tried[M]
 
         Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
@@ -1344,7 +1353,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 value(M)
             continue
         # One and two microbatches are cheap (their traces exist); the rest is a local search
-        # over the powers of two, from about four per group, assuming one best count. A move the
+        # over the powers of two, from about four per group both ways, then downhill. A move the
         # counts left out leave unknown is followed both ways: the counts searched include every
         # one the search without the cutoff reaches (and are exactly those where no move was
         # unknown, its path the same).
@@ -1360,7 +1369,12 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             up = less(rest[i + 1], rest[i]) if i + 1 < len(rest) else False
             if up is not False:
                 moves.append(i + 1)
-            if up is not True:
+            if i == i0 and i > 0:
+                # From the start both ways: the step time over the counts is not one valley (a
+                # count whose stage plans replicate what a stage receives can cost 3x both its
+                # neighbours: T5's position biases at 16 microbatches over four sites).
+                moves.append(i - 1)
+            elif up is not True:
                 down = less(rest[i - 1], rest[i]) if i > 0 else False
                 if down is not False:
                     moves.append(i - 1)
@@ -1399,17 +1413,19 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # program's closed form does not see how unequal chunks stretch the fill and drain).
     counts = sorted({lay.microbatches for _, lay in found})
     ranked = {lay: t for t, lay in sorted(found, key=lambda t: t[0], reverse=True)}
+
+    def rank(lay: StagedLayout | None) -> None:
+        if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
+            t = _ranking_time(ctx, lay)
+            if math.isfinite(t):
+                ranked[lay] = t
+
     for _, layout in sorted(found, key=lambda t: t[0])[:shortlist]:
         for M in counts:
             other = replace(layout, microbatches=M)
-            variants = [other]
+            rank(other)
             if other.virtual_stages > 1 and _variant_ok(ctx, other):
-                variants.append(_balanced(ctx, other))
-            for lay in variants:
-                if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
-                    t = _ranking_time(ctx, lay)
-                    if math.isfinite(t):
-                        ranked[lay] = t
+                rank(_balanced(ctx, other))
     unique = sorted(ranked, key=ranked.get)
     for layout in (unique if widened else unique[:shortlist]):
         cost_exactly(layout)
