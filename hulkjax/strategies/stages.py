@@ -1353,37 +1353,33 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 value(M)
             continue
         # One and two microbatches are cheap (their traces exist); the rest is a local search
-        # over the powers of two, from about four per group both ways, then downhill. A move the
-        # counts left out leave unknown is followed both ways: the counts searched include every
-        # one the search without the cutoff reaches (and are exactly those where no move was
-        # unknown, its path the same).
+        # over the powers of two: from about four per group one count each way, then each way
+        # on while the next count is faster. A move the counts left out leave unknown is
+        # followed: the counts searched include every one the search without the cutoff
+        # reaches (and are exactly those where no move was unknown, its path the same).
         for M in Ms[:2]:
             value(M)
         rest = Ms[2:]
         i0 = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
-        todo, seen = [i0], {i0}
+        value(rest[i0])
+        todo, seen = [(i0, 1), (i0, -1)], {i0}
         while todo:
-            i = todo.pop()
-            value(rest[i])
-            moves = []
-            up = less(rest[i + 1], rest[i]) if i + 1 < len(rest) else False
-            if up is not False:
-                moves.append(i + 1)
-            if i == i0 and i > 0:
-                # From the start both ways: the step time over the counts is not one valley (a
-                # count whose stage plans replicate what a stage receives can cost 3x both its
-                # neighbours: T5's position biases at 16 microbatches over four sites).
-                moves.append(i - 1)
-            elif up is not True:
-                down = less(rest[i - 1], rest[i]) if i > 0 else False
-                if down is not False:
-                    moves.append(i - 1)
-                widened |= down is None
-            widened |= up is None
-            for j in moves:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
+            i, d = todo.pop()
+            j = i + d
+            if not 0 <= j < len(rest) or j in seen:
+                continue
+            if i == i0:
+                # From the start both ways: the step time over the counts is not one valley
+                # (a count whose stage plans replicate what a stage receives can cost 3x both
+                # its neighbours: T5's position biases at 16 microbatches over four sites).
+                go = True
+            else:
+                go = less(rest[j], rest[i])
+                widened |= go is None
+            if go is not False:
+                seen.add(j)
+                value(rest[j])
+                todo.append((j, d))
     # Exact costs of the dynamic program's best per (level, M, chain): the shortlist (of all of
     # them where the local search followed both ways: every layout the search without the
     # cutoff would cost is then costed). A layout whose floor is already slower than the
