@@ -1,7 +1,8 @@
 """The wide-area testbed's network (``benchmarks/wan/testbed.py``): regions as network namespaces
 joined through a bridge, each uplink shaped with tbf, and nothing left behind, also when the run
-fails. Needs root and network namespaces; skips otherwise, saying which is missing. Rates are
-configured and checked in ``tc``'s own report, never timed."""
+fails, and the report it writes. The network tests need root and network namespaces and skip
+otherwise, saying which is missing. Rates are configured and checked in ``tc``'s own report,
+never timed."""
 
 import importlib.util
 import os
@@ -24,7 +25,7 @@ def _netns_ok() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_netns_ok() is not None, reason=f"WAN testbed: {_netns_ok()}")
+needs_netns = pytest.mark.skipif(_netns_ok() is not None, reason=f"WAN testbed: {_netns_ok()}")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def _qdiscs(ns, dev):
                           capture_output=True, text=True, check=True).stdout
 
 
+@needs_netns
 def test_regions_are_shaped_reachable_and_torn_down(testbed):
     tag = f"t{os.getpid() % 1000}"
     net = testbed.Regions([40.0, 80.0, 40.0], tag)
@@ -57,6 +59,7 @@ def test_regions_are_shaped_reachable_and_torn_down(testbed):
     assert testbed.leftovers(tag) == []
 
 
+@needs_netns
 def test_nothing_is_left_when_the_run_fails_inside(testbed):
     tag = f"f{os.getpid() % 1000}"
     with pytest.raises(RuntimeError, match="a worker failed"):
@@ -66,6 +69,7 @@ def test_nothing_is_left_when_the_run_fails_inside(testbed):
     assert testbed.leftovers(tag) == []
 
 
+@needs_netns
 def test_a_failed_setup_removes_what_it_made(testbed):
     tag = f"s{os.getpid() % 1000}"
     net = testbed.Regions([100.0, 100.0], tag, subnet="10.214.300")  # an invalid address
@@ -74,6 +78,7 @@ def test_a_failed_setup_removes_what_it_made(testbed):
     assert testbed.leftovers(tag) == []
 
 
+@needs_netns
 def test_a_staged_plan_runs_between_namespaces(testbed):
     """Two sites, each a network namespace with one JAX process of two devices: the stages of a
     1F1B pipeline exchange activations and gradients over the bridge (cross-host
@@ -99,6 +104,7 @@ def test_a_staged_plan_runs_between_namespaces(testbed):
     assert run["check"]["match"], run["check"]
 
 
+@needs_netns
 def test_each_region_runs_on_cores_of_its_own(testbed):
     cpus = sorted(os.sched_getaffinity(0))
     for regions in range(1, len(cpus) + 1):
@@ -115,3 +121,22 @@ def test_each_region_runs_on_cores_of_its_own(testbed):
                           "import os; print(sorted(os.sched_getaffinity(0)))"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == str([cpus[-1]])
+
+
+# The report (no namespaces needed): which measured orders the noise explains.
+
+def _row(name, predicted, steps):
+    """A row measured on one process: ``steps`` (s), the first a warm-up."""
+    return {"strategy": name, "predicted_step": predicted,
+            "measured_step": sorted(steps[1:])[len(steps[1:]) // 2],
+            "step_times": [list(steps)]}  # one process
+
+
+def test_swapped_pairs_within_noise_are_told_from_real_misrankings(testbed):
+    a = _row("a", 1.0, [9.0, 1.10, 1.02, 1.06, 1.04])   # predicted faster, measured 1.04-1.06
+    b = _row("b", 1.1, [9.0, 1.00, 1.05, 1.03, 1.01])   # measured 1.01-1.04: overlaps a
+    c = _row("c", 0.5, [9.0, 2.0, 2.1, 2.2, 2.05])      # predicted fastest, measured slowest
+    swapped = {(x["strategy"], y["strategy"]): noise for x, y, noise in
+               testbed._swapped([a, b, c])}
+    assert swapped == {("a", "b"): True, ("c", "a"): False, ("c", "b"): False}
+    assert testbed._swapped([a, c | {"predicted_step": 3.0}]) == []  # same order: none

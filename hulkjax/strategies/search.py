@@ -2,14 +2,19 @@
 
 Used by the baselines (their input layouts fixed, operators completed in program order as a
 propagating partitioner would: :func:`propagate`) and by ``auto`` (coordinate descent from the
-GNN's prior: :func:`coordinate_descent`).
+GNN's prior: :func:`coordinate_descent`; the neighbourhood of its plan that its next exact solve
+searches: :func:`widen`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from hulkjax.cost.model import INPUT, LEADER, CostModel
+from hulkjax.plan.specs import dim_of
+from hulkjax.rules.loops import LoopResolution
 
 
 def neighbours(cm: CostModel) -> dict[int, list[tuple[int, bool]]]:
@@ -39,6 +44,94 @@ def local_cost(cm: CostModel, nb, gid: int, c: int, assignment) -> float:
     for v in cm.shared_of_group.get(gid, ()):
         t += cm.shared_time(v, assignment, gid, c)
     return t
+
+
+def local_costs(cm: CostModel, nb, gid: int, assignment, cands=None, *,
+                exact: bool = True) -> np.ndarray:
+    """:func:`local_cost` of each of ``cands`` (every candidate by default) of group ``gid``, the
+    other groups on their ``assignment`` candidates: an edge is a column of its matrix
+    (:meth:`CostModel.edge_matrix`, cached per edge class, so repeated layers share it).
+    ``exact=False`` charges a shared value's layout changes per reader, as a heuristic that looks
+    at one edge at a time does (an upper bound of the shared terms, several times cheaper to
+    compute: a ranking, not the objective's part)."""
+    cands = list(range(len(cm.groups[gid].candidates))) if cands is None else list(cands)
+    t = np.array([cm.table_time(gid, c) for c in cands])
+    for other, is_producer in nb.get(gid, ()):
+        if other == gid:  # its own state result, back to its input's layout: both ends are c
+            t += [cm.edge_time(gid, c, gid, c, shared=not exact) for c in cands]
+        elif is_producer:
+            t += cm.edge_matrix(other, gid, [assignment[other]], cands, shared=not exact)[0]
+        else:
+            t += cm.edge_matrix(gid, other, cands, [assignment[other]], shared=not exact)[:, 0]
+    if exact:
+        for v in cm.shared_of_group.get(gid, ()):
+            t += [cm.shared_time(v, assignment, gid, c) for c in cands]
+    return t
+
+
+def axis_roles(cm: CostModel, gid: int) -> list[tuple | None]:
+    """Per candidate of group ``gid``, what it does on each mesh axis: the dimension the axis
+    splits (an input's layout), or for an operator the dimension it splits of each operand and
+    result and the collectives it runs over the axis (``None``: a loop's body plan, or a group
+    without choices). Two candidates a plan could swap one axis at a time differ in one entry."""
+    grp = cm.groups[gid]
+    axes = cm.mesh.axis_names
+    if grp.kind == INPUT:
+        return [tuple(dim_of(c, a) for a in axes) for c in grp.candidates]
+    if grp.kind != LEADER or isinstance(grp.candidates[0], LoopResolution):
+        return [None] * len(grp.candidates)
+    out = []
+    for r in grp.candidates:
+        out.append(tuple(
+            (tuple(None if x is None else dim_of(x, a) for x in r.in_specs),
+             tuple(None if x is None else dim_of(x, a) for x in r.out_specs),
+             tuple(sorted(m.kind for m in r.comms if a in m.axes)))
+            for a in axes))
+    return out
+
+
+def widen(cm: CostModel, assignment: list[int], options: dict[int, list[int]], *, extra: int,
+          nb=None, roles: dict | None = None) -> tuple[dict[int, list[int]], int]:
+    """``options`` (each group's shortlist; a group without an entry has its ``assignment``
+    candidate only) widened around ``assignment``: the neighbourhood of a plan that an exact solve
+    over it searches (large-neighbourhood search). Each group keeps its shortlist and
+    ``assignment`` candidate and gets
+
+    * its ``extra`` cheapest candidates by :func:`local_costs` given the others at
+      ``assignment`` (shared values' changes charged per reader): what its neighbours' layouts
+      make cheap;
+    * every candidate that lays out all mesh axes as its ``assignment`` candidate does but one
+      (:func:`axis_roles`): on a mesh of several axes an optimum can use one axis differently
+      everywhere at once (the second axis of a tensor-parallel split, a weight gradient's extra
+      split), a move no group makes alone, and one the solve can make when every group may.
+
+    ``roles`` memoizes :func:`axis_roles` across calls (repeated layers share candidate lists).
+    Returns the widened options and how many candidates were added.
+    """
+    nb = neighbours(cm) if nb is None else nb
+    roles = {} if roles is None else roles
+    out, added = {}, 0
+    for grp in cm.groups:
+        have = sorted({*options.get(grp.id, ()), assignment[grp.id]})
+        if len(grp.candidates) <= len(have):
+            out[grp.id] = list(have)
+            continue
+        new = set(have)
+        if extra:
+            t = local_costs(cm, nb, grp.id, assignment, exact=False)
+            new.update(int(c) for c in np.argsort(t, kind="stable")[:extra])
+        key = id(grp.candidates)
+        rs = roles.get(key)
+        if rs is None:
+            rs = roles[key] = (grp.candidates, axis_roles(cm, grp.id))  # (kept alive for the id)
+        rs = rs[1]
+        mine = rs[assignment[grp.id]]
+        if mine is not None:
+            new.update(c for c, r in enumerate(rs)
+                       if sum(x != y for x, y in zip(r, mine)) <= 1)
+        added += len(new) - len(have)
+        out[grp.id] = sorted(new)
+    return out, added
 
 
 def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,

@@ -1327,11 +1327,20 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                     # Ranked by the tables' estimate of its exact cost (the program's own
                     # closed form is a lower bound the count's comparisons keep).
                     t = max(sol[3], _ranking_time(ctx, layout))
-                    if chain in extra:
-                        proposed.append((t, layout))
+                    ranked_here = [(t, layout)]
+                    # The interleaved program's closed form does not see how unequal chunks
+                    # stretch the fill and drain: its layout is also ranked with equal layers
+                    # per chunk (:func:`_balanced`), for the count's comparisons too.
+                    eq = _balanced(ctx, layout) if v > 1 else None
+                    if eq is not None and eq != layout and _variant_ok(ctx, eq):
+                        te = _ranking_time(ctx, eq)
+                        if math.isfinite(te):
+                            ranked_here.append((te, eq))
+                    if chain in extra:  # a proposed order's: costed after the rest, below
+                        proposed.extend(ranked_here)
                         continue
-                    found.append((t, layout))
-                    tried[M] = min(tried[M], t)
+                    found.extend(ranked_here)
+                    tried[M] = min(tried[M], *(r for r, _ in ranked_here))
             return tried[M]
 
         Ms = microbatch_counts(part, len(groups)) if microbatches is None else list(microbatches)
@@ -1371,32 +1380,33 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 value(M)
             continue
         # One and two microbatches are cheap (their traces exist); the rest is a local search
-        # over the powers of two, from about four per group, assuming one best count. A move the
-        # counts left out leave unknown is followed both ways: the counts searched include every
-        # one the search without the cutoff reaches (and are exactly those where no move was
-        # unknown, its path the same).
+        # over the powers of two: from about four per group one count each way, then each way
+        # on while the next count is faster. A move the counts left out leave unknown is
+        # followed: the counts searched include every one the search without the cutoff
+        # reaches (and are exactly those where no move was unknown, its path the same).
         for M in Ms[:2]:
             value(M)
         rest = Ms[2:]
         i0 = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
-        todo, seen = [i0], {i0}
+        value(rest[i0])
+        todo, seen = [(i0, 1), (i0, -1)], {i0}
         while todo:
-            i = todo.pop()
-            value(rest[i])
-            moves = []
-            up = less(rest[i + 1], rest[i]) if i + 1 < len(rest) else False
-            if up is not False:
-                moves.append(i + 1)
-            if up is not True:
-                down = less(rest[i - 1], rest[i]) if i > 0 else False
-                if down is not False:
-                    moves.append(i - 1)
-                widened |= down is None
-            widened |= up is None
-            for j in moves:
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
+            i, d = todo.pop()
+            j = i + d
+            if not 0 <= j < len(rest) or j in seen:
+                continue
+            if i == i0:
+                # From the start both ways: the step time over the counts is not one valley
+                # (a count whose stage plans replicate what a stage receives can cost 3x both
+                # its neighbours: T5's position biases at 16 microbatches over four sites).
+                go = True
+            else:
+                go = less(rest[j], rest[i])
+                widened |= go is None
+            if go is not False:
+                seen.add(j)
+                value(rest[j])
+                todo.append((j, d))
     # Exact costs of the dynamic program's best per (level, M, chain): the shortlist (of all of
     # them where the local search followed both ways: every layout the search without the
     # cutoff would cost is then costed). A layout whose floor is already slower than the
@@ -1426,17 +1436,19 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # program's closed form does not see how unequal chunks stretch the fill and drain).
     counts = sorted({lay.microbatches for _, lay in found})
     ranked = {lay: t for t, lay in sorted(found, key=lambda t: t[0], reverse=True)}
+
+    def rank(lay: StagedLayout | None) -> None:
+        if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
+            t = _ranking_time(ctx, lay)
+            if math.isfinite(t):
+                ranked[lay] = t
+
     for _, layout in sorted(found, key=lambda t: t[0])[:shortlist]:
         for M in counts:
             other = replace(layout, microbatches=M)
-            variants = [other]
+            rank(other)
             if other.virtual_stages > 1 and _variant_ok(ctx, other):
-                variants.append(_balanced(ctx, other))
-            for lay in variants:
-                if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
-                    t = _ranking_time(ctx, lay)
-                    if math.isfinite(t):
-                        ranked[lay] = t
+                rank(_balanced(ctx, other))
     unique = sorted(ranked, key=ranked.get)
     for layout in (unique if widened else unique[:shortlist]):
         cost_exactly(layout)
