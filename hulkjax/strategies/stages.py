@@ -1480,16 +1480,16 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # PROPOSED_LAYOUTS of them by ranking (each also ranked at every count searched) are
     # costed, then the best of those at every other count.
     every_count = sorted({lay.microbatches for _, lay in [*found, *proposed]})
-    ranked = {}
+    ranked_proposed: dict[StagedLayout, float] = {}
     for t, layout in sorted(proposed, key=lambda t: t[0]):
         for M in every_count:
             other = replace(layout, microbatches=M)
-            if other in costed or other in ranked or not _variant_ok(ctx, other):
+            if other in costed or other in ranked_proposed or not _variant_ok(ctx, other):
                 continue
             r = t if M == layout.microbatches else _ranking_time(ctx, other)
             if math.isfinite(r):
-                ranked[other] = r
-    top = sorted(ranked, key=ranked.get)[:PROPOSED_LAYOUTS]
+                ranked_proposed[other] = r
+    top = sorted(ranked_proposed, key=ranked_proposed.get)[:PROPOSED_LAYOUTS]
     for layout in top:
         costed.add(layout)
         cost_exactly(layout)
