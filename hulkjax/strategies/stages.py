@@ -1211,6 +1211,34 @@ def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
     return replace(layout, ranges=tuple(ranges), plans=tuple(plans))
 
 
+def _walk_counts(counts: list[int], start: int, value, less) -> bool:
+    """The staged search's local search over microbatch ``counts`` (ascending): ``value(M)``
+    searches a count, ``less(a, b)`` says whether count ``a`` predicts less than ``b`` (``None``:
+    unknown, a count the cutoff left out). From ``counts[start]`` one count each way, then each
+    way on while the next count is faster; an unknown move is followed. Returns whether one
+    was (the search then costs every layout it found)."""
+    value(counts[start])
+    todo, seen, unknown = [(start, 1), (start, -1)], {start}, False
+    while todo:
+        i, d = todo.pop()
+        j = i + d
+        if not 0 <= j < len(counts) or j in seen:
+            continue
+        if i == start:
+            # From the start both ways: the step time over the counts is not one valley (a
+            # count whose stage plans replicate what a stage receives can cost 3x both its
+            # neighbours: T5's position biases at 16 microbatches over four sites).
+            go = True
+        else:
+            go = less(counts[j], counts[i])
+            unknown |= go is None
+        if go is not False:
+            seen.add(j)
+            value(counts[j])
+            todo.append((j, d))
+    return unknown
+
+
 def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
@@ -1388,25 +1416,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             value(M)
         rest = Ms[2:]
         i0 = min(range(len(rest)), key=lambda j: abs(math.log2(rest[j] / (4 * len(groups)))))
-        value(rest[i0])
-        todo, seen = [(i0, 1), (i0, -1)], {i0}
-        while todo:
-            i, d = todo.pop()
-            j = i + d
-            if not 0 <= j < len(rest) or j in seen:
-                continue
-            if i == i0:
-                # From the start both ways: the step time over the counts is not one valley
-                # (a count whose stage plans replicate what a stage receives can cost 3x both
-                # its neighbours: T5's position biases at 16 microbatches over four sites).
-                go = True
-            else:
-                go = less(rest[j], rest[i])
-                widened |= go is None
-            if go is not False:
-                seen.add(j)
-                value(rest[j])
-                todo.append((j, d))
+        widened |= _walk_counts(rest, i0, value, less)
     # Exact costs of the dynamic program's best per (level, M, chain): the shortlist (of all of
     # them where the local search followed both ways: every layout the search without the
     # cutoff would cost is then costed). A layout whose floor is already slower than the

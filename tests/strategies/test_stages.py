@@ -689,3 +689,71 @@ def test_search_costs_interleaved_layouts_with_equal_chunks(monkeypatch, balance
         assert not missing
     else:  # the check fails without them: it can tell
         assert missing
+
+
+@pytest.mark.parametrize("landscape,start,best", [
+    # T5 over four sites: 16 microbatches 3x both neighbours, the walk starts there.
+    ({4: 1.30, 8: 1.24, 16: 5.02, 32: 1.47}, 2, 8),
+    # DT-FM's eight cities: from 32, 16 is faster, then 8; 32 ranks better than 16 from 16.
+    ({8: 8.32, 16: 8.96, 32: 8.30}, 2, 8),
+    ({8: 8.32, 16: 8.96, 32: 9.31}, 2, 8),
+    ({2: 4.0, 4: 3.0, 8: 2.0, 16: 1.0, 32: 2.0, 64: 3.0, 128: 4.0}, 3, 16),
+])
+def test_count_walk_goes_both_ways_from_its_start_and_on_while_faster(landscape, start, best):
+    """The microbatch counts' local search reaches a faster count on either side of its start,
+    then walks on while the next count is faster, and stops where it is not (a slower count is
+    searched to be compared, the ones beyond it are not)."""
+    from hulkjax.strategies.stages import _walk_counts
+
+    counts = sorted(landscape)
+    searched = []
+
+    def value(M):
+        if M not in searched:
+            searched.append(M)
+        return landscape[M]
+
+    unknown = _walk_counts(counts, start, value,
+                           lambda a, b: value(a) < value(b))
+    assert not unknown
+    assert best in searched
+    if len(counts) > 5:  # a slower count is compared, the one beyond it is not searched
+        assert 2 not in searched and 128 not in searched
+
+
+def test_count_walk_follows_unknown_moves():
+    """A move the cutoff leaves unknown (``less`` says ``None``) is followed and reported."""
+    from hulkjax.strategies.stages import _walk_counts
+
+    searched = []
+    unknown = _walk_counts([4, 8, 16, 32], 1, searched.append, lambda a, b: None)
+    assert unknown and sorted(searched) == [4, 8, 16, 32]
+
+
+@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "none"])
+def test_interleaved_layouts_are_ranked_with_equal_chunks_as_found(monkeypatch, balanced):
+    """Every interleaved layout the search ranks is ranked with equal layers per chunk too
+    (as the dynamic programs find them, so the counts' comparisons see them: the 2.7B GPT over
+    10 Gbit/s ranked its 8-microbatch layout last with lopsided chunks, 929 ms with equal ones);
+    without the variants the check sees them missing."""
+    from hulkjax.strategies import stages as S
+
+    real_balanced, real_rank = S._balanced, S._ranking_time
+    if not balanced:
+        monkeypatch.setattr(S, "_balanced", lambda ctx, layout: None)
+    ranked = set()
+
+    def spy(ctx, layout):
+        ranked.add(layout)
+        return real_rank(ctx, layout)
+
+    monkeypatch.setattr(S, "_ranking_time", spy)
+    _, g, topo, _ = _search_costing_everything(monkeypatch)
+    ctx = _context(g, topo)
+    variants = {real_balanced(ctx, lay) for lay in ranked if lay.virtual_stages > 1} - {None}
+    assert variants
+    missing = {v for v in variants if v not in ranked and S._variant_ok(ctx, v)}
+    if balanced:
+        assert not missing
+    else:
+        assert missing
