@@ -140,3 +140,41 @@ def test_swapped_pairs_within_noise_are_told_from_real_misrankings(testbed):
                testbed._swapped([a, b, c])}
     assert swapped == {("a", "b"): True, ("c", "a"): False, ("c", "b"): False}
     assert testbed._swapped([a, c | {"predicted_step": 3.0}]) == []  # same order: none
+
+
+def test_plans_predicted_equal_are_ties_not_misrankings(testbed):
+    a = _row("dp", 2.0, [9.0, 2.8, 2.8, 2.8])
+    b = _row("fsdp", 2.0, [9.0, 2.7, 2.7, 2.7])   # predicted equal, measured faster
+    c = _row("auto", 1.0, [9.0, 1.5, 1.5, 1.5])
+    assert testbed._ties([a, b, c]) == [("dp", "fsdp")]
+    assert testbed._swapped([a, b, c]) == []
+    assert testbed._ties([a, c]) == []
+
+
+def test_predicted_comm_is_what_shaped_links_add_to_the_same_plan(testbed):
+    """A staged plan's exposed transfers count as its predicted communication (its collective
+    time is 0), as the measured comm (shaped - unshaped step) counts them; an SPMD plan's is its
+    collectives between regions."""
+    import jax.numpy as jnp
+
+    import hulkjax as hj
+    from hulkjax import zoo
+
+    m = zoo.get("gpt2", size="tiny", batch=8, n_layers=4)
+    margs = m.abstract()
+    graph = hj.trace(m.step, *margs)
+
+    def sites(bw):
+        return hj.Topology.preset("regional", regions=2, gpus_per_node=1,
+                                  metro=hj.LinkSpec(bandwidth=bw, latency=1e-4))
+
+    slow, free = sites(2e6), sites(2e9)
+    staged = hj.plan(m.step, *margs, topology=slow, strategy="pipeline", graph=graph)
+    assert staged.stages is not None and abs(staged.cost.comm_time) < 1e-12
+    free_step = testbed.free_step(staged, graph, margs, m, free)
+    assert free_step >= staged.cost.compute_time  # its stages' work stays
+    assert staged.cost.step_time - free_step > 0.05 * staged.cost.step_time  # its sends go
+    dp = hj.plan(m.step, *margs, topology=slow, strategy="dp", graph=graph)
+    dp_comm = dp.cost.step_time - testbed.free_step(dp, graph, margs, m, free)
+    assert dp_comm == pytest.approx(dp.cost.comm_time, rel=0.05)
+    assert jnp.isfinite(dp_comm)

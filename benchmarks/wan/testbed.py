@@ -280,6 +280,9 @@ def main(argv=None) -> int:
 
             topo = sites(link_bw, f"wan-{args.regions}x{args.devices}-calibrated")
             topo_nominal = sites(nominal_bw, f"wan-{args.regions}x{args.devices}-nominal")
+            # The same plans with links between regions 1000x faster: the predicted step less
+            # this is the communication the shaping adds, what "measured comm" measures.
+            topo_free = sites(link_bw * 1e3, f"wan-{args.regions}x{args.devices}-free-links")
             topo.save(TOPOLOGY)
             result |= {"rtt": rtt, "tcp_goodput": goodput, "calibration": {k: cal[k] for k in ("device", "link")},
                        "link_nominal": nominal_bw, "topology": topo.to_dict()}
@@ -313,7 +316,10 @@ def main(argv=None) -> int:
                     "plan": "SPMD" if not p.stages else
                             f"{len(p.stages)} stages x {p.microbatches} mb ({p.schedule})",
                     "predicted_step": p.cost.step_time,
-                    "predicted_comm": p.cost.comm_time,
+                    # what the shaped links add to the step (exposed transfers and collectives
+                    # between regions): step - step with free links, the same plan
+                    "predicted_comm": p.cost.step_time - free_step(p, graph, margs, m, topo_free),
+                    "predicted_collectives": p.cost.comm_time,
                     "predicted_comm_region": p.cost.comm_time_by_axis.get("region", 0.0),
                     "predicted_step_nominal_link": None if nominal is None else nominal.step_time,
                     "measured_step": rs["step_time"],
@@ -361,6 +367,23 @@ def write_markdown() -> None:
     parts += [markdown(r) for r in runs]
     with open(MARKDOWN, "w") as f:
         f.write("\n".join(parts))
+
+
+def free_step(p, graph, margs, m, topo_free) -> float:
+    """The predicted step of plan ``p`` (made for ``graph``) with the topology's links between
+    regions free: the same stages re-costed (staged plans), the same assignment evaluated
+    (SPMD plans; the candidates depend on the mesh, not on link speeds: checked)."""
+    import hulkjax as hj
+    from hulkjax.strategies.realize import cost_model
+
+    if p.stages is not None:
+        return hj.estimate(m.step, *margs, plan=p, topology=topo_free).step_time
+    cm, cm_free = cost_model(graph, p.topology), cost_model(graph, topo_free)
+    same = len(cm.groups) == len(cm_free.groups) and all(
+        a.candidates == b.candidates for a, b in zip(cm.groups, cm_free.groups))
+    if not same:
+        raise RuntimeError("the free-links topology changes the cost model's candidates")
+    return cm_free.evaluate(p.assignment).step_time
 
 
 def _targets(rows) -> list[str]:
@@ -418,6 +441,13 @@ def _swapped(rows) -> list[tuple[dict, dict, bool]]:
     return out
 
 
+def _ties(rows) -> list[tuple[str, str]]:
+    """Pairs of strategies whose predicted steps are equal (to 1e-9 relative)."""
+    return [(a["strategy"], b["strategy"]) for i, a in enumerate(rows) for b in rows[i + 1:]
+            if abs(a["predicted_step"] - b["predicted_step"])
+            <= 1e-9 * max(a["predicted_step"], b["predicted_step"])]
+
+
 def markdown(res: dict) -> str:
     cal = res["calibration"]
     lines = [
@@ -461,7 +491,14 @@ def markdown(res: dict) -> str:
         "process), to show the run-to-run noise. "
         "Measured comm = step shaped - step unshaped (same programs); a plan whose compiled "
         "program has no collective between regions and sends no value between them shows '-' (its "
-        "processes do not wait for each other, and the difference is noise).", "",
+        "processes do not wait for each other, and the difference is noise). "
+        + ("Predicted comm, likewise = predicted step - the same plan's predicted step with the "
+           "links between regions 1000x faster: collectives between regions, and a staged "
+           "plan's transfers where they stall its stages." if all(
+               "predicted_collectives" in r for r in res["rows"]) else
+           "Predicted comm = the plan's predicted collective time (runs before it was the step "
+           "less the step with free links: a staged plan's exposed transfers are not in it)."),
+        "",
         "| strategy | plan | predicted step | measured step | step quartiles | measured / predicted | "
         "predicted comm | measured comm | measured / predicted comm | predicted step (nominal "
         "link) | unshaped step | matches unsharded |",
@@ -483,11 +520,17 @@ def markdown(res: dict) -> str:
             f"{'yes' if r['check'] else 'NO' if r['check'] is False else '-'} |")
     rows = res["rows"]
     if rows:
-        same = _rank(rows, "predicted_step") == _rank(rows, "measured_step")
+        swapped = _swapped(rows)
+        ties = _ties(rows)
+        # The same ranking: no pair measured in the other order than predicted (plans predicted
+        # equal, e.g. two strategies that chose the same plan, may measure in either order).
+        same = "the same" if not swapped else "not the same"
+        if ties and not swapped:
+            same += (" up to the plans predicted equal: "
+                     + ", ".join(f"{a} = {b}" for a, b in ties))
         lines += ["", f"Ranking by predicted step: {' < '.join(_rank(rows, 'predicted_step'))}; "
                       f"by measured step: {' < '.join(_rank(rows, 'measured_step'))} "
-                      f"({'the same' if same else 'not the same'})."]
-        swapped = _swapped(rows)
+                      f"({same})."]
         if swapped:
             noise = [x for x in swapped if x[2]]
             lines[-1] += (

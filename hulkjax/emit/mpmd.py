@@ -185,6 +185,7 @@ class StagedStep:
         if self.multiprocess:
             transfer.check_enabled("this staged plan")
         self.crossings: list[transfer.Crossing] = []
+        self._arrivals: dict[int, jax.Array] = {}  # per call (see __call__)
         self.programs: dict[tuple[int, str], object] = {}
         self._graph: OpGraph | None = plan.graph
         self._built = False
@@ -733,6 +734,9 @@ class StagedStep:
                     f"call of this step. Pass the state the step returned, or emit with "
                     f"donate=False.")
         self.crossings = []
+        # Values this process received from another one in this call (by id, kept alive): the
+        # only inputs a program waits for before it is dispatched (see _run).
+        self._arrivals: dict[int, jax.Array] = {}
         env: dict[int, object] = {}
         # State leaves on the stage holding them (passed through when already in place).
         donated = set()
@@ -775,7 +779,10 @@ class StagedStep:
             key = (k, v)
             if copies is not None and key in copies:
                 return copies[key]
+            sent = len(self.crossings)
             y = transfer.move(x, want, self.crossings)
+            if len(self.crossings) > sent or id(x) in self._arrivals:
+                self._arrivals[id(y)] = y  # from another process (or a copy of such a value)
             if copies is not None:
                 copies[key] = y
             return y
@@ -881,8 +888,15 @@ class StagedStep:
         """``(outputs, accumulators)`` of one program: run here if this process holds its stage,
         else placeholders laid out on the stage's devices."""
         if p.stage in self.local_stages:
-            if jax.process_count() > 1:  # never queue a program on values still in transit
-                jax.block_until_ready((args, accs))  # (transfer module docstring)
+            if jax.process_count() > 1:
+                # Never queue a program on values still in transit from another process
+                # (transfer module docstring: the job deadlocks). Values of this process's own
+                # programs are not waited for: a host blocked on its own compute posts no
+                # receive behind it, and a receive starts the transfer (the bytes are pulled), so
+                # waiting for them serialized every transfer into this process with its compute.
+                arriving = [x for x in args if id(x) in self._arrivals]
+                if arriving:
+                    jax.block_until_ready(arriving)
             return p.compiled(*args, *accs)
         mesh = self.meshes[p.stage]
         outs = [transfer.placeholder(
