@@ -734,8 +734,9 @@ class StagedStep:
                     f"call of this step. Pass the state the step returned, or emit with "
                     f"donate=False.")
         self.crossings = []
-        # Values this process received from another one in this call (by id, kept alive): the
-        # only inputs a program waits for before it is dispatched (see _run).
+        # Values this process received from another one in this call and has not waited for yet
+        # (by id, kept alive while listed): the only inputs a program waits for before it is
+        # dispatched (see _run).
         self._arrivals: dict[int, jax.Array] = {}
         env: dict[int, object] = {}
         # State leaves on the stage holding them (passed through when already in place).
@@ -893,10 +894,12 @@ class StagedStep:
                 # (transfer module docstring: the job deadlocks). Values of this process's own
                 # programs are not waited for: a host blocked on its own compute posts no
                 # receive behind it, and a receive starts the transfer (the bytes are pulled), so
-                # waiting for them serialized every transfer into this process with its compute.
+                # a transfer into this process could not start before its earlier programs ended.
                 arriving = [x for x in args if id(x) in self._arrivals]
                 if arriving:
                     jax.block_until_ready(arriving)
+                    for x in arriving:  # here now: not held for the rest of the step
+                        self._arrivals.pop(id(x), None)
             return p.compiled(*args, *accs)
         mesh = self.meshes[p.stage]
         outs = [transfer.placeholder(
