@@ -70,6 +70,13 @@ What JAX 0.10.2 does across processes (probed on CPU, two and three processes on
   its producer has been dispatched, and walks its programs in their predicted start order
   (``StagedStep``): sent at its reader instead, a value waited for both processes' host loops
   to reach the reader, and each send added to the step.
+- XLA:CPU reads a send from the sender's device in the device's queue order, at the time both
+  ends have posted it: programs the sender dispatched before that run first, and the send waits
+  for them (measured, ``benchmarks/wan/transfer_time.py``: ~0.3 s of matmuls queued on the
+  sender delay a 4 kB send to 254 ms; the receiver's own compute delays nothing). So a send
+  goes at the link's time only when the receiver had posted before the sender dispatched its
+  next program; the staged step's sends often wait for it (on the WAN testbed, 12-14 ms more
+  per send on the critical path than the link's alpha-beta time).
 - Across hosts (or network namespaces) the bulk transports that carry the bytes must listen on a
   reachable address too (:func:`enable`).
 - A ``jax.jit`` whose input lives on one process's devices and whose output sharding is on

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -372,8 +372,13 @@ class _Program:
         # Node costs and memory per class (summed over the class's groups).
         node_cost = [np.array([sum(cm.table_time(g2, k) for g2 in members[c]) for k in keep[c]])
                      for c in range(n_classes)]
-        node_mem = [np.array([sum(cm.table(g2, k).memory for g2 in members[c]) for k in keep[c]])
-                    for c in range(n_classes)]
+        # Memory is a table's (no program runs): groups of one table class share it, so each
+        # class sums its table classes' memory times how many of its groups each has.
+        node_mem = []
+        for c in range(n_classes):
+            reps_in = Counter(cm.table_rep[g2] for g2 in members[c])
+            node_mem.append(np.array([sum(n * cm.local(r, k).memory for r, n in reps_in.items())
+                                      for k in keep[c]]))
 
         # Edge costs between classes (an edge inside one class only sees equal choices), the
         # readers of shared values left out: they are charged once per layout below.
