@@ -285,7 +285,8 @@ def solve(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] | Sequence[Sequen
                       cm.objective(candidate), cm.memory(candidate), start_objective)
     if polish:
         assignment = polish_memory(cm, assignment)
-    if cm.peak_memory(assignment) > capacity:  # the sum is not a bound everywhere (below)
+    # (the sum is not a bound everywhere, below; no limit: no liveness walk to compare)
+    if np.isfinite(capacity) and cm.peak_memory(assignment) > capacity:
         pool = [("leanest", prog.leanest()), *((n, list(a)) for n, a in named)]
         peaks = [cm.peak_memory(a) for _, a in pool]
         fits = [(cm.objective(a), i) for i, ((_, a), p) in enumerate(zip(pool, peaks))

@@ -143,11 +143,12 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
         changed = False
         for gid in free:
             options = (candidates or {}).get(gid) or range(len(cm.groups[gid].candidates))
-            best_c, best_t = a[gid], local_cost(cm, nb, gid, a[gid], a)
-            for c in options:
-                if c == a[gid]:
-                    continue
-                t = local_cost(cm, nb, gid, c, a)
+            # Every option's local cost at once (its edges are columns of cached matrices): the
+            # others' candidates do not change while this group's are compared.
+            cands = [a[gid], *(c for c in options if c != a[gid])]
+            costs = local_costs(cm, nb, gid, a, cands)
+            best_c, best_t = a[gid], costs[0]
+            for c, t in zip(cands[1:], costs[1:]):
                 if t < best_t - 1e-15:
                     best_c, best_t = c, t
             if best_c != a[gid]:
