@@ -178,3 +178,8 @@ def test_predicted_comm_is_what_shaped_links_add_to_the_same_plan(testbed):
     dp_comm = dp.cost.step_time - testbed.free_step(dp, graph, margs, m, free)
     assert dp_comm == pytest.approx(dp.cost.comm_time, rel=0.05)
     assert jnp.isfinite(dp_comm)
+    # Another mesh has other candidates: no prediction, and no exception (the run's
+    # measurements, taken before, are kept).
+    other = hj.Topology.preset("regional", regions=4, gpus_per_node=1,
+                               metro=hj.LinkSpec(bandwidth=2e9, latency=1e-4))
+    assert testbed.free_step(dp, graph, margs, m, other) is None
