@@ -24,7 +24,10 @@ with or without ``move``'s copy (a plain ``jax.device_put`` too); dispatched aft
 send still waits for the chain when the receiver asks after the chain was dispatched (no gap
 before the send: 262-435 ms) and goes at once when the receiver was already waiting (a 100 ms
 gap: 0.84-176 ms, the alpha-beta time). XLA:CPU reads a cross-host send from the device in its
-queue order at the time both ends have posted it.
+queue order at the time both ends have posted it. And a receive costs the receiving core
+compute: ``busy1`` prints the receiver's chain at 267 ms beside 4 kB sends, 278 ms beside
+512 kB ones (a 45 ms transfer) and 332 ms beside 2 MB ones (177 ms): about a quarter to a third
+of the transfer's time is lost to the device's compute when one core runs both.
 """
 
 import argparse
@@ -57,7 +60,7 @@ def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain")
     jax.distributed.initialize(coordinator, num_processes=2, process_id=pid)
     devs = jax.devices()
     at = [NamedSharding(Mesh(np.array([d]), ("a",)), P()) for d in devs[:2]]
-    stamps = []
+    stamps, chains = [], []  # chains: (size, seconds) of each matmul chain run beside a send
     # "busy": both processes compute (a chain of 1024 x 1024 matmuls, about 0.3 s) while the
     # value crosses, as a staged step's stages do; "both": process 1 sends a value of the same
     # size back at the same time (1F1B's activations one way, gradients the other).
@@ -74,6 +77,7 @@ def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain")
         for gap in GAPS_MS:
             for _ in range(REPEAT):
                 transfer.settle(())
+                c0 = time.perf_counter()
                 busy = chain(w) if mode == "busy" or mode == f"busy{pid}" else None
                 if pid == 0:
                     time.sleep(gap / 1e3)
@@ -93,9 +97,10 @@ def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain")
                     stamps.append(time.perf_counter())
                 if busy is not None:
                     busy.block_until_ready()
+                    chains.append((nbytes, time.perf_counter() - c0))
     transfer.settle(())
     with open(out, "w") as f:
-        json.dump(stamps, f)
+        json.dump({"stamps": stamps, "chains": chains}, f)
 
 
 def _table(sent, got, alpha_beta=None) -> str:
@@ -152,8 +157,15 @@ def main(argv=None) -> int:
         print(f"shaped at {args.rate:g} Mbit/s: RTT {rtt * 1e6:.0f} us, TCP goodput "
               f"{goodput / 1e6:.3g} MB/s")
         alpha_beta = lambda b: rtt / 2 + b / goodput  # noqa: E731
-    sent, got = (json.load(open(o)) for o in outs)
-    print(_table(sent, got, alpha_beta))
+    res = [json.load(open(o)) for o in outs]
+    print(_table(res[0]["stamps"], res[1]["stamps"], alpha_beta))
+    for i, r in enumerate(res):  # the compute beside the sends: how long its chain took
+        if r["chains"]:
+            by: dict[int, list[float]] = {}
+            for nbytes, dt in r["chains"]:
+                by.setdefault(nbytes, []).append(dt)
+            print(f"process {i}'s matmul chain beside the sends (median): " + ", ".join(
+                f"{n:,} B: {sorted(d)[len(d) // 2] * 1e3:.1f} ms" for n, d in by.items()))
     return 0
 
 
