@@ -25,9 +25,10 @@ send still waits for the chain when the receiver asks after the chain was dispat
 before the send: 262-435 ms) and goes at once when the receiver was already waiting (a 100 ms
 gap: 0.84-176 ms, the alpha-beta time). XLA:CPU reads a cross-host send from the device in its
 queue order at the time both ends have posted it. And a receive costs the receiving core
-compute: ``busy1`` prints the receiver's chain at 267 ms beside 4 kB sends, 278 ms beside
-512 kB ones (a 45 ms transfer) and 332 ms beside 2 MB ones (177 ms): about a quarter to a third
-of the transfer's time is lost to the device's compute when one core runs both.
+compute: ``busy1`` printed the receiver's chain at 264-267 ms beside 4 kB sends, 268-278 ms
+beside 512 kB ones (a 45 ms transfer) and 313-332 ms beside 2 MB ones (177 ms; two runs): up to
+a quarter to a third of the transfer's time is lost to the device's compute when one core runs
+both.
 """
 
 import argparse
