@@ -40,6 +40,7 @@ results. Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -267,6 +268,16 @@ def main(argv=None) -> int:
                                       out=os.path.join(args.run_dir, "calibrate"),
                                       host=net.ip[0], prefix=net.prefix, timeout=args.timeout)
             spec = topo_cal.slowest_device()
+            # What a receive costs the receiving core's compute (the processes' network stacks
+            # run on the cores their devices compute on): charged to staged plans' receivers.
+            from transfer_time import receive_share
+
+            recv = receive_share(net)
+            spec = dataclasses.replace(spec, receive_overhead=recv["share"])
+            print(f"receive overhead: {recv['share']:.2f} of a receive's link time (matmul chain "
+                  f"{recv['chain_small'] * 1e3:.0f} ms beside 4 kB receives, "
+                  f"{recv['chain_big'] * 1e3:.0f} ms beside {recv['bytes_big'] >> 20} MB ones "
+                  f"taking {recv['receive_big'] * 1e3:.0f} ms)", flush=True)
             link_bw = cal["link"]["bandwidth"]
             nominal_bw = min(rates) * 1e6 / 8
             local = cal.get("local_link", {"bandwidth": 10e9, "latency": 1e-6})
@@ -284,7 +295,9 @@ def main(argv=None) -> int:
             # this is the communication the shaping adds, what "measured comm" measures.
             topo_free = sites(link_bw * 1e3, f"wan-{args.regions}x{args.devices}-free-links")
             topo.save(TOPOLOGY)
-            result |= {"rtt": rtt, "tcp_goodput": goodput, "calibration": {k: cal[k] for k in ("device", "link")},
+            result |= {"rtt": rtt, "tcp_goodput": goodput,
+                       "calibration": {**{k: cal[k] for k in ("device", "link")},
+                                       "receive_overhead": recv},
                        "link_nominal": nominal_bw, "topology": topo.to_dict()}
             print(f"calibrated: {spec.peak_flops / 1e9:.3g} GFLOP/s and "
                   f"{spec.hbm_bandwidth / 1e9:.3g} GB/s per device; region link "
@@ -474,8 +487,15 @@ def markdown(res: dict) -> str:
         f"{cal['device']['hbm_bandwidth'] / 1e9:.3g} GB/s per device with every device busy; "
         f"gloo all-reduce between regions {cal['link']['bandwidth'] / 1e6:.3g} MB/s, "
         f"{cal['link']['latency'] * 1e6:.0f} us (nominal tbf rate "
-        f"{res['link_nominal'] / 1e6:.3g} MB/s). Plans and predictions use the calibrated numbers "
-        f"(`benchmarks/wan/topology.json`).", "",
+        f"{res['link_nominal'] / 1e6:.3g} MB/s)"
+        + (f"; a receive costs the receiving core's compute {ro['share']:.2f} of its link time "
+           f"(`benchmarks/wan/transfer_time.py`'s `receive_share`: a matmul chain "
+           f"{ro['chain_small'] * 1e3:.0f} ms beside 4 kB receives, {ro['chain_big'] * 1e3:.0f} "
+           f"ms beside 2 MB ones taking {ro['receive_big'] * 1e3:.0f} ms; `DeviceSpec."
+           f"receive_overhead`, charged to staged plans' receiving stages)"
+           if (ro := cal.get("receive_overhead")) else "")
+        + ". Plans and predictions use the calibrated numbers (`benchmarks/wan/topology.json`).",
+        "",
         (f"**Cores**: each region's process runs on cores of its own (`taskset`: "
          f"{'; '.join(f'region {i}: {c}' for i, c in enumerate(res['pinning']))}), so a "
          f"device computes at the calibrated rate whatever the others do." if res.get("pinning")

@@ -46,7 +46,8 @@ GAPS_MS = (0, 100)
 REPEAT = 12
 
 
-def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain") -> None:
+def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain",
+           sizes=SIZES, gaps=GAPS_MS) -> None:
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     sys.path.insert(0, ROOT)
     import jax
@@ -69,13 +70,13 @@ def worker(pid: int, coordinator: str, host: str, out: str, mode: str = "plain")
     w = jax.device_put(np.full((1024, 1024), 1e-3, np.float32), mine)
     chain = jax.jit(lambda a: jax.lax.fori_loop(0, 30, lambda i, b: b @ a, a))
     chain(w).block_until_ready()
-    for nbytes in SIZES:
+    for nbytes in sizes:
         n = nbytes // 4
         x = jax.device_put(np.ones(n, np.float32), at[0]).block_until_ready() if pid == 0 \
             else transfer.placeholder((n,), np.float32, at[0])
         back = jax.device_put(np.ones(n, np.float32), at[1]).block_until_ready() if pid == 1 \
             else transfer.placeholder((n,), np.float32, at[1])
-        for gap in GAPS_MS:
+        for gap in gaps:
             for _ in range(REPEAT):
                 transfer.settle(())
                 c0 = time.perf_counter()
@@ -119,8 +120,50 @@ def _table(sent, got, alpha_beta=None) -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> int:
+def run_pair(mode: str, net=None, sizes=SIZES, gaps=GAPS_MS) -> list[dict]:
+    """Both processes' records (``{"stamps", "chains"}``): on loopback, or in regions 0 and 1
+    of ``net`` (a :class:`testbed.Regions`, shaped as it is)."""
     import socket
+
+    tmp = tempfile.mkdtemp(prefix="hulkjax-xfer-")
+    outs = [os.path.join(tmp, f"p{i}.json") for i in range(2)]
+    tail = [",".join(map(str, sizes)), ",".join(map(str, gaps))]
+    me = [sys.executable, os.path.abspath(__file__), "--worker", mode]
+    if net is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        coord = f"127.0.0.1:{port}"
+        cmds = [[*me, str(i), coord, "127.0.0.1", outs[i], *tail] for i in range(2)]
+    else:
+        coord = f"{net.ip[0]}:23571"
+        cmds = [[*net.prefix(i), *me, str(i), coord, net.ip[i], outs[i], *tail] for i in range(2)]
+    procs = [subprocess.Popen(c) for c in cmds]
+    for p in procs:
+        p.wait(timeout=600)
+    return [json.load(open(o)) for o in outs]
+
+
+def receive_share(net=None) -> dict:
+    """The share of a receive's time that the receiving process's compute loses (the
+    ``DeviceSpec.receive_overhead`` of a device that computes on the cores the process receives
+    on): a matmul chain on the receiver beside 4 kB and beside 2 MB receives, the difference
+    over the 2 MB receive's time, clipped to [0, 1]. Returns the share and what it read."""
+    big = 2 << 20
+    res = run_pair("busy1", net, sizes=(4096, big), gaps=(0,))
+    by: dict[int, list[float]] = {}
+    for nbytes, dt in res[1]["chains"]:
+        by.setdefault(nbytes, []).append(dt)
+    chain = {n: sorted(d)[len(d) // 2] for n, d in by.items()}
+    sent, got = res[0]["stamps"], res[1]["stamps"]
+    dt = sorted(b - a for a, b in zip(sent[REPEAT + 2:], got[REPEAT + 2:]))
+    receive = dt[len(dt) // 2]
+    share = min(max((chain[big] - chain[4096]) / receive, 0.0), 1.0)
+    return {"share": share, "chain_small": chain[4096], "chain_big": chain[big],
+            "receive_big": receive, "bytes_big": big}
+
+
+def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=None,
@@ -131,17 +174,8 @@ def main(argv=None) -> int:
                          "the receiver only; after0: the sender computes after dispatching the send); both: "
                          "a value goes back at the same time")
     args = ap.parse_args(argv)
-    tmp = tempfile.mkdtemp(prefix="hulkjax-xfer-")
-    outs = [os.path.join(tmp, f"p{i}.json") for i in range(2)]
-    me = [sys.executable, os.path.abspath(__file__), "--worker", args.mode]
     if args.rate is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        coord = f"127.0.0.1:{port}"
-        procs = [subprocess.Popen([*me, str(i), coord, "127.0.0.1", outs[i]]) for i in range(2)]
-        for p in procs:
-            p.wait(timeout=600)
+        res = run_pair(args.mode)
         alpha_beta = None
     else:
         sys.path.insert(0, HERE)
@@ -150,15 +184,10 @@ def main(argv=None) -> int:
         with Regions([args.rate, args.rate], tag="xf") as net:
             net.shape(True)
             rtt, goodput = net.probe()
-            coord = f"{net.ip[0]}:23571"
-            procs = [subprocess.Popen([*net.prefix(i), *me, str(i), coord, net.ip[i], outs[i]])
-                     for i in range(2)]
-            for p in procs:
-                p.wait(timeout=600)
+            res = run_pair(args.mode, net)
         print(f"shaped at {args.rate:g} Mbit/s: RTT {rtt * 1e6:.0f} us, TCP goodput "
               f"{goodput / 1e6:.3g} MB/s")
         alpha_beta = lambda b: rtt / 2 + b / goodput  # noqa: E731
-    res = [json.load(open(o)) for o in outs]
     print(_table(res[0]["stamps"], res[1]["stamps"], alpha_beta))
     for i, r in enumerate(res):  # the compute beside the sends: how long its chain took
         if r["chains"]:
@@ -171,7 +200,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 7 and sys.argv[1] == "--worker":
-        worker(int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], mode=sys.argv[2])
+    if len(sys.argv) == 9 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], mode=sys.argv[2],
+               sizes=tuple(map(int, sys.argv[7].split(","))),
+               gaps=tuple(map(float, sys.argv[8].split(","))))
     else:
         raise SystemExit(main())

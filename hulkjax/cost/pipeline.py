@@ -78,7 +78,10 @@ pipeline). The
 compute - its collectives``.
 
 Approximations (stated so a reader knows what the number means): transfers ride separate links
-and engines (they never slow a stage's compute); a stage's forward and backward take the same time
+and engines (they never slow a stage's compute), except on a device whose
+``DeviceSpec.receive_overhead`` says its network stack shares its cores (a CPU process pinned to
+its cores: that share of each per-microbatch receive's link time is added to the receiving
+stage's forward or backward that reads it; per-step transfers are not charged); a stage's forward and backward take the same time
 for every microbatch; values of several transfers between one pair of stages in one direction go
 as one message; the update starts when the last microbatch's backward ends on every stage (a
 stage that finishes early does not start its update early); a group's reductions are charged as
@@ -286,6 +289,15 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
     holder = {i: k for k, s in enumerate(stages) for i in s.inputs}
     transfers = _transfers(topology, stages, stage_of, phase_of, holder, M,
                            {x for u in unreduced for x in u})
+    # A device whose network stack shares its cores (DeviceSpec.receive_overhead: a CPU process
+    # pinned to its cores) loses that share of a receive's time on the link to compute: charged
+    # to the receiving stage's program that reads the value, per microbatch (a forward's value
+    # sent back down the pipeline, a skip connection's, is read by a backward).
+    for (a, c), t in transfers.items():
+        rho = max(topology.devices[d].spec.receive_overhead for d in stages[c].devices)
+        if rho > 0:
+            work[c]["f" if a < c else "b"] += rho * t["fwd"]
+            work[c]["b"] += rho * t["bwd"]
     f = [w["f"] for w in work]
     b = [w["b"] for w in work]
     u = [w["u"] for w in work]

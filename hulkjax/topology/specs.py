@@ -128,8 +128,14 @@ class DeviceSpec:
       kernel_overhead: seconds each kernel launch adds beyond its roofline time (the idle gap
         between kernels and a tiny kernel's minimum duration), per kernel the cost model counts
         (a matmul, a fusion that writes memory, any other operator). 0: none.  # seconds, >= 0
+      receive_overhead: the share of a value's time on the link, when another process sends it
+        to this device, that the device's compute loses meanwhile (a host whose network stack
+        runs on the cores the device computes on: a CPU process pinned to its cores, as on the
+        WAN testbed, ``benchmarks/wan/transfer_time.py --mode busy1``). Charged to a staged
+        plan's receiving stage. 0: the transfer takes nothing from compute (accelerators, whose
+        transfers have engines of their own).  # fraction, in [0, 1]
 
-    The three calibration numbers default to an ideal device (the datasheet's roofline, free
+    The calibration numbers default to an ideal device (the datasheet's roofline, free
     launches); the built-in H100 and H200 carry the values measured on one of each, the other
     NVIDIA kinds the H100's (``DEVICE_SPECS``).
     """
@@ -142,6 +148,7 @@ class DeviceSpec:
     flops_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     kernel_overhead: float = 0.0  # seconds
+    receive_overhead: float = 0.0  # fraction of a receive's link time
 
     @property
     def platform(self) -> str:
@@ -189,6 +196,16 @@ class DeviceSpec:
         value = check_nonnegative(self.kernel_overhead, "DeviceSpec.kernel_overhead", "seconds",
                                   "Give seconds per kernel launch, e.g. 5e-6 (0: none).")
         object.__setattr__(self, "kernel_overhead", value)
+        value = check_nonnegative(self.receive_overhead, "DeviceSpec.receive_overhead",
+                                  "fraction of a receive's link time",
+                                  "Give the share of a receive's time its compute loses, e.g. "
+                                  "0.3 (0: none).")
+        if value > 1.0:
+            raise InvalidTopologyError(
+                f"DeviceSpec.receive_overhead={value!r} is above 1: a receive cannot take more "
+                f"compute time than it lasts. Give a fraction in [0, 1], e.g. 0.3.",
+                where="DeviceSpec.receive_overhead")
+        object.__setattr__(self, "receive_overhead", value)
 
     @property
     def calibration(self) -> dict[str, float]:
@@ -205,7 +222,8 @@ class DeviceSpec:
         return out
 
 
-_IDEAL = {"flops_efficiency": 1.0, "memory_efficiency": 1.0, "kernel_overhead": 0.0}
+_IDEAL = {"flops_efficiency": 1.0, "memory_efficiency": 1.0, "kernel_overhead": 0.0,
+          "receive_overhead": 0.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
