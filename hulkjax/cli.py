@@ -617,18 +617,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "device-group head on the staged search's best orders")
     tg.add_argument("--head", choices=("planner", "groups"), default="planner",
                     help="planner: the layout network (default); groups: the device-group head")
+
+    def both(key: str) -> str:  # a default of each head's run
+        return f"default {PLANNER_RUN[key]}; --head groups: {GROUPS_RUN[key]}"
+
     tg.add_argument("--samples", type=int, default=None,
-                    help=f"training graphs (default {PLANNER_RUN['samples']}; "
-                         f"--head groups: {GROUPS_RUN['samples']} (model, cluster) pairs)")
+                    help=f"training graphs ({both('samples')} (model, cluster) pairs)")
     tg.add_argument("--val-samples", type=int, default=None,
-                    help=f"held-out graphs (default {PLANNER_RUN['val_samples']}; --head "
-                         f"groups: {GROUPS_RUN['val_samples']})")
+                    help=f"held-out graphs ({both('val_samples')})")
     tg.add_argument("--test-samples", type=int, default=None,
                     help=f"--head groups: test (model, cluster) pairs, evaluated once on the "
                          f"weights kept (default {GROUPS_RUN['test_samples']})")
-    tg.add_argument("--epochs", type=int, default=None,
-                    help=f"default {PLANNER_RUN['epochs']} (--head groups: "
-                         f"{GROUPS_RUN['epochs']})")
+    tg.add_argument("--epochs", type=int, default=None, help=both("epochs"))
     tg.add_argument("--seed", type=int, default=0)
     tg.add_argument("--out", default=None,
                     help="directory for the weights (default: the package's shipped weights)")
