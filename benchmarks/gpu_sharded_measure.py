@@ -1,0 +1,323 @@
+"""Compile and run hulkjax's sharded programs for 8 GPUs on one real GPU (the half of
+``benchmarks/gpu_sharded.py`` that needs the accelerator).
+
+Plain JAX only, like ``gpu_measure.py``: it runs with whatever JAX the GPU machine has. The
+programs come from ``gpu_sharded.py export``: each a ``jax.export`` serialization of the program
+``hj.emit`` compiles for one plan (its in/out shardings and every with_sharding_constraint), lowered
+for CUDA on an 8-device mesh.
+
+XLA:GPU compiles them here for 8 GPUs although the machine has one: JAX's
+``jax_mock_gpu_topology`` ("1x8x1": one slice of 8 hosts with one GPU each) makes the GPU client
+report 8 devices, one of them local, and run its collectives with a mock communicator
+(``enable_mock_nccl``). The compiled program is the one 8 real GPUs would run: the SPMD partitioner's
+collectives, the combiners' merges, the async start/done pairs and the latency-hiding scheduler's
+order. Running it times the local device's compute; what a mocked collective costs is measured
+too (``mock_collectives``), so that the timing can be read.
+
+Each half runs in a child process with a timeout, so that a wait that never ends loses nothing
+already written: first every program is compiled from abstract arguments (no buffer made), then
+each is run. On 2026-11-27 (one H200, jax 0.11.2) the client came up with 8 devices, 1 local, and
+no program finished compiling in 165 s, in either of two attempts (``benchmarks/GPU.md``). XLA's
+sharded autotuning, which exchanges results with the job's other processes through the
+distributed key-value store, is the likely wait, and is now turned off; untested on a GPU since.
+
+For every program it records: compile time, ``compiled.as_text()`` (the scheduled HLO, gzipped in
+the output tar), ``memory_analysis``, the median step time after warm-up, and one profiled step's
+GPU events with their start and end (so the report can see what ran while a collective was in
+flight).
+
+    python benchmarks/gpu_sharded_measure.py --programs DIR --out OUT [--cpu]
+
+``--cpu`` runs the same flow on 8 CPU devices (a check of this script where no GPU is, not a
+measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import platform
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+
+
+def _setup(cpu: bool):
+    if not cpu:
+        # Sharded autotuning (on by default) splits autotuning among a job's processes and
+        # exchanges the results through the distributed key-value store: with 7 of the 8
+        # processes mocked, nobody would answer.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_gpu_shard_autotuning=false").strip()
+    import jax
+
+    if cpu:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", 8)
+    else:
+        jax.config.update("jax_mock_gpu_topology", "1x8x1")
+    return jax
+
+
+def _median(fn, args, repeats: int, warmup: int) -> tuple[float, list[float]]:
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def profile_events(fn, args, steps: int = 1) -> list[dict]:
+    """Every GPU event of ``steps`` runs: ``{"line", "name", "start_ns", "dur_ns"}`` per event,
+    start relative to the first event (from JAX's profiler)."""
+    import jax
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        try:
+            for _ in range(steps):
+                jax.block_until_ready(fn(*args))
+        finally:
+            jax.profiler.stop_trace()
+        paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        data = ProfileData.from_file(paths[0])
+    events = []
+    for plane in data.planes:
+        if "gpu" not in plane.name.lower():
+            continue
+        for line in plane.lines:
+            for e in line.events:
+                events.append({"plane": plane.name, "line": line.name, "name": e.name,
+                               "start_ns": int(e.start_ns), "dur_ns": int(e.duration_ns)})
+    if events:
+        t0 = min(e["start_ns"] for e in events)
+        for e in events:
+            e["start_ns"] -= t0
+    return events
+
+
+def _arrays(jax, exp, mesh, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    shardings = exp.in_shardings_jax(mesh)
+    out = []
+    for aval, sharding in zip(exp.in_avals, shardings):
+        shape, dtype = tuple(aval.shape), aval.dtype
+        if np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16":
+            host = (0.02 * rng.standard_normal(shape)).astype(dtype)
+        else:
+            host = np.zeros(shape, dtype)  # token ids, positions, masks: 0 is valid everywhere
+        out.append(jax.make_array_from_callback(shape, sharding, lambda idx, h=host: h[idx]))
+    return out
+
+
+def mock_collectives(jax, repeats: int, sizes_mb=(1, 64)) -> list[dict]:
+    """What a collective costs under the mock communicator: an all-reduce and an all-gather of
+    1 and 64 MB over the 8 (mocked) devices, each alone in a program, against a copy of the same
+    size (the floor of a one-kernel program)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    rows = []
+    for mb in sizes_mb:
+        n = mb * (1 << 20) // 4
+        x = jax.make_array_from_callback((8, n), NamedSharding(mesh, P("d")),
+                                         lambda idx, n=n: np.ones((1, n), np.float32))
+        programs = {
+            "all-reduce": jax.jit(lambda x: jnp.sum(x, axis=0, keepdims=True),
+                                  out_shardings=NamedSharding(mesh, P())),
+            "all-gather": jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P())),
+            "local copy": jax.jit(lambda x: x * 2.0, out_shardings=NamedSharding(mesh, P("d"))),
+        }
+        for kind, f in programs.items():
+            try:
+                med, _ = _median(f, (x,), repeats, 2)
+                rows.append({"kind": kind, "megabytes": mb, "seconds": med})
+            except Exception as e:  # noqa: BLE001 (reported, not fatal)
+                rows.append({"kind": kind, "megabytes": mb, "error": f"{type(e).__name__}: {e}"})
+    return rows
+
+
+def _compile_child(args, jax, manifest, work: str) -> None:
+    """Compile every program (the scheduled HLO and memory analysis into ``work``)."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(manifest["mesh_shape"]),
+                tuple(manifest["axis_names"]))
+    began = time.perf_counter()
+    for entry in manifest["programs"]:
+        name = entry["name"]
+        if args.only and name not in args.only:
+            continue
+        if time.perf_counter() - began > args.budget:
+            print(f"{name}: skipped (over the --budget of {args.budget:.0f} s)", flush=True)
+            continue
+        row = {"name": name}
+        try:
+            fn, exp = _program(jax, args.programs, entry, mesh)
+            abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                        for a, s in zip(exp.in_avals, exp.in_shardings_jax(mesh))]
+            print(f"{name}: compiling", flush=True)
+            t0 = time.perf_counter()
+            compiled = fn.lower(*abstract).compile()
+            row["compile_seconds"] = time.perf_counter() - t0
+            with open(os.path.join(work, f"{name}.hlo.txt.gz"), "wb") as f:
+                f.write(gzip.compress(compiled.as_text().encode()))
+            try:
+                m = compiled.memory_analysis()
+                row["memory"] = {k: int(getattr(m, k)) for k in (
+                    "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+                    "temp_size_in_bytes") if hasattr(m, k)}
+            except Exception as e:  # noqa: BLE001
+                row["memory_error"] = f"{type(e).__name__}: {e}"
+            print(f"{name}: compiled in {row['compile_seconds']:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 (one program's failure is recorded, not fatal)
+            row["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        with open(os.path.join(work, f"{name}.compile.json"), "w") as f:
+            json.dump(row, f)
+
+
+def _run_child(args, jax, manifest, work: str) -> None:
+    """Run the compiled programs (from the compilation cache) and time them; then what a mocked
+    collective costs."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(manifest["mesh_shape"]),
+                tuple(manifest["axis_names"]))
+    for entry in manifest["programs"]:
+        name = entry["name"]
+        if not os.path.exists(os.path.join(work, f"{name}.hlo.txt.gz")):
+            continue
+        row = {"name": name}
+        try:
+            fn, exp = _program(jax, args.programs, entry, mesh)
+            print(f"{name}: placing the arguments", flush=True)
+            arrays = _arrays(jax, exp, mesh, seed=0)
+            compiled = fn.lower(*arrays).compile()
+            med, times = _median(compiled, arrays, args.repeats, args.warmup)
+            row["seconds"], row["times"] = med, times
+            print(f"{name}: step {med * 1e3:.2f} ms", flush=True)
+            with open(os.path.join(work, f"{name}.run.json"), "w") as f:
+                json.dump(row, f)
+            if args.profile:
+                row["events"] = profile_events(compiled, arrays, 1)
+                with open(os.path.join(work, f"{name}.run.json"), "w") as f:
+                    json.dump(row, f)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            with open(os.path.join(work, f"{name}.run.json"), "w") as f:
+                json.dump(row, f)
+    rows = mock_collectives(jax, args.repeats, args.collective_mb)
+    with open(os.path.join(work, "mock_collectives.json"), "w") as f:
+        json.dump(rows, f)
+
+
+def _program(jax, folder: str, entry: dict, mesh):
+    with open(os.path.join(folder, entry["file"]), "rb") as f:
+        exp = jax.export.deserialize(bytearray(f.read()))
+    fn = jax.jit(exp.call, in_shardings=exp.in_shardings_jax(mesh),
+                 out_shardings=exp.out_shardings_jax(mesh))
+    return fn, exp
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", required=True, help="the folder gpu_sharded.py export wrote")
+    ap.add_argument("--out", required=True, help="output folder (measured.json, hlo.tar, log)")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="program names (default: all)")
+    ap.add_argument("--budget", type=float, default=1e9,
+                    help="start compiling no program after this many seconds")
+    ap.add_argument("--compile-timeout", type=float, default=600)
+    ap.add_argument("--run-timeout", type=float, default=300)
+    ap.add_argument("--profile", action="store_true", help="profile one step of each program")
+    ap.add_argument("--collective-mb", type=int, nargs="*", default=[1, 64],
+                    help="sizes of the mocked collectives timed alone (MB)")
+    ap.add_argument("--cpu", action="store_true", help="8 CPU devices: check the flow, no GPU")
+    ap.add_argument("--child", choices=("compile", "run"), help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    manifest = json.load(open(os.path.join(args.programs, "manifest.json")))
+    if args.child:
+        print(f"{args.child}: starting JAX", flush=True)
+        jax = _setup(args.cpu)
+        jax.config.update("jax_compilation_cache_dir", os.path.join(args.work, "cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        info = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
+                "devices": jax.device_count(), "local_devices": jax.local_device_count()}
+        print(f"{args.child}: {info}", flush=True)
+        with open(os.path.join(args.work, f"{args.child}.info.json"), "w") as f:
+            json.dump(info, f)
+        (_compile_child if args.child == "compile" else _run_child)(args, jax, manifest, args.work)
+        return
+    # The parent runs each half in a child process with a timeout (a mocked collective that
+    # never completes must not lose what was compiled) and gathers what they wrote.
+    import subprocess
+
+    os.makedirs(args.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="gpu_sharded_")
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    status = {}
+    with open(os.path.join(args.out, "log.txt"), "w") as log:
+        for child, limit in (("compile", args.compile_timeout), ("run", args.run_timeout)):
+            t0 = time.perf_counter()
+            try:
+                p = subprocess.run([sys.executable, os.path.abspath(__file__), *passthrough,
+                                    "--child", child, "--work", work], stdout=log,
+                                   stderr=subprocess.STDOUT, timeout=limit)
+                status[child] = {"returncode": p.returncode}
+            except subprocess.TimeoutExpired:
+                status[child] = {"timed_out_after": limit}
+            status[child]["seconds"] = time.perf_counter() - t0
+            log.flush()
+            print(f"{child}: {status[child]}", flush=True)
+    result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
+              "mock_gpu_topology": None if args.cpu else "1x8x1", "children": status,
+              "programs": []}
+    for child in ("compile", "run"):
+        path = os.path.join(work, f"{child}.info.json")
+        if os.path.exists(path):
+            result.update(json.load(open(path)))
+    path = os.path.join(work, "mock_collectives.json")
+    result["mock_collectives"] = json.load(open(path)) if os.path.exists(path) else None
+    with tarfile.open(os.path.join(args.out, "hlo.tar"), "w") as tar:
+        for entry in manifest["programs"]:
+            name, row = entry["name"], {"name": entry["name"]}
+            for part in ("compile", "run"):
+                path = os.path.join(work, f"{name}.{part}.json")
+                if os.path.exists(path):
+                    row.update(json.load(open(path)))
+            hlo = os.path.join(work, f"{name}.hlo.txt.gz")
+            if os.path.exists(hlo):
+                tar.add(hlo, arcname=f"{name}.hlo.txt.gz")
+            if len(row) > 1:
+                result["programs"].append(row)
+    with open(os.path.join(args.out, "measured.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{len(result['programs'])} programs: {os.path.join(args.out, 'measured.json')}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
