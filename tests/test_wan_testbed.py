@@ -171,15 +171,36 @@ def test_predicted_comm_is_what_shaped_links_add_to_the_same_plan(testbed):
     slow, free = sites(2e6), sites(2e9)
     staged = hj.plan(m.step, *margs, topology=slow, strategy="pipeline", graph=graph)
     assert staged.stages is not None and abs(staged.cost.comm_time) < 1e-12
-    free_step = testbed.free_step(staged, graph, margs, m, free)
+    free_step = testbed.free_step(staged, graph, m.step, margs, free)
     assert free_step >= staged.cost.compute_time  # its stages' work stays
     assert staged.cost.step_time - free_step > 0.05 * staged.cost.step_time  # its sends go
     dp = hj.plan(m.step, *margs, topology=slow, strategy="dp", graph=graph)
-    dp_comm = dp.cost.step_time - testbed.free_step(dp, graph, margs, m, free)
+    dp_comm = dp.cost.step_time - testbed.free_step(dp, graph, m.step, margs, free)
     assert dp_comm == pytest.approx(dp.cost.comm_time, rel=0.05)
     assert jnp.isfinite(dp_comm)
     # Another mesh has other candidates: no prediction, and no exception (the run's
     # measurements, taken before, are kept).
     other = hj.Topology.preset("regional", regions=4, gpus_per_node=1,
                                metro=hj.LinkSpec(bandwidth=2e9, latency=1e-4))
-    assert testbed.free_step(dp, graph, margs, m, other) is None
+    assert testbed.free_step(dp, graph, m.step, margs, other) is None
+
+
+def test_third_party_models_load_as_launch_user_steps(testbed):
+    """``--model benchmarks/wan/thirdparty.py:gpt2`` (Hugging Face's Flax GPT-2): every process of
+    the job rebuilds the same step and arrays from the spec, and the results name its size."""
+    import jax
+    import numpy as np
+
+    from hulkjax.loading import absolute_spec, load_step
+
+    spec = absolute_spec(str(TESTBED.parent / "thirdparty.py") + ":gpt2")
+    a, b = load_step(spec), load_step(spec)
+    state, batch = a.args
+    assert sorted(batch) == ["attention_mask", "input_ids", "targets"]
+    for x, y in zip(jax.tree_util.tree_leaves(a.args), jax.tree_util.tree_leaves(b.args)):
+        np.testing.assert_array_equal(x, y)  # the same initialization in every process
+    params = sum(x.size for x in jax.tree_util.tree_leaves(state["params"]))
+    text = testbed._model_config({"model_params": params,
+                                  "model_batch": {k: list(v.shape) for k, v in batch.items()}})
+    assert text.startswith(f"{params / 1e6:.2f}M parameters, batch ") and "input_ids 16x128" in text
+    assert testbed._model_config({"overrides": {"batch": 12, "n_layers": 6}}) == "batch 12, n_layers 6"

@@ -43,6 +43,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import signal
 import subprocess
@@ -198,7 +199,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rates", type=float, nargs="+", default=None,
                     help="Mbit/s per region uplink (default 100 each)")
     ap.add_argument("--devices", type=int, default=2, help="fake CPU devices per region")
-    ap.add_argument("--model", default="gpt2:tiny", help="zoo model:size")
+    ap.add_argument("--model", default="gpt2:tiny",
+                    help="zoo model:size, or path/file.py:function returning (step, state, "
+                         "batch) (e.g. benchmarks/wan/thirdparty.py:gpt2, Hugging Face's Flax "
+                         "GPT-2; --batch and --set are then the function's own)")
     ap.add_argument("--batch", type=int, default=None,
                     help="batch size (default: the smallest multiple of regions x devices that is "
                          ">= 8, so that every strategy can split it)")
@@ -228,17 +232,20 @@ def main(argv=None) -> int:
     import jax
 
     import hulkjax as hj
-    from hulkjax import zoo
     from hulkjax.launch import launch
     from hulkjax.launch.calibrate import calibrate
+    from hulkjax.loading import absolute_spec, load_step
     from hulkjax.topology import LinkSpec
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tag = str(os.getpid() % 10000)
-    model, size = args.model.split(":")
+    user = ".py:" in args.model  # a user step (file:function), else a zoo model:size
+    if user and (args.batch or args.set):
+        sys.exit(f"--batch and --set configure zoo models; {args.model} builds its own step.")
+    model, size = (absolute_spec(args.model), None) if user else args.model.split(":")
     devices = args.regions * args.devices
-    batch = args.batch or -(-8 // devices) * devices
-    overrides = {"batch": batch}
+    batch = None if user else args.batch or -(-8 // devices) * devices
+    overrides = None if user else {"batch": batch}
     for item in args.set:
         field, sep, value = item.partition("=")
         if not sep or not value.lstrip("-").isdigit():
@@ -303,13 +310,21 @@ def main(argv=None) -> int:
                   f"{spec.hbm_bandwidth / 1e9:.3g} GB/s per device; region link "
                   f"{link_bw / 1e6:.3g} MB/s (nominal {nominal_bw / 1e6:.3g} MB/s)", flush=True)
 
-            m = zoo.get(model, size=size, **overrides)
-            margs = m.abstract()
-            graph = hj.trace(m.step, *margs)
+            loaded = load_step(model, size=size, overrides=overrides)
+            step, margs = loaded.step, loaded.args
+            graph = hj.trace(step, *margs)
+            if user:
+                params = sum(math.prod(x.shape) for x in
+                             jax.tree_util.tree_leaves(margs[0].get("params", margs[0])
+                                                       if isinstance(margs[0], dict) else margs[0]))
+                shapes = {k: list(v.shape) for k, v in margs[1].items()} \
+                    if isinstance(margs[1], dict) else None
+                result["model_params"] = params
+                result["model_batch"] = shapes
             plans = []
             for s in args.strategies:
                 try:
-                    plans.append(hj.plan(m.step, *margs, topology=topo, strategy=s, graph=graph))
+                    plans.append(hj.plan(step, *margs, topology=topo, strategy=s, graph=graph))
                 except hj.HulkjaxError as e:
                     print(f"  {s}: not planned ({type(e).__name__}: {e})", flush=True)
             common = dict(size=size, overrides=overrides, processes=args.regions, steps=args.steps, host=net.ip[0],
@@ -320,7 +335,7 @@ def main(argv=None) -> int:
             fast = launch(model, topo, strategies=plans, check=False,
                           out=os.path.join(args.run_dir, "unshaped"), **common)
             for p, rs, rf in zip(plans, shaped["runs"], fast["runs"]):
-                nominal = hj.plan(m.step, *margs, topology=topo_nominal, strategy=p.strategy,
+                nominal = hj.plan(step, *margs, topology=topo_nominal, strategy=p.strategy,
                                   graph=graph).cost if p.strategy != "auto" else None
                 crossing = [c for c in rs["collectives"] if c["crosses_processes"]] + \
                     [t for t in rs.get("transfers", []) if t["from_processes"] != t["to_processes"]]
@@ -331,7 +346,7 @@ def main(argv=None) -> int:
                     "predicted_step": p.cost.step_time,
                     # what the shaped links add to the step (exposed transfers and collectives
                     # between regions): step - step with free links, the same plan
-                    "predicted_comm": None if (fs := free_step(p, graph, margs, m, topo_free))
+                    "predicted_comm": None if (fs := free_step(p, graph, step, margs, topo_free))
                     is None else p.cost.step_time - fs,
                     "predicted_collectives": p.cost.comm_time,
                     "predicted_comm_region": p.cost.comm_time_by_axis.get("region", 0.0),
@@ -383,7 +398,18 @@ def write_markdown() -> None:
         f.write("\n".join(parts))
 
 
-def free_step(p, graph, margs, m, topo_free) -> float | None:
+def _model_config(res: dict) -> str:
+    """The model's configuration as a results file records it: a zoo model's overrides, or what
+    a user step (``file.py:function``) says of itself."""
+    if res.get("model_params") is not None:
+        batch = res.get("model_batch")
+        return f"{res['model_params'] / 1e6:.2f}M parameters" + (", batch " + ", ".join(
+            f"{k} {'x'.join(map(str, v))}" for k, v in batch.items()) if batch else "")
+    overrides = res.get("overrides") or {"batch": res.get("batch", "?")}
+    return ", ".join(f"{k} {v}" for k, v in overrides.items())
+
+
+def free_step(p, graph, step, margs, topo_free) -> float | None:
     """The predicted step of plan ``p`` (made for ``graph``) with the topology's links between
     regions free: the same stages re-costed (staged plans), the same assignment evaluated
     (SPMD plans; the candidates depend on the mesh, not on link speeds: checked, ``None``
@@ -392,7 +418,7 @@ def free_step(p, graph, margs, m, topo_free) -> float | None:
     from hulkjax.strategies.realize import cost_model
 
     if p.stages is not None:
-        return hj.estimate(m.step, *margs, plan=p, topology=topo_free).step_time
+        return hj.estimate(step, *margs, plan=p, topology=topo_free).step_time
     cm, cm_free = cost_model(graph, p.topology), cost_model(graph, topo_free)
     same = len(cm.groups) == len(cm_free.groups) and all(
         a.candidates == b.candidates for a, b in zip(cm.groups, cm_free.groups))
@@ -469,13 +495,12 @@ def markdown(res: dict) -> str:
     cal = res["calibration"]
     lines = [
         f"## {res['regions']} regions x {res['devices_per_region']} devices, "
-        f"{', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s", "",
+        f"{', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s, `{res['model']}`", "",
         f"Generated by `{res['command']}` on {res['date']} ({res['cpus']} CPU cores, jax "
         f"{res['jax']}, {res['wall_time']:.0f} s). {res['regions']} regions (one network namespace"
         f" and one JAX process each, {res['devices_per_region']} fake CPU device(s) per process), "
         f"uplinks shaped with `tc tbf` at {', '.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s "
-        f"(burst {res['tbf_burst']}), model `{res['model']}` ("
-        f"{', '.join(f'{k} {v}' for k, v in res.get('overrides', {'batch': res.get('batch', '?')}).items())}), "
+        f"(burst {res['tbf_burst']}), model `{res['model']}` ({_model_config(res)}), "
         f"{res['steps']} steps per plan "
         f"(median of the steps after the first, slowest process).", "",
         f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "
