@@ -51,8 +51,8 @@ import traceback
 def _setup(cpu: bool):
     if not cpu:
         # Sharded autotuning (on by default) splits autotuning among a job's processes and
-        # exchanges the results through the distributed key-value store: with 7 of the 8
-        # processes mocked, nobody would answer.
+        # exchanges the results through the distributed key-value store, where 7 of the 8
+        # processes are mocked: a guess at what the 2026-11-27 attempts waited for, unconfirmed.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_gpu_shard_autotuning=false").strip()
     import jax
