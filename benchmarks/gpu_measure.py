@@ -81,8 +81,8 @@ def matmuls(sizes, chain: int, repeats: int, dtypes=None) -> list[dict]:
     return rows
 
 
-def profile_step(compiled, args, steps: int) -> dict:
-    """GPU time per (profiler line, event name) over ``steps`` runs, from JAX's profiler."""
+def profile_data(compiled, args, steps: int):
+    """JAX's profile (``jax.profiler.ProfileData``) of ``steps`` runs of ``compiled``."""
     import glob
     import tempfile
 
@@ -96,7 +96,12 @@ def profile_step(compiled, args, steps: int) -> dict:
         finally:
             jax.profiler.stop_trace()
         path = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)[0]
-        data = ProfileData.from_file(path)
+        return ProfileData.from_file(path)
+
+
+def profile_step(compiled, args, steps: int) -> dict:
+    """GPU time per (profiler line, event name) over ``steps`` runs, from JAX's profiler."""
+    data = profile_data(compiled, args, steps)
     out = {"steps": steps, "lines": []}
     for plane in data.planes:
         if "GPU" not in plane.name and "gpu" not in plane.name:

@@ -35,12 +35,10 @@ measurement).
 from __future__ import annotations
 
 import argparse
-import glob
 import gzip
 import json
 import os
 import platform
-import statistics
 import sys
 import tarfile
 import tempfile
@@ -66,33 +64,17 @@ def _setup(cpu: bool):
 
 
 def _median(fn, args, repeats: int, warmup: int) -> tuple[float, list[float]]:
-    import jax
+    from gpu_measure import _median_time  # this directory: the same timer
 
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+    return _median_time(fn, args, repeats, warmup)
 
 
 def profile_events(fn, args, steps: int = 1) -> list[dict]:
     """Every GPU event of ``steps`` runs: ``{"line", "name", "start_ns", "dur_ns"}`` per event,
     start relative to the first event (from JAX's profiler)."""
-    import jax
-    from jax.profiler import ProfileData
+    from gpu_measure import profile_data  # this directory
 
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        try:
-            for _ in range(steps):
-                jax.block_until_ready(fn(*args))
-        finally:
-            jax.profiler.stop_trace()
-        paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        data = ProfileData.from_file(paths[0])
+    data = profile_data(fn, args, steps)
     events = []
     for plane in data.planes:
         if "gpu" not in plane.name.lower():
