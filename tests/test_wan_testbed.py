@@ -142,6 +142,30 @@ def test_swapped_pairs_within_noise_are_told_from_real_misrankings(testbed):
     assert testbed._swapped([a, c | {"predicted_step": 3.0}]) == []  # same order: none
 
 
+def test_summary_states_the_targets_per_run(testbed):
+    """WAN.md's summary row: auto against dp and the best measured SPMD baseline (pipeline is
+    not SPMD), the ranking verdict, the communication-bound plans within 30%, and whether the
+    processes had cores of their own."""
+    rows = [_row("replicate", 1.0, [9, 1.2, 1.2, 1.2]) | {"plan": "SPMD"},
+            _row("dp", 5.0, [9, 5.5, 5.5, 5.5]) | {"plan": "SPMD"},
+            _row("pipeline", 0.9, [9, 0.8, 0.8, 0.8]) | {"plan": "2 stages x 4 mb (1f1b)"},
+            _row("auto", 0.8, [9, 0.6, 0.6, 0.6]) | {"plan": "2 stages x 8 mb (1f1b)"}]
+    for r, comm in zip(rows, (0.0, 4.5, 0.2, 0.2)):
+        r["predicted_comm"] = comm
+    run = {"regions": 2, "devices_per_region": 1, "rates_mbit": [100, 100], "model": "m",
+           "cpus": 2, "pinning": [[0], [1]], "overrides": {"batch": 16, "n_layers": 8},
+           "rows": rows}
+    (row,) = [ln for ln in testbed.summary([run]) if ln.startswith("| 2 x 1")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == ["2 x 1, 100/100 Mbit/s", "`m`, n_layers 8", "pinned",
+                     "2 stages x 8 mb (1f1b)", "9.17x", "2.00x (`replicate`)", "same", "1/1",
+                     "0.75-1.20"]
+    shared = testbed.summary([run | {"devices_per_region": 2}])
+    assert "shared (2 processes, 4 devices on 2 cores)" in "\n".join(shared)
+    wrong = rows[:3] + [_row("auto", 0.8, [9, 1.5, 1.5, 1.5]) | {"predicted_comm": 0.2}]
+    assert "| 2 pair(s) wrong |" in "\n".join(testbed.summary([run | {"rows": wrong}]))
+
+
 def test_plans_predicted_equal_are_ties_not_misrankings(testbed):
     a = _row("dp", 2.0, [9.0, 2.8, 2.8, 2.8])
     b = _row("fsdp", 2.0, [9.0, 2.7, 2.7, 2.7])   # predicted equal, measured faster

@@ -393,6 +393,7 @@ def write_markdown() -> None:
     parts = ["# Wide-area testbed: measured against predicted", "",
              "Each section: one command of `benchmarks/wan/testbed.py` (root). The numbers are "
              "what it measured; nothing here is hand-edited.", ""]
+    parts += summary(runs)
     parts += [markdown(r) for r in runs]
     with open(MARKDOWN, "w") as f:
         f.write("\n".join(parts))
@@ -427,6 +428,60 @@ def free_step(p, graph, step, margs, topo_free) -> float | None:
               f"no predicted comm", flush=True)
         return None
     return cm_free.evaluate(p.assignment).step_time
+
+
+def _ranking(rows) -> str:
+    """How the measured ranking compares with the predicted one, in a few words."""
+    swapped = _swapped(rows)
+    if not swapped:
+        return "same, up to ties" if _ties(rows) else "same"
+    wrong = sum(not noise for _, _, noise in swapped)
+    if not wrong:
+        return f"{len(swapped)} pair(s) swapped within noise"
+    return f"{wrong} pair(s) wrong" + (f", {len(swapped) - wrong} within noise"
+                                       if wrong < len(swapped) else "")
+
+
+def summary(runs) -> list[str]:
+    """One row per run: the setting, ``auto`` against ``dp`` and the best measured SPMD baseline,
+    the ranking, and how close the predictions came (issue 13's three targets)."""
+    lines = ["## Summary", "",
+             "One row per section below. Cores: each process on cores of its own (`pinned`) or "
+             "more processes or devices than cores (`shared`: the measurement then includes the "
+             "contention). Targets (issue 13): `auto` at least 1.2x `dp` and the best measured "
+             "SPMD baseline; the measured ranking the predicted one; plans whose predicted "
+             "communication is over half their step within 30% of their prediction.", "",
+             "| setting | model | cores | `auto`'s plan | `auto` vs `dp` | `auto` vs best SPMD | "
+             "ranking | communication-bound within 30% | measured / predicted, all plans |",
+             "|---|---|---|---|---:|---:|---|---:|---:|"]
+    for res in runs:
+        rows = res["rows"]
+        by = {r["strategy"]: r for r in rows}
+        if "auto" not in by:
+            continue
+        a = by["auto"]["measured_step"]
+        spmd = [r for r in rows if r.get("plan", "SPMD") == "SPMD"
+                and r["strategy"] not in ("auto", "ilp", "pipeline")]
+        best = min(spmd, key=lambda r: r["measured_step"]) if spmd else None
+        bound = [r for r in rows if (r["predicted_comm"] or 0.0) > 0.5 * r["predicted_step"]]
+        ok = sum(abs(r["measured_step"] / r["predicted_step"] - 1) <= 0.3 for r in bound)
+        ratios = [r["measured_step"] / r["predicted_step"] for r in rows]
+        processes = res["regions"]
+        devices = processes * res["devices_per_region"]
+        cores = "pinned" if res.get("pinning") and devices <= res["cpus"] else (
+            f"shared ({processes} processes, {devices} devices on {res['cpus']} cores)")
+        model = f"`{res['model']}`" + "".join(
+            f", {k} {v}" for k, v in (res.get("overrides") or {}).items() if k != "batch")
+        lines.append(
+            f"| {res['regions']} x {res['devices_per_region']}, "
+            f"{'/'.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s | {model} | "
+            f"{cores} | {by['auto'].get('plan', 'SPMD')} | "
+            f"{by['dp']['measured_step'] / a:.2f}x | " if "dp" in by else "- | ")
+        lines[-1] += (f"{best['measured_step'] / a:.2f}x (`{best['strategy']}`) | "
+                      if best else "- | ")
+        lines[-1] += (f"{_ranking(rows)} | {ok}/{len(bound)} | "
+                      f"{min(ratios):.2f}-{max(ratios):.2f} |")
+    return lines + [""]
 
 
 def _targets(rows) -> list[str]:
