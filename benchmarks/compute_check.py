@@ -12,6 +12,10 @@ what else runs)::
 
     taskset -c 0 python benchmarks/compute_check.py                      # about 2 minutes
     taskset -c 0 python benchmarks/compute_check.py --families gpt2 bert --size small
+    taskset -c 0 python benchmarks/compute_check.py --families gpt2 llama --batches 16 8 4 2
+
+``--batches`` runs each step on the first ``b`` examples of its batch too (as a pipeline's
+microbatch would): the prediction's error as the batch shrinks.
 
 Writes ``benchmarks/results/compute_check.json`` and ``benchmarks/COMPUTE.md``.
 """
@@ -49,6 +53,9 @@ def main(argv=None) -> int:
                     choices=families.names())
     ap.add_argument("--size", default="small")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batches", type=int, nargs="+", default=None,
+                    help="also run each step on the first b examples of its batch (default: "
+                         "the family's own batch only)")
     args = ap.parse_args(argv)
     # One device (set here, not on import: importing must leave JAX's configuration alone).
     jax.config.update("jax_num_cpu_devices", 1)
@@ -62,15 +69,22 @@ def main(argv=None) -> int:
         if not families.available(name):
             print(f"  {name}: skipped ({families.FAMILIES[name].install})", flush=True)
             continue
-        step, state, batch = families.build(name, args.size)
-        measured, _ = _median_time(jax.jit(step), (state, batch), args.repeats)
-        graph = hj.trace(step, state, batch)
-        cm = CostModel(graph, topo)
-        predicted = cm.evaluate(cm.replicated_assignment()).compute_time
-        rows.append({"family": name, "model": families.FAMILIES[name].model, "size": args.size,
-                     "measured": measured, "predicted": predicted})
-        print(f"  {name}: measured {measured * 1e3:.1f} ms, predicted {predicted * 1e3:.1f} ms "
-              f"({measured / predicted:.2f})", flush=True)
+        step, state, full = families.build(name, args.size)
+        own = len(jax.tree_util.tree_leaves(full)[0])
+        for b in args.batches or [own]:
+            if b > own:
+                print(f"  {name}: batch {b} skipped (its batch has {own} examples)", flush=True)
+                continue
+            batch = jax.tree_util.tree_map(lambda x, b=b: x[:b], full)
+            measured, _ = _median_time(jax.jit(step), (state, batch), args.repeats)
+            graph = hj.trace(step, state, batch)
+            cm = CostModel(graph, topo)
+            predicted = cm.evaluate(cm.replicated_assignment()).compute_time
+            rows.append({"family": name, "model": families.FAMILIES[name].model,
+                         "size": args.size, "batch": b, "measured": measured,
+                         "predicted": predicted})
+            print(f"  {name} (batch {b}): measured {measured * 1e3:.1f} ms, predicted "
+                  f"{predicted * 1e3:.1f} ms ({measured / predicted:.2f})", flush=True)
     cpus = sorted(os.sched_getaffinity(0))
     res = {"date": datetime.date.today().isoformat(), "jax": jax.__version__, "cpus": cpus,
            "command": "python benchmarks/compute_check.py " + " ".join(sys.argv[1:]),
@@ -88,11 +102,15 @@ def main(argv=None) -> int:
              f"{spec.kernel_overhead * 1e6:.1f} us. Each family's unsharded training step "
              f"(random-initialized, median of {args.repeats}) against the cost model's compute "
              f"prediction on that device.", "",
-             "| family | model | size | measured | predicted | measured / predicted |",
-             "|---|---|---|---:|---:|---:|"]
+             "| family | model | size | batch | measured | predicted | measured / predicted | "
+             "measured per example | predicted per example |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['model']} | {r['size']} | {r['measured'] * 1e3:.1f} ms "
-                     f"| {r['predicted'] * 1e3:.1f} ms | {r['measured'] / r['predicted']:.2f} |")
+        lines.append(f"| {r['family']} | {r['model']} | {r['size']} | {r['batch']} | "
+                     f"{r['measured'] * 1e3:.1f} ms | {r['predicted'] * 1e3:.1f} ms | "
+                     f"{r['measured'] / r['predicted']:.2f} | "
+                     f"{r['measured'] / r['batch'] * 1e3:.1f} ms | "
+                     f"{r['predicted'] / r['batch'] * 1e3:.1f} ms |")
     with open(MD_PATH, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print(f"wrote {JSON_PATH} and {MD_PATH}")
