@@ -15,7 +15,10 @@ what else runs)::
     taskset -c 0 python benchmarks/compute_check.py --families gpt2 llama --batches 16 8 4 2
 
 ``--batches`` runs each step on the first ``b`` examples of its batch too (as a pipeline's
-microbatch would): the prediction's error as the batch shrinks.
+microbatch would): the prediction's error as the batch shrinks. ``--streams`` (default 1-256 MB)
+times a streaming kernel into a fresh output buffer and in place: on XLA:CPU a large fresh buffer
+is new pages, and writing it costs the page faults, which is what the calibrated memory rate
+measures.
 
 Writes ``benchmarks/results/compute_check.json`` and ``benchmarks/COMPUTE.md``.
 """
@@ -27,6 +30,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,12 +51,47 @@ JSON_PATH = os.path.join(HERE, "results", "compute_check.json")
 MD_PATH = os.path.join(HERE, "COMPUTE.md")
 
 
+def stream_rates(megabytes: int, repeats: int) -> dict:
+    """Bytes/s of ``y = x * a + b`` on a ``megabytes`` float32 array: into a fresh output buffer,
+    and in place (the input donated, so the output reuses its pages)."""
+    import resource
+
+    import jax.numpy as jnp
+
+    n = megabytes * (1 << 20) // 4
+    traffic = 2 * 4 * n
+    axpb = lambda v: v * jnp.float32(1.0001) + jnp.float32(1e-3)  # noqa: E731
+    x = jnp.ones((n,), jnp.float32)
+    into_fresh = jax.jit(axpb)
+    fresh, _ = _median_time(into_fresh, (x,), repeats)
+    inplace = jax.jit(axpb, donate_argnums=0)
+    y = jax.block_until_ready(inplace(jnp.ones((n,), jnp.float32)))
+    times, faults = [], {}
+    for label in ("fresh", "donated"):  # minor page faults per call (the process's count)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(repeats):
+            if label == "fresh":
+                jax.block_until_ready(into_fresh(x))
+            else:
+                t0 = time.perf_counter()
+                y = jax.block_until_ready(inplace(y))
+                times.append(time.perf_counter() - t0)
+        faults[label] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
+    donated = sorted(times)[len(times) // 2]
+    return {"megabytes": megabytes, "fresh": traffic / fresh, "donated": traffic / donated,
+            "faults_fresh": faults["fresh"], "faults_donated": faults["donated"],
+            "pages": 4 * n / resource.getpagesize()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", nargs="+", default=["gpt2", "bert", "t5", "vit", "llama"],
                     choices=families.names())
     ap.add_argument("--size", default="small")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--streams", type=int, nargs="*", default=[1, 4, 16, 64, 256],
+                    metavar="MB", help="also time y = x * a + b at these sizes, into a fresh "
+                    "output buffer and in place (donated): what the memory rate depends on")
     ap.add_argument("--batches", type=int, nargs="+", default=None,
                     help="also run each step on the first b examples of its batch (default: "
                          "the family's own batch only)")
@@ -85,11 +124,17 @@ def main(argv=None) -> int:
                          "predicted": predicted})
             print(f"  {name} (batch {b}): measured {measured * 1e3:.1f} ms, predicted "
                   f"{predicted * 1e3:.1f} ms ({measured / predicted:.2f})", flush=True)
+    streams = [stream_rates(mb, args.repeats) for mb in args.streams]
+    for r in streams:
+        print(f"  stream {r['megabytes']} MB: fresh output {r['fresh'] / 1e9:.1f} GB/s "
+              f"({r['faults_fresh']:.0f} page faults a call), in place "
+              f"{r['donated'] / 1e9:.1f} GB/s ({r['faults_donated']:.0f})", flush=True)
     cpus = sorted(os.sched_getaffinity(0))
     res = {"date": datetime.date.today().isoformat(), "jax": jax.__version__, "cpus": cpus,
            "command": "python benchmarks/compute_check.py " + " ".join(sys.argv[1:]),
            "device": {"peak_flops": spec.peak_flops, "hbm_bandwidth": spec.hbm_bandwidth,
-                      "kernel_overhead": spec.kernel_overhead}, "rows": rows}
+                      "kernel_overhead": spec.kernel_overhead}, "rows": rows,
+           "streams": streams}
     os.makedirs(os.path.dirname(JSON_PATH), exist_ok=True)
     with open(JSON_PATH, "w") as fh:
         json.dump(res, fh, indent=1)
@@ -111,6 +156,17 @@ def main(argv=None) -> int:
                      f"{r['measured'] / r['predicted']:.2f} | "
                      f"{r['measured'] / r['batch'] * 1e3:.1f} ms | "
                      f"{r['predicted'] / r['batch'] * 1e3:.1f} ms |")
+    if streams:
+        lines += ["", "Memory rate by buffer: `y = x * a + b` on a float32 array (one read, one "
+                  "write per element), its output in a fresh buffer (as `hulkjax calibrate` "
+                  "measures it, and as a step's outputs and temporaries are allocated each call) "
+                  "or in the input's buffer (donated), median of the timed calls; minor page "
+                  "faults per call from the process's count (`getrusage`).", "",
+                  "| array | pages | fresh output | page faults a call | in place | page faults "
+                  "a call |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['megabytes']} MB | {r['pages']:.0f} | {r['fresh'] / 1e9:.1f} GB/s | "
+                  f"{r['faults_fresh']:.0f} | {r['donated'] / 1e9:.1f} GB/s | "
+                  f"{r['faults_donated']:.0f} |" for r in streams]
     with open(MD_PATH, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print(f"wrote {JSON_PATH} and {MD_PATH}")
