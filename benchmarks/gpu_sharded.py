@@ -90,11 +90,7 @@ def export(out: str, families=FAMILIES, strategies=STRATEGIES, size: str = "base
             t0 = time.perf_counter()
             plan = hj.plan(step, state, batch, topology=topo, strategy=strategy, graph=graph)
             planned = time.perf_counter() - t0
-            sharded = hj.emit(step, plan)
-            fn = jax.jit(sharded._flat_fn(graph), in_shardings=sharded.in_shardings,
-                         out_shardings=sharded.out_shardings)
-            abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=a.weak_type)
-                        for a, s in zip(graph.jaxpr.in_avals, sharded.in_shardings)]
+            fn, abstract = hj.emit(step, plan, donate=False).jitted(state, batch)
             blob = jax.export.export(fn, platforms=(platform,))(*abstract).serialize()
             with open(os.path.join(out, f"{name}.bin"), "wb") as f:
                 f.write(blob)

@@ -63,12 +63,6 @@ def _setup(cpu: bool):
     return jax
 
 
-def _median(fn, args, repeats: int, warmup: int) -> tuple[float, list[float]]:
-    from gpu_measure import _median_time  # this directory: the same timer
-
-    return _median_time(fn, args, repeats, warmup)
-
-
 def profile_events(fn, args, steps: int = 1) -> list[dict]:
     """Every GPU event of ``steps`` runs: ``{"line", "name", "start_ns", "dur_ns"}`` per event,
     start relative to the first event (from JAX's profiler)."""
@@ -112,6 +106,7 @@ def mock_collectives(jax, repeats: int, sizes_mb=(1, 64)) -> list[dict]:
     size (the floor of a one-kernel program)."""
     import jax.numpy as jnp
     import numpy as np
+    from gpu_measure import _median_time  # this directory: the same timer
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -129,20 +124,25 @@ def mock_collectives(jax, repeats: int, sizes_mb=(1, 64)) -> list[dict]:
         }
         for kind, f in programs.items():
             try:
-                med, _ = _median(f, (x,), repeats, 2)
+                med, _ = _median_time(f, (x,), repeats, 2)
                 rows.append({"kind": kind, "megabytes": mb, "seconds": med})
             except Exception as e:  # noqa: BLE001 (reported, not fatal)
                 rows.append({"kind": kind, "megabytes": mb, "error": f"{type(e).__name__}: {e}"})
     return rows
 
 
-def _compile_child(args, jax, manifest, work: str) -> None:
-    """Compile every program (the scheduled HLO and memory analysis into ``work``)."""
+def _mesh(jax, manifest: dict):
+    """The programs' mesh over the first 8 devices (mocked but one)."""
     import numpy as np
     from jax.sharding import Mesh
 
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(manifest["mesh_shape"]),
+    return Mesh(np.array(jax.devices()[:8]).reshape(manifest["mesh_shape"]),
                 tuple(manifest["axis_names"]))
+
+
+def _compile_child(args, jax, manifest, work: str) -> None:
+    """Compile every program (the scheduled HLO and memory analysis into ``work``)."""
+    mesh = _mesh(jax, manifest)
     began = time.perf_counter()
     for entry in manifest["programs"]:
         name = entry["name"]
@@ -179,36 +179,36 @@ def _compile_child(args, jax, manifest, work: str) -> None:
 
 def _run_child(args, jax, manifest, work: str) -> None:
     """Run the compiled programs (from the compilation cache) and time them; then what a mocked
-    collective costs."""
-    import numpy as np
-    from jax.sharding import Mesh
+    collective costs. Each program's row is written as soon as it is timed, and again with its
+    profile: a child stopped at its timeout keeps what it measured."""
+    from gpu_measure import _median_time  # this directory: the same timer
 
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(manifest["mesh_shape"]),
-                tuple(manifest["axis_names"]))
+    mesh = _mesh(jax, manifest)
     for entry in manifest["programs"]:
         name = entry["name"]
         if not os.path.exists(os.path.join(work, f"{name}.hlo.txt.gz")):
             continue
         row = {"name": name}
+
+        def save(row=row, name=name):
+            with open(os.path.join(work, f"{name}.run.json"), "w") as f:
+                json.dump(row, f)
+
         try:
             fn, exp = _program(jax, args.programs, entry, mesh)
             print(f"{name}: placing the arguments", flush=True)
             arrays = _arrays(jax, exp, mesh, seed=0)
             compiled = fn.lower(*arrays).compile()
-            med, times = _median(compiled, arrays, args.repeats, args.warmup)
-            row["seconds"], row["times"] = med, times
-            print(f"{name}: step {med * 1e3:.2f} ms", flush=True)
-            with open(os.path.join(work, f"{name}.run.json"), "w") as f:
-                json.dump(row, f)
+            row["seconds"], row["times"] = _median_time(compiled, arrays, args.repeats,
+                                                        args.warmup)
+            print(f"{name}: step {row['seconds'] * 1e3:.2f} ms", flush=True)
+            save()
             if args.profile:
                 row["events"] = profile_events(compiled, arrays, 1)
-                with open(os.path.join(work, f"{name}.run.json"), "w") as f:
-                    json.dump(row, f)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 (one program's failure is recorded, not fatal)
             row["error"] = f"{type(e).__name__}: {e}"
             traceback.print_exc()
-            with open(os.path.join(work, f"{name}.run.json"), "w") as f:
-                json.dump(row, f)
+        save()
     rows = mock_collectives(jax, args.repeats, args.collective_mb)
     with open(os.path.join(work, "mock_collectives.json"), "w") as f:
         json.dump(rows, f)

@@ -313,14 +313,14 @@ def main(argv=None) -> int:
             loaded = load_step(model, size=size, overrides=overrides)
             step, margs = loaded.step, loaded.args
             graph = hj.trace(step, *margs)
-            if user:
-                params = sum(math.prod(x.shape) for x in
-                             jax.tree_util.tree_leaves(margs[0].get("params", margs[0])
-                                                       if isinstance(margs[0], dict) else margs[0]))
-                shapes = {k: list(v.shape) for k, v in margs[1].items()} \
-                    if isinstance(margs[1], dict) else None
-                result["model_params"] = params
-                result["model_batch"] = shapes
+            if user:  # what the results say of it: its parameters (the state's "params",
+                # else all of the state) and its batch's shapes
+                state, batch_args = margs
+                held = state.get("params", state) if isinstance(state, dict) else state
+                result["model_params"] = sum(math.prod(x.shape)
+                                             for x in jax.tree_util.tree_leaves(held))
+                result["model_batch"] = ({k: list(v.shape) for k, v in batch_args.items()}
+                                         if isinstance(batch_args, dict) else None)
             plans = []
             for s in args.strategies:
                 try:

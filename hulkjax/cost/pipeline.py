@@ -81,9 +81,9 @@ Approximations (stated so a reader knows what the number means): transfers ride 
 and engines (they never slow a stage's compute), except on a device whose
 ``DeviceSpec.receive_overhead`` says its network stack shares its cores (a CPU process pinned to
 its cores: that share of each per-microbatch receive's link time is added to the receiving
-stage's forward or backward that reads it; per-step transfers are not charged); a stage's forward and backward take the same time
-for every microbatch; values of several transfers between one pair of stages in one direction go
-as one message; the update starts when the last microbatch's backward ends on every stage (a
+stage's forward or backward that reads it; per-step transfers are not charged); a stage's
+forward and backward take the same time for every microbatch; values of several transfers
+between one pair of stages in one direction go as one message; the update starts when the last microbatch's backward ends on every stage (a
 stage that finishes early does not start its update early); a group's reductions are charged as
 a step's gradient all-reduces are (each its bytes and its share of the latency of the one XLA
 combines them into), and their scaling and cast to the gradient's dtype are not charged

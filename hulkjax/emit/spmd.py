@@ -368,10 +368,12 @@ class ShardedStep:
 
         return flat_fn
 
-    def compile(self, *args):
-        """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs)."""
-        if self.compiled is not None:
-            return self.compiled
+    def jitted(self, *args):
+        """``(jitted, abstract)``: the program as a ``jax.jit`` of the flat arguments (with the
+        plan's shardings, the state donated) and its abstract arguments, for these arguments
+        (arrays or ShapeDtypeStructs), before anything is lowered: what :meth:`compile` compiles,
+        and what ``jax.export.export(jitted, platforms=...)(*abstract)`` serializes for another
+        platform (``benchmarks/gpu_sharded.py``)."""
         graph = self._bind_graph(args)
         self._check_args(args)
         self._check_intermediate_specs(graph)
@@ -382,6 +384,13 @@ class ShardedStep:
         # types too: a Python scalar's result comes back weakly typed, as from jax.jit.
         abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s, weak_type=a.weak_type)
                     for a, s in zip(graph.jaxpr.in_avals, self.in_shardings)]
+        return jitted, abstract
+
+    def compile(self, *args):
+        """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs)."""
+        if self.compiled is not None:
+            return self.compiled
+        jitted, abstract = self.jitted(*args)
         self.compiled = jitted.lower(*abstract).compile()
         log.info("compiled %s for strategy %s", getattr(self.fn, "__name__", "step"),
                  self.plan.strategy)

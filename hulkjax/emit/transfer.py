@@ -75,10 +75,10 @@ What JAX 0.10.2 does across processes (probed on CPU, two and three processes on
   for them (measured, ``benchmarks/wan/transfer_time.py``: ~0.3 s of matmuls queued on the
   sender delay a 4 kB send to 254 ms; the receiver's own compute delays nothing). So a send
   goes at the link's time only when the receiver had posted before the sender dispatched its
-  next program (on the WAN testbed most receives were posted first; a few, up to 37-130 ms late). A
-  receive also takes CPU time from the receiving device's compute when they share a core (a
-  quarter to a third of the transfer's time there): most of the testbed's send time beyond the
-  link's alpha-beta time.
+  next program (on the WAN testbed most receives were posted first; a few, up to 37-130 ms
+  late). A receive also takes CPU time from the receiving device's compute when they share a
+  core (a quarter to a third of the transfer's time there): most of the testbed's send time
+  beyond the link's alpha-beta time.
 - Across hosts (or network namespaces) the bulk transports that carry the bytes must listen on a
   reachable address too (:func:`enable`).
 - A ``jax.jit`` whose input lives on one process's devices and whose output sharding is on

@@ -33,12 +33,13 @@ with every device of every process running at once, as they do in a launch job):
 * **memory bandwidth** per device: ``y = x * a + b`` on a ``memory_bytes`` float32 array per
   device, one program per pass, each reading the previous pass's result and writing a fresh
   buffer (as a step's elementwise kernels do), for :data:`BUSY_TRAFFIC` bytes per run: one read
-  and one write, ``2 x memory_bytes`` per pass. On XLA:CPU a fresh buffer of 32 MB or more is
-  new pages every call (glibc maps such allocations afresh), so this rate is the page-fault
-  rate: one core wrote fresh 64-256 MB outputs at 4.2-4.6 GB/s, one minor fault per 4 KB page,
-  and the same kernel in place at 45 GB/s (``benchmarks/compute_check.py --streams``). A step
-  with large outputs and temporaries pays it; a microbatch's smaller buffers (up to 16 MB: no
-  fault) run faster than this rate predicts, which the cost model does not yet separate.
+  and one write, ``2 x memory_bytes`` per pass. On XLA:CPU a fresh buffer above glibc's mmap
+  threshold (at most 32 MB; lower in a process that has not yet freed large buffers) is new
+  pages every call, so this rate is the page-fault rate: one core wrote fresh 64-256 MB outputs
+  at 4.2-4.6 GB/s, one minor fault per 4 KB page, and the same kernel in place at 45 GB/s
+  (``benchmarks/compute_check.py --streams``). A step with large outputs and temporaries pays
+  it; buffers under the threshold reuse touched pages and run faster than this rate predicts,
+  which the cost model does not yet separate.
 * **kernel overhead** per device: a jitted chain of ``KERNEL_CHAIN`` dependent ``16 x 16``
   matmuls (one kernel each) against a chain of one, on every local device at once:
   ``(t_chain - t_one) / (KERNEL_CHAIN - 1)`` is what each further kernel adds beyond its
