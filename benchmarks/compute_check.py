@@ -2,10 +2,11 @@
 cost model's prediction on the device ``hulkjax calibrate`` measures.
 
 One process, one fake CPU device. It measures the device as ``hulkjax calibrate`` does
-(:func:`hulkjax.launch.calibrate.measure`: chained dense-layer training matmuls, fresh-buffer
-memory passes, the kernel overhead), then for each family of ``tests/realmodels/families.py``
-(third-party Flax code, random-initialized) times the jitted unsharded training step (median of
-``--repeats`` after a warm-up) and predicts its compute with
+(:func:`hulkjax.launch.calibrate.measure`: chained dense-layer training matmuls, memory passes
+into fresh buffers and in place, the kernel overhead), then for each family of
+``tests/realmodels/families.py`` (third-party Flax code, random-initialized) times the jitted
+unsharded training step, its state donated as ``hj.emit`` runs it (median of ``--repeats`` after
+a warm-up), and predicts its compute with
 :class:`~hulkjax.cost.model.CostModel` on a one-device topology of that device. Run it pinned to
 one core, as the WAN testbed runs each region (the rate of one core then does not depend on
 what else runs)::
@@ -14,13 +15,14 @@ what else runs)::
     taskset -c 0 python benchmarks/compute_check.py --families gpt2 bert --size small
     taskset -c 0 python benchmarks/compute_check.py --families gpt2 llama --batches 16 8 4 2
 
-``--batches`` runs each step on the first ``b`` examples of its batch too (as a pipeline's
+``--profile`` traces each family's full-batch step with ``jax.profiler`` and reports the time
+of its relayout copies (XLA:CPU's ``copy`` / ``transpose`` fusions). ``--batches`` runs each step on the first ``b`` examples of its batch too (as a pipeline's
 microbatch would): the prediction's error as the batch shrinks. ``--streams`` (default 1-256 MB)
 times a streaming kernel into a fresh output buffer and in place: on XLA:CPU a fresh buffer above
-glibc's mmap threshold is new pages, and writing it costs the page faults, which is what the
-calibrated memory rate measures. The threshold rises (to 32 MB at most) as the process frees
-large buffers, so the streams, timed after the families' steps, see fewer faults at small sizes
-than a new process does.
+glibc's mmap threshold is new pages, and writing it costs the page faults (what the calibration's
+fresh page cost measures; its memory rate is the in-place one). The threshold rises (to 32 MB
+at most) as the process frees large buffers, so the streams, timed after the families' steps,
+see fewer faults at small sizes than a new process does.
 
 Writes ``benchmarks/results/compute_check.json`` and ``benchmarks/COMPUTE.md``.
 """
@@ -42,7 +44,6 @@ sys.path.insert(0, HERE)  # gpu_measure, also when imported rather than run
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-from gpu_measure import _median_time  # noqa: E402  (this directory: the same timer)
 
 import hulkjax as hj  # noqa: E402
 from hulkjax.cost.model import CostModel  # noqa: E402
@@ -92,6 +93,55 @@ def stream_rates(megabytes: int, repeats: int) -> dict:
             "pages": 4 * n / resource.getpagesize()}
 
 
+def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
+    """Where one step's time goes on XLA:CPU, from ``jax.profiler``'s trace of ``steps`` calls:
+    the seconds per step of every compiled operation (the trace's events are the HLO
+    instructions XLA:CPU runs), and of those that copy an array into another dimension order
+    (``copy`` and ``transpose`` fusions: the relayouts the cost model charges at the memory rate)."""
+    import glob
+    import gzip
+    import tempfile
+
+    held = jax.tree_util.tree_map(lambda x: x.copy(), state)
+    held = jax.block_until_ready(jitted(held, batch))[0]
+    with tempfile.TemporaryDirectory() as d:
+        jax.profiler.start_trace(d)
+        for _ in range(steps):
+            held = jax.block_until_ready(jitted(held, batch))[0]
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    per_op: dict[str, float] = {}
+    for e in events:
+        name = e.get("name", "")
+        # host-side spans (Python, the executor's wait, the thread pool) are not operations
+        if e.get("ph") == "X" and not name.startswith(("$", "ThunkExecutor", "Slinky")):
+            per_op[name] = per_op.get(name, 0.0) + e["dur"] * 1e-6 / steps
+    relayout = {n: t for n, t in per_op.items() if "copy" in n or "transpose" in n}
+    top = sorted(relayout.items(), key=lambda kv: -kv[1])[:5]
+    return {"ops": sum(per_op.values()), "relayout": sum(relayout.values()),
+            "relayout_ops": len(relayout), "largest": [[n, t] for n, t in top]}
+
+
+def donated_time(jitted, state, batch, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``jitted(state, batch)`` with the state donated (each call gets the
+    previous call's new state; a copy of ``state``, which stays usable), after three warm-up
+    calls, and the minor page faults per call."""
+    import resource
+
+    held = jax.tree_util.tree_map(lambda x: x.copy(), state)
+    for _ in range(3):
+        held = jax.block_until_ready(jitted(held, batch))[0]
+    f0, times = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        held = jax.block_until_ready(jitted(held, batch))[0]
+        times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
+    return sorted(times)[len(times) // 2], faults
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", nargs="+", default=["gpt2", "bert", "t5", "vit", "llama"],
@@ -104,36 +154,48 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=None,
                     help="also run each step on the first b examples of its batch (default: "
                          "the family's own batch only)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile each family's full-batch step (jax.profiler): the time "
+                         "of its relayout copies against all its operations")
     args = ap.parse_args(argv)
     # One device (set here, not on import: importing must leave JAX's configuration alone).
     jax.config.update("jax_num_cpu_devices", 1)
-    meas = measure(matmul_size=1024, memory_bytes=32 << 20, link_bytes=(), repeats=args.repeats)
+    meas = measure(matmul_size=1024, memory_bytes=64 << 20, link_bytes=(), repeats=args.repeats)
     spec = device_spec(meas, memory=16e9)
     topo = hj.Topology.grid((1,), ("d",), device=spec, name="calibrated-1")
-    print(f"calibrated: {spec.peak_flops / 1e9:.1f} GFLOP/s, {spec.hbm_bandwidth / 1e9:.2f} GB/s, "
-          f"kernel overhead {spec.kernel_overhead * 1e6:.1f} us", flush=True)
-    rows = []
+    print(f"calibrated: {spec.peak_flops / 1e9:.1f} GFLOP/s, {spec.hbm_bandwidth / 1e9:.2f} GB/s "
+          f"in place, a fresh page {spec.fresh_page_time * 1e6:.2f} us, kernel overhead "
+          f"{spec.kernel_overhead * 1e6:.1f} us", flush=True)
+    rows, profiles = [], []
     for name in args.families:
         if not families.available(name):
             print(f"  {name}: skipped ({families.FAMILIES[name].install})", flush=True)
             continue
         step, state, full = families.build(name, args.size)
-        jitted = jax.jit(step)
+        # As hj.emit runs a step: its state donated, the new state written into its buffers.
+        jitted = jax.jit(step, donate_argnums=0)
         own = len(jax.tree_util.tree_leaves(full)[0])
+        if args.profile:
+            prof = relayout_share(jitted, state, full)
+            profiles.append({"family": name, "batch": own, **prof})
+            print(f"  {name} profile: operations {prof['ops'] * 1e3:.1f} ms, relayout copies "
+                  f"{prof['relayout'] * 1e3:.1f} ms ({prof['relayout_ops']} ops)", flush=True)
         for b in args.batches or [own]:
             if b > own:
                 print(f"  {name}: batch {b} skipped (its batch has {own} examples)", flush=True)
                 continue
             batch = jax.tree_util.tree_map(lambda x, b=b: x[:b], full)
-            measured, _ = _median_time(jitted, (state, batch), args.repeats)
             graph = hj.trace(step, state, batch)
+            measured, faults = donated_time(jitted, state, batch, args.repeats)
             cm = CostModel(graph, topo)
-            predicted = cm.evaluate(cm.replicated_assignment()).compute_time
+            cost = cm.evaluate(cm.replicated_assignment())
             rows.append({"family": name, "model": families.FAMILIES[name].model,
                          "size": args.size, "batch": b, "measured": measured,
-                         "predicted": predicted})
-            print(f"  {name} (batch {b}): measured {measured * 1e3:.1f} ms, predicted "
-                  f"{predicted * 1e3:.1f} ms ({measured / predicted:.2f})", flush=True)
+                         "predicted": cost.compute_time, "predicted_pages": cost.page_time,
+                         "page_faults": faults})
+            print(f"  {name} (batch {b}): measured {measured * 1e3:.1f} ms ({faults:.0f} page "
+                  f"faults a call), predicted {cost.compute_time * 1e3:.1f} ms (fresh pages "
+                  f"{cost.page_time * 1e3:.1f}) ({measured / cost.compute_time:.2f})", flush=True)
     streams = [stream_rates(mb, args.repeats) for mb in args.streams]
     for r in streams:
         print(f"  stream {r['megabytes']} MB: fresh output {r['fresh'] / 1e9:.1f} GB/s "
@@ -143,7 +205,9 @@ def main(argv=None) -> int:
     res = {"date": datetime.date.today().isoformat(), "jax": jax.__version__, "cpus": cpus,
            "command": "python benchmarks/compute_check.py " + " ".join(sys.argv[1:]),
            "device": {"peak_flops": spec.peak_flops, "hbm_bandwidth": spec.hbm_bandwidth,
+                      "fresh_page_time": spec.fresh_page_time,
                       "kernel_overhead": spec.kernel_overhead}, "rows": rows,
+           "profiles": profiles,
            "streams": streams}
     os.makedirs(os.path.dirname(JSON_PATH), exist_ok=True)
     with open(JSON_PATH, "w") as fh:
@@ -153,19 +217,39 @@ def main(argv=None) -> int:
              f"{res['command'].strip()}` on {res['date']} (jax {res['jax']}, cores {cpus}). "
              f"The device as `hulkjax calibrate` measures it: "
              f"{spec.peak_flops / 1e9:.1f} GFLOP/s (chained dense-layer training matmuls), "
-             f"{spec.hbm_bandwidth / 1e9:.2f} GB/s, kernel overhead "
+             f"{spec.hbm_bandwidth / 1e9:.2f} GB/s (a streaming kernel in place), "
+             f"{spec.fresh_page_time * 1e6:.2f} us per fresh 4 KiB page (the same kernel into "
+             f"fresh buffers, over its page faults), kernel overhead "
              f"{spec.kernel_overhead * 1e6:.1f} us. Each family's unsharded training step "
-             f"(random-initialized, median of {args.repeats}) against the cost model's compute "
-             f"prediction on that device.", "",
-             "| family | model | size | batch | measured | predicted | measured / predicted | "
-             "measured per example | predicted per example |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"(random-initialized, its state donated as `hj.emit` runs it, median of "
+             f"{args.repeats}) against the cost model's compute prediction on that device; the "
+             f"prediction's fresh pages are the temporaries of the step above XLA:CPU's "
+             f"allocator threshold (32 MiB), at that page cost; page faults are the process's "
+             f"minor faults per call (`getrusage`).", "",
+             "| family | model | size | batch | measured | page faults a call | predicted | "
+             "of which fresh pages | measured / predicted | measured per example | "
+             "predicted per example |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['family']} | {r['model']} | {r['size']} | {r['batch']} | "
-                     f"{r['measured'] * 1e3:.1f} ms | {r['predicted'] * 1e3:.1f} ms | "
+                     f"{r['measured'] * 1e3:.1f} ms | {r['page_faults']:.0f} | "
+                     f"{r['predicted'] * 1e3:.1f} ms | {r['predicted_pages'] * 1e3:.1f} ms | "
                      f"{r['measured'] / r['predicted']:.2f} | "
                      f"{r['measured'] / r['batch'] * 1e3:.1f} ms | "
                      f"{r['predicted'] / r['batch'] * 1e3:.1f} ms |")
+    if profiles:
+        lines += ["", "Where the full-batch step's time goes (`--profile`: `jax.profiler`'s trace "
+                  "of two donated steps, whose events are the HLO instructions XLA:CPU runs): "
+                  "its copies into another dimension order (`copy` and `transpose` fusions, "
+                  "which the cost model charges at the memory rate like any traffic) against "
+                  "all of its operations.", "",
+                  "| family | batch | operations | relayout copies | share | largest |",
+                  "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {p['family']} | {p['batch']} | {p['ops'] * 1e3:.1f} ms | "
+                  f"{p['relayout'] * 1e3:.1f} ms ({p['relayout_ops']}) | "
+                  f"{p['relayout'] / p['ops']:.0%} | "
+                  + ", ".join(f"`{n}` {t * 1e3:.1f} ms" for n, t in p["largest"][:3]) + " |"
+                  for p in profiles]
     if streams:
         lines += ["", "Memory rate by buffer: `y = x * a + b` on a float32 array (one read, one "
                   "write per element), its output in a fresh buffer (as `hulkjax calibrate` "

@@ -349,7 +349,8 @@ def cmd_calibrate(args) -> int:
     dev, link = rec["device"], rec["link"]
     print(topo.describe())
     print(f"measured per device: {dev['peak_flops'] / 1e9:.4g} GFLOP/s (float32 matmul "
-          f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])}, "
+          f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])} "
+          f"(in place), {dev.get('fresh_page_time', 0.0) * 1e6:.3g} us per fresh 4 KiB page, "
           f"{dev.get('kernel_overhead', 0.0) * 1e6:.3g} us per kernel")
     print(f"link between processes: {format_rate(link['bandwidth'])}, latency "
           f"{link['latency'] * 1e6:.4g} us ({link['method']})")
@@ -603,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--matmul-size", type=int, default=1024,
                     help="n of the n x n activations and weights of the dense-layer matmuls")
     ca.add_argument("--memory-mb", type=float, default=64.0,
-                    help="MiB per device for the memory bandwidth (default 64)")
+                    help="MiB per device for the memory bandwidth and the cost of a fresh page "
+                         "(default 64: above 32, so fresh buffers are new pages)")
     ca.add_argument("--link-mb", type=float, nargs="+", default=[1.0, 8.0, 32.0],
                     help="all-reduce sizes in MiB the link is fitted on (default 1 8 32)")
     ca.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")

@@ -270,7 +270,7 @@ def main(argv=None) -> int:
             print(f"{args.regions} regions at {rates} Mbit/s: RTT {rtt * 1e6:.0f} us, TCP "
                   f"goodput {goodput / 1e6:.3g} MB/s", flush=True)
             topo_cal, cal = calibrate(processes=args.regions, local_devices=args.devices,
-                                      memory_bytes=32 << 20,
+                                      memory_bytes=64 << 20,
                                       link_bytes=(1 << 18, 1 << 20, 1 << 22), repeats=5,
                                       out=os.path.join(args.run_dir, "calibrate"),
                                       host=net.ip[0], prefix=net.prefix, timeout=args.timeout)

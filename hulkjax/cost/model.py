@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hulkjax.cost.backends import Backend, backend_of
+from hulkjax.cost.backends import PAGE_BYTES, Backend, backend_of
 from hulkjax.cost.comm import (
     axis_bytes,
     collective_time,
@@ -305,6 +305,7 @@ class CostModel:
         dev = topology.slowest_device()
         self.hbm = dev.hbm_bandwidth * dev.memory_efficiency  # what a streaming kernel reaches
         self.kernel_overhead = max(s.kernel_overhead for s in topology.device_specs())
+        self.fresh_page_time = max(s.fresh_page_time for s in topology.device_specs())
         self.capacity = min(d.memory for d in topology.device_specs())
         self.backend: Backend = backend_of(topology)
         self._flops_by_dtype: dict[str, float] = {}
@@ -1024,6 +1025,15 @@ class CostModel:
         t = max(flops, self.traffic[node.id] / shards / self.hbm)
         return t + self.kernel_overhead if self.launches[node.id] else t
 
+    def page_time(self, nbytes: float) -> float:
+        """Seconds a program call spends on the pages of a ``nbytes`` buffer it allocates anew
+        (its temporaries): ``DeviceSpec.fresh_page_time`` per 4 KiB page of what the backend
+        maps afresh every call (:meth:`~hulkjax.cost.backends.Backend.fresh_bytes`: XLA:CPU's
+        buffers above glibc's mmap threshold), at the slowest device's cost."""
+        if not self.fresh_page_time:
+            return 0.0
+        return self.backend.fresh_bytes(nbytes) / PAGE_BYTES * self.fresh_page_time
+
     def _compute_dtype(self, node) -> str:
         """The dtype an operator computes in: a matmul's narrowest operand (bf16 inputs run on
         bf16 tensor cores whatever they accumulate in), else its first result's."""
@@ -1596,10 +1606,15 @@ class CostModel:
             entry[2] += secs
         comm_time = float(sum(by_axis.values()))
         report = liveness(self, assignment)
+        # The step is one program: its temporaries (what is live at the peak beyond its
+        # arguments, whose results are written into the donated state) are allocated per call.
+        pages = self.page_time(report.temporaries)
+        compute += pages
         total_peak = sum(d.spec.peak_flops for d in self.topology.devices)
         ideal = self.graph.total_flops / total_peak if total_peak else 0.0
         link = {a: self.topology.axis_scope(a) for a in self.mesh.axis_names}
         return Cost(step_time=compute + comm_time, compute_time=compute, comm_time=comm_time,
+                    page_time=pages,
                     comm_time_by_axis=dict(by_axis), comm_bytes=dict(bytes_axis), link_class=link,
                     peak_memory=report.peak, memory_breakdown=dict(report.breakdown),
                     memory_capacity=self.capacity, ideal_time=ideal,

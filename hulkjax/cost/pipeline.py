@@ -25,6 +25,11 @@ V100's pace and its collectives pay its own links):
   with the last microbatch), and the rest lengthens the pipeline; such a gradient sent to
   another stage's update leaves after it;
 * ``update``: once per step, its optimizer nodes and the layout changes of its state;
+* fresh pages: each of these programs allocates its temporaries on every call, and a device
+  whose runtime maps them afresh (``DeviceSpec.fresh_page_time``: XLA:CPU, above glibc's mmap
+  threshold) pays for their pages in each call (:meth:`~hulkjax.cost.model.CostModel.page_time`
+  of the liveness walk's temporaries over the program's nodes); a microbatch's programs often
+  stay under the threshold where the whole step's does not;
 * memory per device: its parameters, gradients and optimizer state, float32 gradient accumulators
   (more than one microbatch), and the saved activations and data of the microbatches in flight
   (1F1B: ``min(M, S - k)`` on stage ``k``; GPipe: ``M``; interleaved: the most a chunk holds in its
@@ -372,6 +377,9 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
     for k in range(S):
         busy_group[group[k]] += busy[k]
         compute_group[group[k]] += work[k]["compute_step"](M)
+    pages_group = [0.0] * G
+    for k in range(S):
+        pages_group[group[k]] += work[k]["pages_step"](M)
     kb = int(np.argmax(busy_group))
     compute = compute_group[kb]
     comm = busy_group[kb] - compute
@@ -412,7 +420,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                 peak_memory=worst.peak_memory, memory_breakdown=dict(worst.memory_breakdown),
                 memory_capacity=worst.memory_capacity,
                 ideal_time=graph.total_flops / total_peak if total_peak else 0.0,
-                stages=tuple(stage_times), bubble=max(step - compute - comm, 0.0),
+                page_time=pages_group[kb], stages=tuple(stage_times), bubble=max(step - compute - comm, 0.0),
                 transfers=recs, microbatches=M, schedule=schedule, virtual_stages=v)
 
 
@@ -434,8 +442,13 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         - shared_excess(nc, s.backward)
     u = float(sum(nc.time[n] for n in s.update)) - shared_excess(nc, s.update) + sum(
         nc.state_moves.get(i, 0.0) for i in s.inputs)
-    cf = float(sum(nc.compute[n] for n in s.forward + s.backward))
-    cu = float(sum(nc.compute[n] for n in s.update))
+    # Each program call allocates its temporaries anew: on XLA:CPU those above glibc's mmap
+    # threshold are fresh pages every call (CostModel.page_time; 0 elsewhere). A microbatch's
+    # programs are smaller than the step's and often stay under it.
+    pf, pb, pu = (_program_pages(s, nodes) for nodes in (s.forward, s.backward, s.update))
+    f, b, u = f + pf, b + pb, u + pu
+    cf = float(sum(nc.compute[n] for n in s.forward + s.backward)) + pf + pb
+    cu = float(sum(nc.compute[n] for n in s.update)) + pu
     deferred = {(un.node, i) for un in unreduced.values() for i in un.deferred}
 
     def comm_by_axis(M: int) -> dict[str, float]:
@@ -465,7 +478,19 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         return dict(per)
 
     return {"f": f, "b": b, "u": u, "r": r, "compute_step": lambda M: M * cf + cu,
-            "comm_by_axis": comm_by_axis}
+            "pages_step": lambda M: M * (pf + pb) + pu, "comm_by_axis": comm_by_axis}
+
+
+def _program_pages(s: StageWork, nodes) -> float:
+    """Seconds one call of the stage's program running ``nodes`` spends on fresh pages for its
+    temporaries (:meth:`~hulkjax.cost.model.CostModel.page_time`; its arguments, the values
+    other programs make, and its results are buffers of their own)."""
+    cm = s.cost_model
+    if not cm.fresh_page_time or not nodes:
+        return 0.0
+    report = liveness(cm, list(s.assignment), nodes=nodes, held=set(s.inputs),
+                      received_as_arguments=True)
+    return cm.page_time(report.temporaries)
 
 
 def _axis_times(cm: CostModel, comm) -> dict[str, float]:

@@ -30,16 +30,19 @@ with every device of every process running at once, as they do in a launch job):
   step running in both processes at once took 1.9x what that number predicted. On one core a
   square matmul ran at 65-78 GFLOP/s and the training trio at 48-58 (XLA:CPU runs the
   transposed-operand products slower), which is the pace of the step's matmuls.
-* **memory bandwidth** per device: ``y = x * a + b`` on a ``memory_bytes`` float32 array per
-  device, one program per pass, each reading the previous pass's result and writing a fresh
-  buffer (as a step's elementwise kernels do), for :data:`BUSY_TRAFFIC` bytes per run: one read
-  and one write, ``2 x memory_bytes`` per pass. On XLA:CPU a fresh buffer above glibc's mmap
-  threshold (at most 32 MB; lower in a process that has not yet freed large buffers) is new
-  pages every call, so this rate is the page-fault rate: one core wrote fresh 64-256 MB outputs
-  at 4.2-4.6 GB/s, one minor fault per 4 KB page, and the same kernel in place at 45 GB/s
-  (``benchmarks/compute_check.py --streams``). A step with large outputs and temporaries pays
-  it; buffers under the threshold reuse touched pages and run faster than this rate predicts,
-  which the cost model does not yet separate.
+* **memory bandwidth and fresh pages** per device: ``y = x * a + b`` on a ``memory_bytes``
+  float32 array per device, one program per pass, for :data:`BUSY_TRAFFIC` bytes per run (one
+  read and one write, ``2 x memory_bytes`` per pass), twice: each pass writing a fresh output
+  buffer (as a step's temporaries are allocated on every call), and in place (each pass's
+  input donated). On XLA:CPU a buffer above glibc's mmap threshold (at most 32 MiB; lower in a
+  process that has not yet freed large buffers) is new pages on every call: one core wrote
+  fresh 64-256 MB outputs at 4.2-4.6 GB/s, one minor fault per 4 KB page, and in place at
+  45 GB/s (``benchmarks/compute_check.py --streams``). The in-place rate is the device's
+  memory bandwidth; the fresh chain's extra time over the page faults it took (counted with
+  ``getrusage``) is the cost of a fresh page, ``DeviceSpec.fresh_page_time``, which the cost
+  model charges for the temporaries of each program call above the threshold
+  (``CostModel.page_time``). Give ``memory_bytes`` above 32 MiB (the default is 64 MiB), or the
+  fresh chain reuses its pages and the page cost reads 0.
 * **kernel overhead** per device: a jitted chain of ``KERNEL_CHAIN`` dependent ``16 x 16``
   matmuls (one kernel each) against a chain of one, on every local device at once:
   ``(t_chain - t_one) / (KERNEL_CHAIN - 1)`` is what each further kernel adds beyond its
@@ -66,6 +69,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import sys
 import time
 import traceback
@@ -73,6 +77,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hulkjax.cost.backends import PAGE_BYTES
 from hulkjax.errors import HulkjaxError, WorkerFailedError
 from hulkjax.launch.launcher import _free_port, _run_workers, _worker_env
 from hulkjax.topology.model import Topology
@@ -153,6 +158,18 @@ def _median_time(fn: Callable[[], object], repeats: int, barrier: Callable[[], N
     return float(np.median(times))
 
 
+def _median_time_and_faults(fn: Callable[[], object], repeats: int,
+                            barrier: Callable[[], None]) -> tuple[float, float]:
+    """:func:`_median_time`, and the minor page faults this process took per call once warm
+    (the first call, which compiles, is left out; _median_time's own warm-up call is in)."""
+    import jax
+
+    jax.block_until_ready(fn())
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t = _median_time(fn, repeats, barrier)
+    return t, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (repeats + 1)
+
+
 def _allreduce_fn(mesh, axis: str, nbytes: int):
     """A thunk running a jitted all-reduce of ``nbytes`` (float32) per device over ``mesh``'s one
     axis, and the bytes it really reduces per device."""
@@ -226,9 +243,24 @@ def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
             y = axpb(y)
         return y
 
-    t = _median_time(streams, repeats, barrier)
+    t, faults = _median_time_and_faults(streams, repeats, barrier)
     out["memory"] = {"bytes_per_device": elems * 4, "chain": passes, "seconds": t,
-                     "traffic_per_device": 2 * elems * 4 * passes}
+                     "traffic_per_device": 2 * elems * 4 * passes,
+                     "page_faults_per_device": faults / k,
+                     "page_bytes": resource.getpagesize()}
+    # The same chain in place: each pass's input donated, its output takes the input's pages.
+    in_place = jax.jit(lambda v: v * jnp.float32(1.0001) + jnp.float32(1e-3), donate_argnums=0)
+    held = [jnp.copy(x)]
+
+    def streams_in_place():
+        y = held[0]
+        for _ in range(passes):
+            y = in_place(y)
+        held[0] = y
+        return y
+
+    t, faults = _median_time_and_faults(streams_in_place, repeats, barrier)
+    out["memory_in_place"] = {"seconds": t, "page_faults_per_device": faults / k}
 
     def chain(links):
         def body(v):
@@ -388,27 +420,50 @@ def _memory_capacity(devices: int) -> float:
     return float(total) / devices
 
 
+def fresh_page_time(memory: dict, in_place: dict) -> float:
+    """Seconds per 4 KiB page a fresh buffer costs: what the memory chain into fresh outputs
+    took beyond the same chain in place, over the page faults each device took per run
+    (0 where it took none: buffers under the allocator's threshold reuse their pages).
+
+    >>> fresh_page_time({"seconds": 0.5, "page_faults_per_device": 1e5, "page_bytes": 4096},
+    ...                 {"seconds": 0.3, "page_faults_per_device": 0.0})
+    2e-06
+    """
+    faults = memory.get("page_faults_per_device", 0.0) - in_place.get("page_faults_per_device", 0.0)
+    if faults <= 0:
+        return 0.0
+    per_fault = max(memory["seconds"] - in_place["seconds"], 0.0) / faults
+    return round(per_fault * PAGE_BYTES / memory.get("page_bytes", PAGE_BYTES), 12)
+
+
 def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
-    """The device of :func:`measure`'s timings: FLOP/s and memory bandwidth are the measured work
-    over the measured median time, the kernel overhead :func:`kernel_overhead`'s."""
+    """The device of :func:`measure`'s timings: FLOP/s is the measured work over the measured
+    median time; the memory bandwidth the chain's traffic over its time in place (donated
+    buffers, no fresh pages; the fresh chain's where an older measurement has no in-place
+    one), the cost of a fresh page :func:`fresh_page_time`'s, the kernel overhead
+    :func:`kernel_overhead`'s."""
     mm, mem = meas["matmul"], meas["memory"]
     flops = mm["flops_per_device"] / mm["seconds"]
+    in_place = meas.get("memory_in_place")
+    seconds = in_place["seconds"] if in_place else mem["seconds"]
     return DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
-                      memory=memory, hbm_bandwidth=mem["traffic_per_device"] / mem["seconds"],
+                      memory=memory, hbm_bandwidth=mem["traffic_per_device"] / seconds,
                       kernel_overhead=kernel_overhead(meas["kernels"]) if "kernels" in meas
-                      else 0.0)
+                      else 0.0,
+                      fresh_page_time=fresh_page_time(mem, in_place) if in_place else 0.0)
 
 
 def _topology_from(meas: dict, *, processes: int, local_devices: int,
                    name: str) -> tuple[Topology, dict]:
     spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
     flops, hbm, overhead = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
+    pages = spec.fresh_page_time
     link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                                        [x["seconds"] for x in meas["link"]],
                                        participants=processes)
     record = {"format": CALIBRATION_FORMAT, "measurements": meas,
               "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory,
-                         "kernel_overhead": overhead},
+                         "kernel_overhead": overhead, "fresh_page_time": pages},
               "link": {"bandwidth": link_bw, "latency": link_lat,
                        "method": "gloo all-reduce between processes (jax.distributed on "
                                  "loopback or the given namespaces), alpha-beta fit"}}

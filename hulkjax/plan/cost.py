@@ -111,7 +111,12 @@ class Cost:
         and an upper bound on the step with collectives overlapped with independent compute,
         which ``CostModel.overlapped`` / :func:`hulkjax.cost.overlap.overlap` compute on
         request).  # float
-      compute_time: roofline time of the operators at the slowest device's pace.  # float
+      compute_time: roofline time of the operators at the slowest device's pace, and the time
+        its programs spend on fresh pages (``page_time``).  # float
+      page_time: of ``compute_time``, the seconds spent on the pages of buffers each program
+        call allocates anew (``DeviceSpec.fresh_page_time`` per 4 KiB page of the temporaries
+        above ``Backend.fresh_buffer_threshold``: XLA:CPU; 0 where allocators pool memory).
+        Staged plans: the busiest device group's, per step.  # float
       comm_time: time in collectives (partial sums and layout changes).  # float
       comm_time_by_axis: ``{mesh axis: seconds}``.  # dict
       comm_bytes: ``{mesh axis: bytes each device sends over that axis's links}``.  # dict
@@ -141,6 +146,7 @@ class Cost:
     memory_breakdown: dict = field(default_factory=dict)
     memory_capacity: float = float("inf")
     ideal_time: float = 0.0
+    page_time: float = 0.0
     collectives: tuple[PredictedCollective, ...] = ()
     stages: tuple[StageTime, ...] = ()
     bubble: float = 0.0

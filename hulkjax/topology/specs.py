@@ -134,6 +134,14 @@ class DeviceSpec:
         WAN testbed, ``benchmarks/wan/transfer_time.py --mode busy1``). Charged to a staged
         plan's receiving stage. 0: the transfer takes nothing from compute (accelerators, whose
         transfers have engines of their own).  # fraction, in [0, 1]
+      fresh_page_time: seconds the device loses per 4 KiB page of a buffer its runtime maps
+        afresh on every call of a program (the kernel zeroes and maps the page on its first
+        write): XLA:CPU allocates a program's temporaries with the host's ``malloc``, and glibc
+        maps an allocation above its mmap threshold (:attr:`hulkjax.cost.backends.Backend.
+        fresh_buffer_threshold`) anew each time. Measured by ``hulkjax calibrate``: 1.8 us a
+        page on this project's 2-core machine, where the same streaming kernel ran at 4.2 GB/s
+        into a fresh buffer and 45 GB/s in place (``benchmarks/COMPUTE.md``). 0: none
+        (accelerators, whose allocators pool device memory).  # seconds per 4 KiB page, >= 0
 
     The calibration numbers default to an ideal device (the datasheet's roofline, free
     launches); the built-in H100 and H200 carry the values measured on one of each, the other
@@ -149,6 +157,7 @@ class DeviceSpec:
     memory_efficiency: float = 1.0
     kernel_overhead: float = 0.0  # seconds
     receive_overhead: float = 0.0  # fraction of a receive's link time
+    fresh_page_time: float = 0.0  # seconds per 4 KiB page mapped afresh per call
 
     @property
     def platform(self) -> str:
@@ -206,6 +215,11 @@ class DeviceSpec:
                 f"compute time than it lasts. Give a fraction in [0, 1], e.g. 0.3.",
                 where="DeviceSpec.receive_overhead")
         object.__setattr__(self, "receive_overhead", value)
+        value = check_nonnegative(self.fresh_page_time, "DeviceSpec.fresh_page_time",
+                                  "seconds per 4 KiB page",
+                                  "Give the seconds a page fault costs, e.g. 1.8e-6 as `hulkjax "
+                                  "calibrate` measures on a CPU (0: none).")
+        object.__setattr__(self, "fresh_page_time", value)
 
     @property
     def calibration(self) -> dict[str, float]:
@@ -223,7 +237,7 @@ class DeviceSpec:
 
 
 _IDEAL = {"flops_efficiency": 1.0, "memory_efficiency": 1.0, "kernel_overhead": 0.0,
-          "receive_overhead": 0.0}
+          "receive_overhead": 0.0, "fresh_page_time": 0.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

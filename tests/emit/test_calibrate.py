@@ -9,7 +9,13 @@ import pytest
 import hulkjax as hj
 from hulkjax.cli import main
 from hulkjax.errors import HulkjaxError, WorkerFailedError
-from hulkjax.launch.calibrate import BUSY_FLOPS, calibrate, chain_length, fit_alpha_beta
+from hulkjax.launch.calibrate import (
+    BUSY_FLOPS,
+    calibrate,
+    chain_length,
+    fit_alpha_beta,
+    fresh_page_time,
+)
 from hulkjax.topology.specs import DEVICE_SPECS
 
 TIMEOUT = 180
@@ -31,7 +37,12 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     assert mm["flops_per_device"] == 6 * 96 ** 3 * mm["chain"] and mm["seconds"] > 0
     assert mem["traffic_per_device"] == 2 * mem["bytes_per_device"] * mem["chain"]
     assert spec.peak_flops == pytest.approx(mm["flops_per_device"] / mm["seconds"])
-    assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / mem["seconds"])
+    # the memory rate is the chain's in place (donated: no fresh pages); a fresh page's cost is
+    # what the chain into fresh buffers took beyond it, over its page faults
+    in_place = meas["memory_in_place"]
+    assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / in_place["seconds"])
+    assert mem["page_faults_per_device"] >= 0 and mem["page_bytes"] > 0
+    assert spec.fresh_page_time == fresh_page_time(mem, in_place) >= 0
     kern = rec["measurements"]["kernels"]
     # Per further kernel of the chain, clipped at 0: on a loaded CI machine a 64-kernel chain can
     # time below a single kernel, so the two timings are never compared with each other here.
