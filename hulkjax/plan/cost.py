@@ -177,8 +177,9 @@ class Cost:
                     f"bubble {self.bubble * 1e3:.4g} ms; efficiency {self.efficiency:.1%}; peak "
                     f"memory {format_bytes(self.peak_memory)} of "
                     f"{format_bytes(self.memory_capacity)}")
-        return (f"step {self.step_time * 1e3:.4g} ms (compute {self.compute_time * 1e3:.4g} ms, "
-                f"comm {self.comm_time * 1e3:.4g} ms{': ' + axes if axes else ''}); "
+        pages = f" incl. fresh pages {self.page_time * 1e3:.4g} ms" if self.page_time else ""
+        return (f"step {self.step_time * 1e3:.4g} ms (compute {self.compute_time * 1e3:.4g} ms"
+                f"{pages}, comm {self.comm_time * 1e3:.4g} ms{': ' + axes if axes else ''}); "
                 f"efficiency {self.efficiency:.1%}; peak memory {format_bytes(self.peak_memory)}"
                 f" of {format_bytes(self.memory_capacity)}")
 
