@@ -306,8 +306,9 @@ def main(argv=None) -> int:
                        "calibration": {**{k: cal[k] for k in ("device", "link")},
                                        "receive_overhead": recv},
                        "link_nominal": nominal_bw, "topology": topo.to_dict()}
-            print(f"calibrated: {spec.peak_flops / 1e9:.3g} GFLOP/s and "
-                  f"{spec.hbm_bandwidth / 1e9:.3g} GB/s per device; region link "
+            print(f"calibrated: {spec.peak_flops / 1e9:.3g} GFLOP/s, "
+                  f"{spec.hbm_bandwidth / 1e9:.3g} GB/s in place and "
+                  f"{spec.fresh_page_time * 1e6:.3g} us per fresh page per device; region link "
                   f"{link_bw / 1e6:.3g} MB/s (nominal {nominal_bw / 1e6:.3g} MB/s)", flush=True)
 
             loaded = load_step(model, size=size, overrides=overrides)
@@ -342,7 +343,11 @@ def main(argv=None) -> int:
                 rows.append({
                     "strategy": p.strategy,
                     "plan": "SPMD" if not p.stages else
-                            f"{len(p.stages)} stages x {p.microbatches} mb ({p.schedule})",
+                            f"{len(p.stages)} stage{'s' if len(p.stages) > 1 else ''} x "
+                            f"{p.microbatches} mb ({p.schedule})"
+                            + (f" on {len(p.stages[0].devices)} of {topo.num_devices} devices"
+                               if len({d for st in p.stages for d in st.devices})
+                               < topo.num_devices else ""),
                     "predicted_step": p.cost.step_time,
                     # what the shaped links add to the step (exposed transfers and collectives
                     # between regions): step - step with free links, the same plan
@@ -564,7 +569,10 @@ def markdown(res: dict) -> str:
         f"{res['tcp_goodput'] / 1e6:.3g} MB/s.", "",
         f"Calibrated (`hulkjax.launch.calibrate` in the namespaces): "
         f"{cal['device']['peak_flops'] / 1e9:.3g} GFLOP/s and "
-        f"{cal['device']['hbm_bandwidth'] / 1e9:.3g} GB/s per device with every device busy; "
+        f"{cal['device']['hbm_bandwidth'] / 1e9:.3g} GB/s per device with every device busy"
+        + (f" (in place), {pt * 1e6:.3g} us per fresh 4 KiB page (`DeviceSpec.fresh_page_time`: "
+           f"the temporaries XLA:CPU allocates afresh on every program call above 32 MiB)"
+           if (pt := cal['device'].get('fresh_page_time')) else "") + "; "
         f"gloo all-reduce between regions {cal['link']['bandwidth'] / 1e6:.3g} MB/s, "
         f"{cal['link']['latency'] * 1e6:.0f} us (nominal tbf rate "
         f"{res['link_nominal'] / 1e6:.3g} MB/s)"
