@@ -375,6 +375,8 @@ def main(argv=None) -> int:
         left = leftovers(tag)
         result["left_behind"] = left
         result["wall_time"] = time.time() - t0
+        # other jobs on the machine share the cores the regions are pinned to
+        result["load_average"] = os.getloadavg()[1]
         result["rows"] = rows
         if left:
             print(f"WARNING: namespaces left behind: {left}", flush=True)
@@ -586,7 +588,11 @@ def markdown(res: dict) -> str:
         "",
         (f"**Cores**: each region's process runs on cores of its own (`taskset`: "
          f"{'; '.join(f'region {i}: {c}' for i, c in enumerate(res['pinning']))}), so a "
-         f"device computes at the calibrated rate whatever the others do." if res.get("pinning")
+         f"device computes at the calibrated rate whatever the others do"
+         + (f" (5-minute load average when the run ended: {la:.1f} on {res['cpus']} cores; "
+            f"above {res['regions']}, other jobs shared the pinned cores and slowed the "
+            f"measurements)" if (la := res.get("load_average")) is not None else "")
+         + "." if res.get("pinning")
          else f"**Cores**: {res['cpus']} cores for {res['regions']} processes, not pinned"
               f"{'' if 'pinning' in res else ' (runs before pinning existed)'}: a device "
               f"computes faster while the others wait than while they compute, so its speed "
