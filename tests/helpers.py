@@ -20,6 +20,15 @@ TWO_D_TOPOLOGY = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 45
                                   latency=(5e-6, 1e-6))
 
 
+def cpu_regions(*, hbm_bandwidth: float = 2e9, **calibration) -> hj.Topology:
+    """Two regions of one CPU-like device (100 GFLOP/s) joined by a slow link (2 MB/s, 0.1 ms),
+    the device's calibration numbers (``receive_overhead``, ``fresh_page_time``, ...) given."""
+    spec = hj.DeviceSpec(kind="cpu-test", peak_flops=1e11, memory=1e10,
+                         hbm_bandwidth=hbm_bandwidth, **calibration)
+    return hj.Topology.preset("regional", regions=2, gpus_per_node=1, device=spec,
+                              metro=hj.LinkSpec(bandwidth=2e6, latency=1e-4))
+
+
 def assert_trees_close(a, b, *, rtol=1e-4, atol=1e-5):
     """Leaf-by-leaf allclose with a message naming the first leaf that differs."""
     la, ta = jax.tree_util.tree_flatten_with_path(a)

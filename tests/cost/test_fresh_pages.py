@@ -16,15 +16,13 @@ from hulkjax.cost.model import CostModel
 from hulkjax.errors import InvalidTopologyError
 from hulkjax.launch.calibrate import device_spec, fresh_page_time
 from hulkjax.topology import DeviceSpec
+from tests.helpers import cpu_regions
 
 PAGE = 2e-6  # seconds per 4 KiB page
 
 
-def _topo(page: float, kind: str = "cpu-pages"):
-    spec = DeviceSpec(kind=kind, peak_flops=1e11, memory=1e10, hbm_bandwidth=2e10,
-                      fresh_page_time=page)
-    return hj.Topology.preset("regional", regions=2, gpus_per_node=1, device=spec,
-                              metro=hj.LinkSpec(bandwidth=2e6, latency=1e-4))
+def _topo(page: float):
+    return cpu_regions(hbm_bandwidth=2e10, fresh_page_time=page)
 
 
 @pytest.fixture(scope="module")

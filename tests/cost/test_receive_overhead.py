@@ -8,13 +8,11 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.errors import InvalidTopologyError
 from hulkjax.topology import DeviceSpec
+from tests.helpers import cpu_regions
 
 
 def _topo(rho: float):
-    spec = DeviceSpec(kind="cpu-shared", peak_flops=1e11, memory=1e10, hbm_bandwidth=2e9,
-                      receive_overhead=rho)
-    return hj.Topology.preset("regional", regions=2, gpus_per_node=1, device=spec,
-                              metro=hj.LinkSpec(bandwidth=2e6, latency=1e-4))
+    return cpu_regions(receive_overhead=rho)
 
 
 @pytest.fixture(scope="module")
