@@ -75,6 +75,7 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -153,7 +154,14 @@ def device_groups(topology) -> dict[str, tuple[tuple[int, ...], ...]]:
 
 def group_topology(topology, devices):
     """The sub-topology of a device group, canonically named (groups of one shape share cost
-    tables), cached on nothing: topologies are values."""
+    tables). Topologies are values, so equal arguments give the same one: it is memoized
+    (the staged search asks for each stage's several thousand times, and a subset builds a
+    topology, its links and mesh, each time)."""
+    return _group_topology(topology, tuple(devices))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_topology(topology, devices: tuple[int, ...]):
     return topology.subset(devices, canonical=True)
 
 
