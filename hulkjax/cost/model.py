@@ -1197,6 +1197,37 @@ class CostModel:
         not is charged at the dearest (not deferred)."""
         return sum(t for t, _ in self._shared_changes(key, assignment, gid, c).values())
 
+    def shared_times(self, key, assignment, gid: int, cands) -> list[float]:
+        """``[shared_time(key, assignment, gid, c) for c in cands]``, the same floats, without
+        walking the other readers' changes once per candidate: with ``gid`` one of the
+        readers (not the producer), the others' changes are fixed, merged once before and
+        after ``gid``'s (in the readers' order, as :meth:`_shared_changes` merges them)."""
+        gp = self.group_of_value[self.shared_value(key)]
+        readers = self._shared_reader_groups[key]
+        if gp == gid or gid not in readers:
+            return [self.shared_time(key, assignment, gid, c) for c in cands]
+        cp = assignment[gp]
+        j = readers.index(gid)
+        before: dict[Spec, tuple[float, int]] = {}
+        for gc in readers[:j]:
+            _merge_changes(before, self._shared_moves(key, cp, gc, assignment[gc]))
+        after = [m for gc in readers[j + 1:]
+                 for m in self._shared_moves(key, cp, gc, assignment[gc])]
+        out, unchanged = [], None
+        for c in cands:
+            mine = self._shared_moves(key, cp, gid, c)
+            if not mine and unchanged is not None:
+                out.append(unchanged)
+                continue
+            changes = dict(before)
+            _merge_changes(changes, mine)
+            _merge_changes(changes, after)
+            t = sum(t for t, _ in changes.values())
+            if not mine:
+                unchanged = t
+            out.append(t)
+        return out
+
     def _shared_changes(self, key, assignment, gid: int | None = None,
                         c: int | None = None) -> dict[Spec, tuple[float, int]]:
         """``{layout: (seconds, index of the reader charged)}`` of :meth:`shared_time`."""
@@ -1204,12 +1235,7 @@ class CostModel:
         cp = c if gp == gid else assignment[gp]
         out: dict[Spec, tuple[float, int]] = {}
         for gc in self._shared_reader_groups[key]:
-            cc = c if gc == gid else assignment[gc]
-            for dst, t, i in self._shared_moves(key, cp, gc, cc):
-                had = out.get(dst)
-                # the dearest reading; of equal ones, the first reader's (the readers' order)
-                if had is None or t > had[0] or (t == had[0] and i < had[1]):
-                    out[dst] = (t, i)
+            _merge_changes(out, self._shared_moves(key, cp, gc, c if gc == gid else assignment[gc]))
         return out
 
     def _shared_moves(self, skey, cp: int, gc: int, cc: int) -> list[tuple[Spec, float, int]]:
@@ -1478,9 +1504,22 @@ class CostModel:
             if hit is not None:
                 return hit.copy()
         m = np.zeros((len(cps), len(ccs)))
+        # (:meth:`spec` and :meth:`required` of every candidate, their tables looked up once)
+        rp, rc = self.table_rep[gp], self.table_rep[gc]
+        vmap = self._rep_ids(gp)[1] if rp != gp else None
+        nmap = self._rep_ids(gc) if rc != gc else None
+        src_tables = [self.local(rp, c).specs for c in cps] if items else ()
+        dst_tables = [self.local(rc, c) for c in ccs] if items else ()
         for v, nid, k in items:
-            srcs = [self.spec(gp, c, v) for c in cps]
-            dsts = [self.required(gc, c, nid, k) for c in ccs]
+            v2 = v if vmap is None else vmap.get(v, -1)
+            srcs = [t.get(v2) for t in src_tables]
+            if nid == -1:
+                vin = self.graph.inputs[k]
+                vin = vin if nmap is None else nmap[1].get(vin, -1)
+                dsts = [t.specs.get(vin) for t in dst_tables]
+            else:
+                n2 = nid if nmap is None else nmap[0][nid]
+                dsts = [t.res[n2].in_specs[k] for t in dst_tables]
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
             t = np.zeros((len(us), len(ud)))
@@ -2187,6 +2226,15 @@ class CostModel:
                 if via:
                     out[(nid, k)] = via
         return out
+
+
+def _merge_changes(out: dict, moves) -> None:
+    """Merge a reader group's ``[(layout, seconds, reader index)]`` into ``{layout: (seconds,
+    reader index)}``: the dearest reading per layout; of equal ones, the first reader's."""
+    for dst, t, i in moves:
+        had = out.get(dst)
+        if had is None or t > had[0] or (t == had[0] and i < had[1]):
+            out[dst] = (t, i)
 
 
 def _unique_index(items):

@@ -371,8 +371,7 @@ class _Program:
 
         n_classes = len(reps)
         # Node costs and memory per class (summed over the class's groups).
-        node_cost = [np.array([sum(cm.table_time(g2, k) for g2 in members[c]) for k in keep[c]])
-                     for c in range(n_classes)]
+        node_cost = [_class_times(cm, members[c], keep[c]) for c in range(n_classes)]
         # Memory is a table's (no program runs): groups of one table class share it, so each
         # class sums its table classes' memory times how many of its groups each has.
         node_mem = []
@@ -678,6 +677,27 @@ def _run_highs(prog: _Program, start: np.ndarray | None, capacity: float, *, tim
         bound = float(info.objective_function_value) if status == "optimal" else -np.inf
     return _Run(found=found, status=status, bound=bound * unit, nodes=int(info.mip_node_count),
                 iterations=int(info.simplex_iteration_count))
+
+
+def _class_times(cm: CostModel, gids: list[int], keep: list[int]) -> np.ndarray:
+    """``sum(cm.table_time(g, k) for g in gids)`` for each ``k`` of ``keep``: the groups' times
+    added in the same order (the same floats). Without program runs a group's time is its table
+    class's (:meth:`CostModel.table`), looked up once per class, not once per group."""
+    if not gids:
+        return np.zeros(len(keep))
+    by_rep: dict[int, np.ndarray] = {}
+    out = None
+    for g in gids:
+        if cm.program_runs is None:
+            row = by_rep.get(cm.table_rep[g])
+            if row is None:
+                row = by_rep[cm.table_rep[g]] = np.array([cm.table_time(g, k) for k in keep],
+                                                         dtype=np.float64)
+        else:
+            row = np.array([cm.table_time(g, k) for k in keep], dtype=np.float64)
+        # (0 + t) is t, as Python's sum starts: the first row is the first partial sum
+        out = row.copy() if out is None else out + row
+    return out
 
 
 def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tuple, float]:

@@ -65,7 +65,7 @@ def local_costs(cm: CostModel, nb, gid: int, assignment, cands=None, *,
             t += cm.edge_matrix(gid, other, cands, [assignment[other]], shared=not exact)[:, 0]
     if exact:
         for v in cm.shared_of_group.get(gid, ()):
-            t += [cm.shared_time(v, assignment, gid, c) for c in cands]
+            t += cm.shared_times(v, assignment, gid, cands)
     return t
 
 
