@@ -311,6 +311,10 @@ class CostModel:
         self._follow_cache: dict = {}
         self._reshard_cache: dict = {}
         self._sig_cache: dict[int, tuple] = {}
+        # node -> a small id equal for nodes of equal _node_sig (the follow cache's key: a
+        # signature is a deep tuple, hashed anew on every lookup)
+        self._sig_ids: dict[int, int] = {}
+        self._sig_index: dict[tuple, int] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
         self._edge_classes: dict[tuple[int, int], int | None] = {}  # edge -> _edge_class
@@ -406,7 +410,8 @@ class CostModel:
         """``table(gid, c).time`` per step: each of the group's operators and in-group layout
         changes times its program's :meth:`runs`."""
         if self.program_runs is None:
-            return self.table(gid, c).time
+            loc = self._locals.get((self.table_rep[gid], c))
+            return (loc if loc is not None else self.table(gid, c)).time
         hit = self._table_times.get((gid, c))
         if hit is None:
             nodes = self._sequence_of(gid)[0]
@@ -765,8 +770,10 @@ class CostModel:
         """``local(gid, c).specs.get(vid)``: the layout of value ``vid`` of group ``gid``."""
         rep = self.table_rep[gid]
         if rep != gid:
-            vid = self._rep_ids(gid)[1].get(vid, -1)
-        return self.local(rep, c).specs.get(vid)
+            ids = self._rep_maps.get(gid)
+            vid = (ids if ids is not None else self._rep_ids(gid))[1].get(vid, -1)
+        loc = self._locals.get((rep, c))
+        return (loc if loc is not None else self.local(rep, c)).specs.get(vid)
 
     def resolution(self, gid: int, c: int, nid: int) -> Resolution | None:
         """``local(gid, c).res.get(nid)``: how node ``nid`` of group ``gid`` runs."""
@@ -1005,7 +1012,11 @@ class CostModel:
     def _follow(self, node, lead, lead_spec) -> Resolution:
         if lead_spec is None:
             return replicated_resolution(node, self.graph)
-        key = (self._node_sig(node.id), lead, lead_spec)
+        sid = self._sig_ids.get(node.id)
+        if sid is None:
+            sid = self._sig_ids[node.id] = self._sig_index.setdefault(
+                self._node_sig(node.id), len(self._sig_index))
+        key = (sid, lead, lead_spec)
         r = self._follow_cache.get(key)
         if r is None:
             r = follow(node, self.graph, lead, lead_spec, self.mesh)
@@ -1293,8 +1304,10 @@ class CostModel:
         if nid == -1:
             return self.spec(gid, c, self.graph.inputs[k])
         if rep != gid:
-            nid = self._rep_ids(gid)[0][nid]
-        return self.local(rep, c).res[nid].in_specs[k]
+            ids = self._rep_maps.get(gid)
+            nid = (ids if ids is not None else self._rep_ids(gid))[0][nid]
+        loc = self._locals.get((rep, c))
+        return (loc if loc is not None else self.local(rep, c)).res[nid].in_specs[k]
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
         """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
