@@ -328,6 +328,7 @@ class CostModel:
         # breakdown(memory=False) of the last few assignments (a pipeline stage's liveness walks
         # and node costs ask for the same assignment once per stage): (specs, compute, own, moves)
         self._breakdowns: dict[tuple[int, ...], tuple] = {}
+        self._table_weights: dict[int, float | None] = {}  # table_time's, per group
         # What depends on the graph (and backend) alone is made once (the staged search builds
         # cost models of one graph on several device groups).
         key = ("cost graph facts", self.backend.name)
@@ -392,6 +393,7 @@ class CostModel:
         view._edge_cache = {}
         view._edge_classes = {}
         view._breakdowns = {}
+        view._table_weights = {}
         if runs is not None:  # entries keyed by content, priced once per run count
             view._edge_class_time = {}
             view._matrix_cache = {}
@@ -414,10 +416,15 @@ class CostModel:
             return (loc if loc is not None else self.table(gid, c)).time
         hit = self._table_times.get((gid, c))
         if hit is None:
-            nodes = self._sequence_of(gid)[0]
-            ws = {self.runs(n) for n in nodes}
-            if len(ws) <= 1 and not self._sum_producers.intersection(nodes):
-                hit = (ws.pop() if ws else 1.0) * self.table(gid, c).time
+            # (per group, whatever the candidate: the one weight of all its operators, or None)
+            w = self._table_weights.get(gid, -1.0)
+            if w == -1.0:
+                nodes = self._sequence_of(gid)[0]
+                ws = {self.runs(n) for n in nodes}
+                w = self._table_weights[gid] = (ws.pop() if ws else 1.0) \
+                    if len(ws) <= 1 and not self._sum_producers.intersection(nodes) else None
+            if w is not None:
+                hit = w * self.table(gid, c).time
             else:
                 loc = self.local(gid, c)
                 ct = self.comm_time
