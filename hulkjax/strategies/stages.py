@@ -414,14 +414,15 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
     works = []
     home_stage = {i: stage_of_unit[u] for i, u in part.home.items()
                   if g.input_roles[i] in (PARAMETER, OPTIMIZER)}
+    by_phase = part.stage_nodes(stage_of_unit)
     for k, (devs, name) in enumerate(zip(layout.groups, layout.plans)):
         sub = group_topology(ctx.topology, devs)
         assignment = ctx.assignments(layout.microbatches, sub, (name,))[name]
         works.append(StageWork(
             devices=tuple(devs), cost_model=cost_model(micro, sub), assignment=assignment,
-            forward=part.nodes(stage_of_unit, k, FORWARD),
-            backward=part.nodes(stage_of_unit, k, BACKWARD),
-            update=part.nodes(stage_of_unit, k, UPDATE),
+            forward=by_phase.get((k, FORWARD), ()),
+            backward=by_phase.get((k, BACKWARD), ()),
+            update=by_phase.get((k, UPDATE), ()),
             inputs=tuple(i for i, s in sorted(home_stage.items()) if s == k)))
     return works, stage_of_unit
 
