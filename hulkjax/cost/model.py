@@ -1215,6 +1215,11 @@ class CostModel:
         not is charged at the dearest (not deferred)."""
         return sum(t for t, _ in self._shared_changes(key, assignment, gid, c).values())
 
+    def shared_groups(self, key) -> tuple[int, ...]:
+        """The groups whose candidates :meth:`shared_time` of ``key`` reads: the producer of
+        its value, then its readers' groups."""
+        return (self.group_of_value[self.shared_value(key)], *self._shared_reader_groups[key])
+
     def shared_times(self, key, assignment, gid: int, cands) -> list[float]:
         """``[shared_time(key, assignment, gid, c) for c in cands]``, the same floats, without
         walking the other readers' changes once per candidate: with ``gid`` one of the
