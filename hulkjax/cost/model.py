@@ -935,6 +935,7 @@ class CostModel:
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
+        made_at = self.made_at
         for nid, is_member, alias in self._events(gid):
             if not is_member:  # a pass-through result: the operand's layout
                 o, src = alias
@@ -957,17 +958,24 @@ class CostModel:
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
-            compute += self._make_in_place(nid, r, specs, res, node_compute)
-            own = self._defer(self._on_wire(r.comms, node), nid)
-            node_comms[nid] = own
-            comms.extend(own)
-            for nb in self._waiting_partial_sums(own):
-                use(nid, "gradients", nb)
-            if program is not None:
-                program.extend(own)
+            if nid in made_at:  # (otherwise it adds 0.0)
+                compute += self._make_in_place(nid, r, specs, res, node_compute)
+            if r.comms:
+                own = self._defer(self._on_wire(r.comms, node), nid)
+                node_comms[nid] = own
+                comms.extend(own)
+                for nb in self._waiting_partial_sums(own):
+                    use(nid, "gradients", nb)
+                if program is not None:
+                    program.extend(own)
+            else:
+                node_comms[nid] = ()
             for k, v in enumerate(node.inputs):  # layout changes inside the group
-                if v is not None and v in specs and r.in_specs[k] is not None:
-                    moved = self._defer(self.reshard(v, specs[v], r.in_specs[k]), nid)
+                if v is None:
+                    continue
+                have, need = specs.get(v), r.in_specs[k]
+                if have is not None and need is not None and have != need:
+                    moved = self._defer(self.reshard(v, have, need), nid)
                     comms.extend(moved)
                     moves.extend(Move(v, nid, gid, m, k) for k, m in enumerate(moved))
                     if program is not None:
