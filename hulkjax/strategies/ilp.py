@@ -715,9 +715,13 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
     ``("x", class, positions)`` or ``("y", producer class, reader class, source positions,
     target positions)``; equal readings (tied repeated layers) share one variable.
     """
-    hyper: dict[tuple, float] = defaultdict(float)
-    pairs: dict[tuple, float] = defaultdict(float)  # equal pairwise terms added up first
+    hyper: dict[int, float] = defaultdict(float)
+    pairs: dict[int, float] = defaultdict(float)  # equal pairwise terms added up first
     memo: dict[tuple, list] = {}  # repeated layers' values have the same terms
+    # A term's key (its readings, or (a, b, S, D): tuples of many positions) as a small id,
+    # hashed once per value's terms rather than once per value: the sums are added in the
+    # same order under either key.
+    ids: dict[tuple, int] = {}
     for v, readers in cm.shared_items():
         gp = cm.group_of_value[v]
         a = cls_of[gp]
@@ -729,15 +733,19 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
         key = (a, val.shape, val.dtype, srcs, dsts, tuple(cm.runs(r[1]) for r in readers))
         terms = memo.get(key)
         if terms is None:
-            terms = memo[key] = _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])
-        for t in terms:
-            if t[0] == "pair":
-                pairs[t[1:5]] += t[5]
+            terms = memo[key] = [
+                (t[0] == "pair", ids.setdefault(t[1:5] if t[0] == "pair" else t[1], len(ids)),
+                 t[5] if t[0] == "pair" else t[2])
+                for t in _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])]
+        for is_pair, i, w in terms:
+            if is_pair:
+                pairs[i] += w
             else:
-                hyper[t[1]] += t[2]
-    for (a, b, S, D), w in pairs.items():
-        _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost)
-    return dict(hyper)
+                hyper[i] += w
+    keys = list(ids)
+    for i, w in pairs.items():
+        _add_pairwise(*keys[i], w, keep, node_cost, edge_cost)
+    return {keys[i]: w for i, w in hyper.items()}
 
 
 def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: list) -> list:
