@@ -312,6 +312,10 @@ class CostModel:
         self._follow_cache: dict = {}
         self._reshard_cache: dict = {}
         self._sig_cache: dict[int, tuple] = {}
+        # node -> a small id equal for nodes of equal _node_sig (the follow cache's key: a
+        # signature is a deep tuple, hashed anew on every lookup)
+        self._sig_ids: dict[int, int] = {}
+        self._sig_index: dict[tuple, int] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
         self._edge_classes: dict[tuple[int, int], int | None] = {}  # edge -> _edge_class
@@ -325,6 +329,7 @@ class CostModel:
         # breakdown(memory=False) of the last few assignments (a pipeline stage's liveness walks
         # and node costs ask for the same assignment once per stage): (specs, compute, own, moves)
         self._breakdowns: dict[tuple[int, ...], tuple] = {}
+        self._table_weights: dict[int, float | None] = {}  # table_time's, per group
         # What depends on the graph (and backend) alone is made once (the staged search builds
         # cost models of one graph on several device groups).
         key = ("cost graph facts", self.backend.name)
@@ -389,6 +394,7 @@ class CostModel:
         view._edge_cache = {}
         view._edge_classes = {}
         view._breakdowns = {}
+        view._table_weights = {}
         if runs is not None:  # entries keyed by content, priced once per run count
             view._edge_class_time = {}
             view._matrix_cache = {}
@@ -407,13 +413,19 @@ class CostModel:
         """``table(gid, c).time`` per step: each of the group's operators and in-group layout
         changes times its program's :meth:`runs`."""
         if self.program_runs is None:
-            return self.table(gid, c).time
+            loc = self._locals.get((self.table_rep[gid], c))
+            return (loc if loc is not None else self.table(gid, c)).time
         hit = self._table_times.get((gid, c))
         if hit is None:
-            nodes = self._sequence_of(gid)[0]
-            ws = {self.runs(n) for n in nodes}
-            if len(ws) <= 1 and not self._sum_producers.intersection(nodes):
-                hit = (ws.pop() if ws else 1.0) * self.table(gid, c).time
+            # (per group, whatever the candidate: the one weight of all its operators, or None)
+            w = self._table_weights.get(gid, -1.0)
+            if w == -1.0:
+                nodes = self._sequence_of(gid)[0]
+                ws = {self.runs(n) for n in nodes}
+                w = self._table_weights[gid] = (ws.pop() if ws else 1.0) \
+                    if len(ws) <= 1 and not self._sum_producers.intersection(nodes) else None
+            if w is not None:
+                hit = w * self.table(gid, c).time
             else:
                 loc = self.local(gid, c)
                 ct = self.comm_time
@@ -766,8 +778,10 @@ class CostModel:
         """``local(gid, c).specs.get(vid)``: the layout of value ``vid`` of group ``gid``."""
         rep = self.table_rep[gid]
         if rep != gid:
-            vid = self._rep_ids(gid)[1].get(vid, -1)
-        return self.local(rep, c).specs.get(vid)
+            ids = self._rep_maps.get(gid)
+            vid = (ids if ids is not None else self._rep_ids(gid))[1].get(vid, -1)
+        loc = self._locals.get((rep, c))
+        return (loc if loc is not None else self.local(rep, c)).specs.get(vid)
 
     def resolution(self, gid: int, c: int, nid: int) -> Resolution | None:
         """``local(gid, c).res.get(nid)``: how node ``nid`` of group ``gid`` runs."""
@@ -922,6 +936,7 @@ class CostModel:
         else:
             for vid in g.constants:
                 specs[vid] = replicated(len(g.values[vid].shape))
+        made_at = self.made_at
         for nid, is_member, alias in self._events(gid):
             if not is_member:  # a pass-through result: the operand's layout
                 o, src = alias
@@ -944,17 +959,24 @@ class CostModel:
             t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
-            compute += self._make_in_place(nid, r, specs, res, node_compute)
-            own = self._defer(self._on_wire(r.comms, node), nid)
-            node_comms[nid] = own
-            comms.extend(own)
-            for nb in self._waiting_partial_sums(own):
-                use(nid, "gradients", nb)
-            if program is not None:
-                program.extend(own)
+            if nid in made_at:  # (otherwise it adds 0.0)
+                compute += self._make_in_place(nid, r, specs, res, node_compute)
+            if r.comms:
+                own = self._defer(self._on_wire(r.comms, node), nid)
+                node_comms[nid] = own
+                comms.extend(own)
+                for nb in self._waiting_partial_sums(own):
+                    use(nid, "gradients", nb)
+                if program is not None:
+                    program.extend(own)
+            else:
+                node_comms[nid] = ()
             for k, v in enumerate(node.inputs):  # layout changes inside the group
-                if v is not None and v in specs and r.in_specs[k] is not None:
-                    moved = self._defer(self.reshard(v, specs[v], r.in_specs[k]), nid)
+                if v is None:
+                    continue
+                have, need = specs.get(v), r.in_specs[k]
+                if have is not None and need is not None and have != need:
+                    moved = self._defer(self.reshard(v, have, need), nid)
                     comms.extend(moved)
                     moves.extend(Move(v, nid, gid, m, k) for k, m in enumerate(moved))
                     if program is not None:
@@ -1006,7 +1028,11 @@ class CostModel:
     def _follow(self, node, lead, lead_spec) -> Resolution:
         if lead_spec is None:
             return replicated_resolution(node, self.graph)
-        key = (self._node_sig(node.id), lead, lead_spec)
+        sid = self._sig_ids.get(node.id)
+        if sid is None:
+            sid = self._sig_ids[node.id] = self._sig_index.setdefault(
+                self._node_sig(node.id), len(self._sig_index))
+        key = (sid, lead, lead_spec)
         r = self._follow_cache.get(key)
         if r is None:
             r = follow(node, self.graph, lead, lead_spec, self.mesh)
@@ -1207,6 +1233,42 @@ class CostModel:
         not is charged at the dearest (not deferred)."""
         return sum(t for t, _ in self._shared_changes(key, assignment, gid, c).values())
 
+    def shared_groups(self, key) -> tuple[int, ...]:
+        """The groups whose candidates :meth:`shared_time` of ``key`` reads: the producer of
+        its value, then its readers' groups."""
+        return (self.group_of_value[self.shared_value(key)], *self._shared_reader_groups[key])
+
+    def shared_times(self, key, assignment, gid: int, cands) -> list[float]:
+        """``[shared_time(key, assignment, gid, c) for c in cands]``, the same floats, without
+        walking the other readers' changes once per candidate: with ``gid`` one of the
+        readers (not the producer), the others' changes are fixed, merged once before and
+        after ``gid``'s (in the readers' order, as :meth:`_shared_changes` merges them)."""
+        gp = self.group_of_value[self.shared_value(key)]
+        readers = self._shared_reader_groups[key]
+        if gp == gid or gid not in readers:
+            return [self.shared_time(key, assignment, gid, c) for c in cands]
+        cp = assignment[gp]
+        j = readers.index(gid)
+        before: dict[Spec, tuple[float, int]] = {}
+        for gc in readers[:j]:
+            _merge_changes(before, self._shared_moves(key, cp, gc, assignment[gc]))
+        after = [m for gc in readers[j + 1:]
+                 for m in self._shared_moves(key, cp, gc, assignment[gc])]
+        out, unchanged = [], None
+        for c in cands:
+            mine = self._shared_moves(key, cp, gid, c)
+            if not mine and unchanged is not None:
+                out.append(unchanged)
+                continue
+            changes = dict(before)
+            _merge_changes(changes, mine)
+            _merge_changes(changes, after)
+            t = sum(t for t, _ in changes.values())
+            if not mine:
+                unchanged = t
+            out.append(t)
+        return out
+
     def _shared_changes(self, key, assignment, gid: int | None = None,
                         c: int | None = None) -> dict[Spec, tuple[float, int]]:
         """``{layout: (seconds, index of the reader charged)}`` of :meth:`shared_time`."""
@@ -1214,12 +1276,7 @@ class CostModel:
         cp = c if gp == gid else assignment[gp]
         out: dict[Spec, tuple[float, int]] = {}
         for gc in self._shared_reader_groups[key]:
-            cc = c if gc == gid else assignment[gc]
-            for dst, t, i in self._shared_moves(key, cp, gc, cc):
-                had = out.get(dst)
-                # the dearest reading; of equal ones, the first reader's (the readers' order)
-                if had is None or t > had[0] or (t == had[0] and i < had[1]):
-                    out[dst] = (t, i)
+            _merge_changes(out, self._shared_moves(key, cp, gc, c if gc == gid else assignment[gc]))
         return out
 
     def _shared_moves(self, skey, cp: int, gc: int, cc: int) -> list[tuple[Spec, float, int]]:
@@ -1277,8 +1334,10 @@ class CostModel:
         if nid == -1:
             return self.spec(gid, c, self.graph.inputs[k])
         if rep != gid:
-            nid = self._rep_ids(gid)[0][nid]
-        return self.local(rep, c).res[nid].in_specs[k]
+            ids = self._rep_maps.get(gid)
+            nid = (ids if ids is not None else self._rep_ids(gid))[0][nid]
+        loc = self._locals.get((rep, c))
+        return (loc if loc is not None else self.local(rep, c)).res[nid].in_specs[k]
 
     def edge_comms(self, gp: int, cp: int, gc: int, cc: int) -> list[Comm]:
         """The layout changes on the tensors from group ``gp`` (candidate ``cp``) to ``gc``
@@ -1488,9 +1547,22 @@ class CostModel:
             if hit is not None:
                 return hit.copy()
         m = np.zeros((len(cps), len(ccs)))
+        # (:meth:`spec` and :meth:`required` of every candidate, their tables looked up once)
+        rp, rc = self.table_rep[gp], self.table_rep[gc]
+        vmap = self._rep_ids(gp)[1] if rp != gp else None
+        nmap = self._rep_ids(gc) if rc != gc else None
+        src_tables = [self.local(rp, c).specs for c in cps] if items else ()
+        dst_tables = [self.local(rc, c) for c in ccs] if items else ()
         for v, nid, k in items:
-            srcs = [self.spec(gp, c, v) for c in cps]
-            dsts = [self.required(gc, c, nid, k) for c in ccs]
+            v2 = v if vmap is None else vmap.get(v, -1)
+            srcs = [t.get(v2) for t in src_tables]
+            if nid == -1:
+                vin = self.graph.inputs[k]
+                vin = vin if nmap is None else nmap[1].get(vin, -1)
+                dsts = [t.specs.get(vin) for t in dst_tables]
+            else:
+                n2 = nid if nmap is None else nmap[0][nid]
+                dsts = [t.res[n2].in_specs[k] for t in dst_tables]
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
             t = np.zeros((len(us), len(ud)))
@@ -2202,6 +2274,15 @@ class CostModel:
                 if via:
                     out[(nid, k)] = via
         return out
+
+
+def _merge_changes(out: dict, moves) -> None:
+    """Merge a reader group's ``[(layout, seconds, reader index)]`` into ``{layout: (seconds,
+    reader index)}``: the dearest reading per layout; of equal ones, the first reader's."""
+    for dst, t, i in moves:
+        had = out.get(dst)
+        if had is None or t > had[0] or (t == had[0] and i < had[1]):
+            out[dst] = (t, i)
 
 
 def _unique_index(items):

@@ -464,8 +464,10 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
 
         for nid, comms in b_.own.items():
             times = M if nid in mine_mb else 1 if nid in mine_u else 0
+            if not times:  # another stage's operator
+                continue
             for i, c in enumerate(comms):
-                if times and (nid, i) not in deferred:
+                if (nid, i) not in deferred:
                     add(c, times)
         for un in unreduced.values():
             add(un.reduction, 1)
@@ -494,7 +496,18 @@ def _program_pages(s: StageWork, nodes) -> float:
 
 
 def _axis_times(cm: CostModel, comm) -> dict[str, float]:
-    return collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
+    """:func:`~hulkjax.cost.comm.collective_time` of ``comm`` on the stage's topology, memoized
+    on the graph per topology (every layout costed asks for the same collectives again); the
+    result is shared: read it, do not change it."""
+    key = ("collective axis times", cm.topology)
+    memo = cm.graph.memo.get(key)
+    if memo is None:
+        memo = cm.graph.memo[key] = {}
+    ckey = (comm.kind, comm.bytes, comm.axes)
+    hit = memo.get(ckey)
+    if hit is None:
+        hit = memo[ckey] = collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
+    return hit
 
 
 def crossing_values(graph: OpGraph, place_of, phase_of, holder):

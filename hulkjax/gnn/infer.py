@@ -21,6 +21,7 @@ from hulkjax.errors import HulkjaxError
 from hulkjax.gnn.features import AXIS_FEATURES, GROUP_FEATURES
 
 _C = np.float32(np.sqrt(2.0 / np.pi))
+_BLOCK_ELEMENTS = 1 << 20  # float32 elements of a block's [groups, K, A, H] temporaries
 
 
 def _gelu(x):
@@ -97,12 +98,21 @@ def _log_probs(p, jg, layers: int) -> np.ndarray:
         h = _attention(p[f"_AttentionLayer_{i}"], h, e, senders, receivers)
     # Only the real mesh axes: the network zeroes the padded ones' terms.
     real = np.flatnonzero(np.asarray(jg.axis_mask))
-    axes = h[n_g:][:len(real)]
-    hg = h[:n_g]
-    role_h = _dense(p["Dense_0"], jg.cand_roles[:, :, real])  # [G, K, A, H]
-    role_h += _dense(p["Dense_1"], axes)[None, None]
-    cand = _gelu(role_h).sum(axis=2) + _dense(p["Dense_2"], jg.cand_extra)
-    score = _mlp(p["_MLP_2"], _gelu(cand + _dense(p["Dense_3"], hg)[:, None, :]), 2)[..., 0]
+    axes = _dense(p["Dense_1"], h[n_g:][:len(real)])[None, None]
+    hg = _dense(p["Dense_3"], h[:n_g])[:, None, :]
+    # The candidates' scores, a block of groups at a time: every group's are computed alone
+    # (the same floats), and the temporaries ([groups, K, A, H] float32: 70 MB for a LLaMA-8B
+    # step at once) stay a few MB, reused from block to block rather than paged in afresh.
+    k = jg.cand_roles.shape[1]
+    step = max(1, _BLOCK_ELEMENTS // max(1, k * len(real) * axes.shape[-1]))
+    blocks = []
+    for s in range(0, n_g, step):
+        b = slice(s, s + step)
+        role_h = _dense(p["Dense_0"], jg.cand_roles[b][:, :, real])  # [block, K, A, H]
+        role_h += axes
+        cand = _gelu(role_h).sum(axis=2) + _dense(p["Dense_2"], jg.cand_extra[b])
+        blocks.append(_mlp(p["_MLP_2"], _gelu(cand + hg[b]), 2)[..., 0])
+    score = np.concatenate(blocks) if blocks else np.zeros(jg.cand_mask.shape, np.float32)
     score = np.where(jg.cand_mask, score, -1e9)
     top = score.max(-1, keepdims=True)
     return score - top - np.log(np.exp(score - top).sum(-1, keepdims=True))

@@ -371,8 +371,7 @@ class _Program:
 
         n_classes = len(reps)
         # Node costs and memory per class (summed over the class's groups).
-        node_cost = [np.array([sum(cm.table_time(g2, k) for g2 in members[c]) for k in keep[c]])
-                     for c in range(n_classes)]
+        node_cost = [_class_times(cm, members[c], keep[c]) for c in range(n_classes)]
         # Memory is a table's (no program runs): groups of one table class share it, so each
         # class sums its table classes' memory times how many of its groups each has.
         node_mem = []
@@ -680,6 +679,27 @@ def _run_highs(prog: _Program, start: np.ndarray | None, capacity: float, *, tim
                 iterations=int(info.simplex_iteration_count))
 
 
+def _class_times(cm: CostModel, gids: list[int], keep: list[int]) -> np.ndarray:
+    """``sum(cm.table_time(g, k) for g in gids)`` for each ``k`` of ``keep``: the groups' times
+    added in the same order (the same floats). Without program runs a group's time is its table
+    class's (:meth:`CostModel.table`), looked up once per class, not once per group."""
+    if not gids:
+        return np.zeros(len(keep))
+    by_rep: dict[int, np.ndarray] = {}
+    out = None
+    for g in gids:
+        if cm.program_runs is None:
+            row = by_rep.get(cm.table_rep[g])
+            if row is None:
+                row = by_rep[cm.table_rep[g]] = np.array([cm.table_time(g, k) for k in keep],
+                                                         dtype=np.float64)
+        else:
+            row = np.array([cm.table_time(g, k) for k in keep], dtype=np.float64)
+        # (0 + t) is t, as Python's sum starts: the first row is the first partial sum
+        out = row.copy() if out is None else out + row
+    return out
+
+
 def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tuple, float]:
     """The layout changes of shared values (:meth:`CostModel.shared_items`) as the program
     charges them: once per (value, source layout, target layout), however many readers need it.
@@ -695,9 +715,13 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
     ``("x", class, positions)`` or ``("y", producer class, reader class, source positions,
     target positions)``; equal readings (tied repeated layers) share one variable.
     """
-    hyper: dict[tuple, float] = defaultdict(float)
-    pairs: dict[tuple, float] = defaultdict(float)  # equal pairwise terms added up first
+    hyper: dict[int, float] = defaultdict(float)
+    pairs: dict[int, float] = defaultdict(float)  # equal pairwise terms added up first
     memo: dict[tuple, list] = {}  # repeated layers' values have the same terms
+    # A term's key (its readings, or (a, b, S, D): tuples of many positions) as a small id,
+    # hashed once per value's terms rather than once per value: the sums are added in the
+    # same order under either key.
+    ids: dict[tuple, int] = {}
     for v, readers in cm.shared_items():
         gp = cm.group_of_value[v]
         a = cls_of[gp]
@@ -709,15 +733,19 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
         key = (a, val.shape, val.dtype, srcs, dsts, tuple(cm.runs(r[1]) for r in readers))
         terms = memo.get(key)
         if terms is None:
-            terms = memo[key] = _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])
-        for t in terms:
-            if t[0] == "pair":
-                pairs[t[1:5]] += t[5]
+            terms = memo[key] = [
+                (t[0] == "pair", ids.setdefault(t[1:5] if t[0] == "pair" else t[1], len(ids)),
+                 t[5] if t[0] == "pair" else t[2])
+                for t in _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])]
+        for is_pair, i, w in terms:
+            if is_pair:
+                pairs[i] += w
             else:
-                hyper[t[1]] += t[2]
-    for (a, b, S, D), w in pairs.items():
-        _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost)
-    return dict(hyper)
+                hyper[i] += w
+    keys = list(ids)
+    for i, w in pairs.items():
+        _add_pairwise(*keys[i], w, keep, node_cost, edge_cost)
+    return {keys[i]: w for i, w in hyper.items()}
 
 
 def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: list) -> list:

@@ -103,6 +103,14 @@ class Partition:
         return tuple(n.id for n in self.graph.nodes
                      if self.phase[n.id] == phase and stage_of_unit[self.unit[n.id]] == stage)
 
+    def stage_nodes(self, stage_of_unit) -> dict[tuple[int, str], tuple[int, ...]]:
+        """``{(stage, phase): node ids}`` of every stage and phase that has nodes (each as
+        :meth:`nodes` gives it), in one walk of the graph."""
+        out: dict[tuple[int, str], list[int]] = {}
+        for n in self.graph.nodes:
+            out.setdefault((stage_of_unit[self.unit[n.id]], self.phase[n.id]), []).append(n.id)
+        return {k: tuple(v) for k, v in out.items()}
+
 
 def partition(graph: OpGraph, *, max_units: int = MAX_UNITS) -> Partition:
     """The phases and layer units of ``graph`` (cached on the graph per ``max_units``)."""

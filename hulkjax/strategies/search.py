@@ -65,7 +65,7 @@ def local_costs(cm: CostModel, nb, gid: int, assignment, cands=None, *,
             t += cm.edge_matrix(gid, other, cands, [assignment[other]], shared=not exact)[:, 0]
     if exact:
         for v in cm.shared_of_group.get(gid, ()):
-            t += [cm.shared_time(v, assignment, gid, c) for c in cands]
+            t += cm.shared_times(v, assignment, gid, cands)
     return t
 
 
@@ -139,9 +139,24 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
     """Re-pick each free group's best candidate given the others, until nothing improves."""
     nb = neighbours(cm)
     a = list(assignment)
+    # A group's local costs read its neighbours' candidates and those of the groups sharing a
+    # value with it (:func:`local_cost`). A group none of whose changed since it was last
+    # evaluated would compute the same costs and keep its candidate (the one it took then):
+    # it is evaluated again only after one of them changes. The sweeps make the same moves.
+    watchers: dict[int, set[int]] = defaultdict(set)  # group -> groups whose costs read it
+    for gid in free:
+        for other, _ in nb.get(gid, ()):
+            watchers[other].add(gid)
+        for key in cm.shared_of_group.get(gid, ()):
+            for other in cm.shared_groups(key):
+                watchers[other].add(gid)
+    stale = set(free)
     for _ in range(sweeps):
         changed = False
         for gid in free:
+            if gid not in stale:
+                continue
+            stale.discard(gid)
             options = (candidates or {}).get(gid) or range(len(cm.groups[gid].candidates))
             # Every option's local cost at once (its edges are columns of cached matrices): the
             # others' candidates do not change while this group's are compared.
@@ -154,6 +169,7 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
             if best_c != a[gid]:
                 a[gid] = best_c
                 changed = True
+                stale.update(watchers.get(gid, ()))
         if not changed:
             break
     return a

@@ -75,6 +75,7 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -153,7 +154,14 @@ def device_groups(topology) -> dict[str, tuple[tuple[int, ...], ...]]:
 
 def group_topology(topology, devices):
     """The sub-topology of a device group, canonically named (groups of one shape share cost
-    tables), cached on nothing: topologies are values."""
+    tables). Topologies are values, so equal arguments give the same one: it is memoized
+    (the staged search asks for each stage's several thousand times, and a subset builds a
+    topology, its links and mesh, each time)."""
+    return _group_topology(topology, tuple(devices))
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_topology(topology, devices: tuple[int, ...]):
     return topology.subset(devices, canonical=True)
 
 
@@ -406,14 +414,15 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
     works = []
     home_stage = {i: stage_of_unit[u] for i, u in part.home.items()
                   if g.input_roles[i] in (PARAMETER, OPTIMIZER)}
+    by_phase = part.stage_nodes(stage_of_unit)
     for k, (devs, name) in enumerate(zip(layout.groups, layout.plans)):
         sub = group_topology(ctx.topology, devs)
         assignment = ctx.assignments(layout.microbatches, sub, (name,))[name]
         works.append(StageWork(
             devices=tuple(devs), cost_model=cost_model(micro, sub), assignment=assignment,
-            forward=part.nodes(stage_of_unit, k, FORWARD),
-            backward=part.nodes(stage_of_unit, k, BACKWARD),
-            update=part.nodes(stage_of_unit, k, UPDATE),
+            forward=by_phase.get((k, FORWARD), ()),
+            backward=by_phase.get((k, BACKWARD), ()),
+            update=by_phase.get((k, UPDATE), ()),
             inputs=tuple(i for i, s in sorted(home_stage.items()) if s == k)))
     return works, stage_of_unit
 

@@ -1,0 +1,149 @@
+"""The shortcuts that make planning faster compute what the plain computations compute, to the
+last bit (issue 14, item 1): descent that skips groups nothing changed around, every candidate's
+shared-change times at once, edge matrices and class times read off tables once, the network's
+candidate scores a block of groups at a time, a stage's nodes in one walk."""
+
+import random
+
+import numpy as np
+import pytest
+
+import hulkjax as hj
+from hulkjax import zoo
+from hulkjax.cost.model import CostModel
+from hulkjax.strategies import search
+from hulkjax.strategies.baselines import baseline_assignments
+
+TOPOLOGIES = (hj.Topology.grid((2, 4), ("data", "model")),
+              hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4))
+
+
+def _model(topology, name="gpt2"):
+    m = zoo.get(name, size="tiny", n_layers=3)
+    return CostModel(hj.trace(m.step, *m.abstract()), topology)
+
+
+def _assignments(cm, n=4):
+    rng = random.Random(0)
+    out = list(baseline_assignments(cm.graph, cm.topology).values())
+    out += [[rng.randrange(len(g.candidates)) for g in cm.groups] for _ in range(n)]
+    return out
+
+
+def _plain_descent(cm, assignment, free, *, sweeps=4, candidates=None):
+    """coordinate_descent as it was: every free group evaluated in every sweep."""
+    nb = search.neighbours(cm)
+    a = list(assignment)
+    for _ in range(sweeps):
+        changed = False
+        for gid in free:
+            options = (candidates or {}).get(gid) or range(len(cm.groups[gid].candidates))
+            cands = [a[gid], *(c for c in options if c != a[gid])]
+            costs = search.local_costs(cm, nb, gid, a, cands)
+            best_c, best_t = a[gid], costs[0]
+            for c, t in zip(cands[1:], costs[1:]):
+                if t < best_t - 1e-15:
+                    best_c, best_t = c, t
+            if best_c != a[gid]:
+                a[gid] = best_c
+                changed = True
+        if not changed:
+            break
+    return a
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_descent_skipping_unchanged_groups_makes_the_same_moves(topology, name):
+    cm = _model(topology, name)
+    free = [g.id for g in cm.groups if len(g.candidates) > 1]
+    for sweeps in (1, 4):
+        for a in _assignments(cm):
+            assert search.coordinate_descent(cm, a, free, sweeps=sweeps) == \
+                _plain_descent(cm, a, free, sweeps=sweeps)
+    rng = random.Random(1)
+    shortlist = {g: sorted(rng.sample(range(len(cm.groups[g].candidates)),
+                                      min(3, len(cm.groups[g].candidates)))) for g in free}
+    for a in _assignments(cm, 2):
+        assert search.coordinate_descent(cm, a, free, candidates=shortlist) == \
+            _plain_descent(cm, a, free, candidates=shortlist)
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_shared_times_are_each_candidates_shared_time(topology):
+    cm = _model(topology)
+    keys = {k for ks in cm.shared_of_group.values() for k in ks}
+    assert keys
+    for a in _assignments(cm, 2):
+        for gid, ks in cm.shared_of_group.items():
+            cands = list(range(len(cm.groups[gid].candidates)))
+            for key in ks:
+                assert cm.shared_times(key, a, gid, cands) == \
+                    [cm.shared_time(key, a, gid, c) for c in cands]
+                assert set(cm.shared_groups(key)) >= {gid}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_edge_matrix_entries_are_the_edges_readings(topology):
+    """Every entry of an edge matrix (subsets of candidates, either order) is the sum of its
+    readings' layout changes, as :meth:`CostModel.edge_time` prices the edge."""
+    cm = _model(topology)
+    rng = random.Random(2)
+    for (gp, gc), _ in list(cm.edge_items())[::3]:
+        cps = rng.sample(range(len(cm.groups[gp].candidates)),
+                         min(4, len(cm.groups[gp].candidates)))
+        ccs = rng.sample(range(len(cm.groups[gc].candidates)),
+                         min(4, len(cm.groups[gc].candidates)))
+        for shared in (True, False):
+            m = cm.edge_matrix(gp, gc, cps, ccs, shared=shared)
+            for i, cp in enumerate(cps):
+                for j, cc in enumerate(ccs):
+                    assert m[i, j] == pytest.approx(
+                        cm.edge_time(gp, cp, gc, cc, shared=shared), rel=1e-12, abs=0)
+
+
+def test_class_times_add_the_groups_times_in_order():
+    from hulkjax.strategies.ilp import _class_times
+
+    cm = _model(TOPOLOGIES[0])
+    view = cm.by_programs([n.backward for n in cm.graph.nodes], {False: 3, True: 2})
+    groups = [g.id for g in cm.groups if len(g.candidates) > 1]
+    for model in (cm, view):
+        for gids in (groups[:1], groups[::5], groups):
+            keep = list(range(min(len(cm.groups[g].candidates) for g in gids)))
+            want = np.array([sum(model.table_time(g, k) for g in gids) for k in keep])
+            assert _class_times(model, gids, keep).tolist() == want.tolist()
+
+
+def test_network_scores_by_blocks_are_the_whole_arrays(monkeypatch):
+    from hulkjax.gnn import features, infer
+    from hulkjax.gnn.weights import load
+    from hulkjax.strategies.realize import cost_model
+
+    loaded = load(None)
+    if loaded is None:
+        pytest.skip("no shipped weights")
+    cm = cost_model(hj.trace(*_step()), TOPOLOGIES[0])
+    jg = features.build(cm)
+    whole = infer.log_probs(loaded.params, jg, layers=loaded.layers)
+    for block in (1, 7, 1000):  # elements per block: one group, a few, several
+        monkeypatch.setattr(infer, "_BLOCK_ELEMENTS", block)
+        assert np.array_equal(infer.log_probs(loaded.params, jg, layers=loaded.layers), whole)
+
+
+def _step():
+    m = zoo.get("gpt2", size="tiny", n_layers=3)
+    return (m.step, *m.abstract())
+
+
+def test_stage_nodes_are_each_stage_and_phases_nodes():
+    from hulkjax.strategies.partition import partition
+
+    part = partition(hj.trace(*_step()))
+    units = len(part.units)
+    for stages in (1, 2, 3):
+        stage_of_unit = [min(u * stages // units, stages - 1) for u in range(units)]
+        by = part.stage_nodes(stage_of_unit)
+        for k in range(stages):
+            for phase in ("F", "B", "U"):
+                assert by.get((k, phase), ()) == part.nodes(stage_of_unit, k, phase)
