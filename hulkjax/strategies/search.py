@@ -134,6 +134,20 @@ def widen(cm: CostModel, assignment: list[int], options: dict[int, list[int]], *
     return out, added
 
 
+def best_option(cm, nb, gid: int, a, options) -> int:
+    """The candidate among ``options`` that makes group ``gid``'s local cost least with the other
+    groups at ``a`` (its current one unless another is cheaper by more than rounding). Every
+    option's local cost at once (its edges are columns of cached matrices): the others'
+    candidates do not change while this group's are compared."""
+    cands = [a[gid], *(c for c in options if c != a[gid])]
+    costs = local_costs(cm, nb, gid, a, cands)
+    best_c, best_t = a[gid], costs[0]
+    for c, t in zip(cands[1:], costs[1:]):
+        if t < best_t - 1e-15:
+            best_c, best_t = c, t
+    return best_c
+
+
 def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
                        sweeps: int = 4, candidates: dict[int, list[int]] | None = None) -> list[int]:
     """Re-pick each free group's best candidate given the others, until nothing improves."""
@@ -158,14 +172,7 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
                 continue
             stale.discard(gid)
             options = (candidates or {}).get(gid) or range(len(cm.groups[gid].candidates))
-            # Every option's local cost at once (its edges are columns of cached matrices): the
-            # others' candidates do not change while this group's are compared.
-            cands = [a[gid], *(c for c in options if c != a[gid])]
-            costs = local_costs(cm, nb, gid, a, cands)
-            best_c, best_t = a[gid], costs[0]
-            for c, t in zip(cands[1:], costs[1:]):
-                if t < best_t - 1e-15:
-                    best_c, best_t = c, t
+            best_c = best_option(cm, nb, gid, a, options)
             if best_c != a[gid]:
                 a[gid] = best_c
                 changed = True

@@ -38,12 +38,7 @@ def _plain_descent(cm, assignment, free, *, sweeps=4, candidates=None):
         changed = False
         for gid in free:
             options = (candidates or {}).get(gid) or range(len(cm.groups[gid].candidates))
-            cands = [a[gid], *(c for c in options if c != a[gid])]
-            costs = search.local_costs(cm, nb, gid, a, cands)
-            best_c, best_t = a[gid], costs[0]
-            for c, t in zip(cands[1:], costs[1:]):
-                if t < best_t - 1e-15:
-                    best_c, best_t = c, t
+            best_c = search.best_option(cm, nb, gid, a, options)
             if best_c != a[gid]:
                 a[gid] = best_c
                 changed = True
