@@ -16,8 +16,9 @@ what else runs)::
     taskset -c 0 python benchmarks/compute_check.py --families gpt2 llama --batches 16 8 4 2
 
 ``--profile`` traces each family's full-batch step with ``jax.profiler`` and reports the time
-of its relayout copies (XLA:CPU's ``copy`` / ``transpose`` fusions). ``--batches`` runs each step on the first ``b`` examples of its batch too (as a pipeline's
-microbatch would): the prediction's error as the batch shrinks. ``--streams`` (default 1-256 MB)
+of its relayout copies (XLA:CPU's ``copy`` / ``transpose`` fusions). ``--batches`` runs each
+step on the first ``b`` examples of its batch too (as a pipeline's microbatch would): the
+prediction's error as the batch shrinks. ``--streams`` (default 1-256 MB)
 times a streaming kernel into a fresh output buffer and in place: on XLA:CPU a fresh buffer above
 glibc's mmap threshold is new pages, and writing it costs the page faults (what the calibration's
 fresh page cost measures; its memory rate is the in-place one). The threshold rises (to 32 MB
@@ -74,20 +75,8 @@ def stream_rates(megabytes: int, repeats: int) -> dict:
     def donated_call():
         y[0] = jax.block_until_ready(inplace(y[0]))
 
-    def timed(call) -> tuple[float, float]:
-        """Median seconds and minor page faults (the process's count) per call, after two
-        warm-up calls."""
-        for _ in range(2):
-            call()
-        f0, times = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
-        return sorted(times)[len(times) // 2], faults
-
-    (fresh, faults_fresh), (donated, faults_donated) = timed(fresh_call), timed(donated_call)
+    (fresh, faults_fresh), (donated, faults_donated) = (
+        timed_faults(fresh_call, repeats, warmup=2), timed_faults(donated_call, repeats, warmup=2))
     return {"megabytes": megabytes, "fresh": traffic / fresh, "donated": traffic / donated,
             "faults_fresh": faults_fresh, "faults_donated": faults_donated,
             "pages": 4 * n / resource.getpagesize()}
@@ -97,7 +86,9 @@ def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
     """Where one step's time goes on XLA:CPU, from ``jax.profiler``'s trace of ``steps`` calls:
     the seconds per step of every compiled operation (the trace's events are the HLO
     instructions XLA:CPU runs), and of those that copy an array into another dimension order
-    (``copy`` and ``transpose`` fusions: the relayouts the cost model charges at the memory rate)."""
+    (``copy`` and ``transpose`` fusions: XLA:CPU's relayouts, which the cost model charges as
+    memory traffic where the step transposes, and not at all where XLA copies a matmul's operand
+    into the order its kernel wants)."""
     import glob
     import gzip
     import tempfile
@@ -124,22 +115,32 @@ def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
             "relayout_ops": len(relayout), "largest": [[n, t] for n, t in top]}
 
 
+def timed_faults(call, repeats: int, *, warmup: int) -> tuple[float, float]:
+    """Median seconds of ``call()`` over ``repeats`` calls after ``warmup`` ones, and the
+    process's minor page faults per timed call (``getrusage``)."""
+    import resource
+
+    for _ in range(warmup):
+        call()
+    f0, times = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
+    return sorted(times)[len(times) // 2], faults
+
+
 def donated_time(jitted, state, batch, repeats: int) -> tuple[float, float]:
     """Median seconds of ``jitted(state, batch)`` with the state donated (each call gets the
     previous call's new state; a copy of ``state``, which stays usable), after three warm-up
     calls, and the minor page faults per call."""
-    import resource
+    held = [jax.tree_util.tree_map(lambda x: x.copy(), state)]
 
-    held = jax.tree_util.tree_map(lambda x: x.copy(), state)
-    for _ in range(3):
-        held = jax.block_until_ready(jitted(held, batch))[0]
-    f0, times = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        held = jax.block_until_ready(jitted(held, batch))[0]
-        times.append(time.perf_counter() - t0)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / repeats
-    return sorted(times)[len(times) // 2], faults
+    def call():
+        held[0] = jax.block_until_ready(jitted(held[0], batch))[0]
+
+    return timed_faults(call, repeats, warmup=3)
 
 
 def main(argv=None) -> int:
@@ -241,8 +242,9 @@ def main(argv=None) -> int:
         lines += ["", "Where the full-batch step's time goes (`--profile`: `jax.profiler`'s trace "
                   "of two donated steps, whose events are the HLO instructions XLA:CPU runs): "
                   "its copies into another dimension order (`copy` and `transpose` fusions, "
-                  "which the cost model charges at the memory rate like any traffic) against "
-                  "all of its operations.", "",
+                  "which the cost model charges as memory traffic where the step transposes, "
+                  "and not at all where XLA copies a matmul's operand into the order its kernel "
+                  "wants) against all of its operations.", "",
                   "| family | batch | operations | relayout copies | share | largest |",
                   "|---|---:|---:|---:|---:|---|"]
         lines += [f"| {p['family']} | {p['batch']} | {p['ops'] * 1e3:.1f} ms | "

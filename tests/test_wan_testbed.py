@@ -164,6 +164,11 @@ def test_summary_states_the_targets_per_run(testbed):
     assert "shared (2 processes, 4 devices on 2 cores)" in "\n".join(shared)
     wrong = rows[:3] + [_row("auto", 0.8, [9, 1.5, 1.5, 1.5]) | {"predicted_comm": 0.2}]
     assert "| 2 pair(s) wrong |" in "\n".join(testbed.summary([run | {"rows": wrong}]))
+    # a run without dp keeps its row, with "-" where dp's ratio would be
+    (no_dp,) = [ln for ln in testbed.summary([run | {"rows": [rows[0], *rows[2:]]}])
+                if ln.startswith("| 2 x 1")]
+    assert [c.strip() for c in no_dp.strip("|").split("|")][3:6] == [
+        "2 stages x 8 mb (1f1b)", "-", "2.00x (`replicate`)"]
 
 
 def test_plans_predicted_equal_are_ties_not_misrankings(testbed):

@@ -345,8 +345,8 @@ def main(argv=None) -> int:
                     "plan": "SPMD" if not p.stages else
                             f"{len(p.stages)} stage{'s' if len(p.stages) > 1 else ''} x "
                             f"{p.microbatches} mb ({p.schedule})"
-                            + (f" on {len(p.stages[0].devices)} of {topo.num_devices} devices"
-                               if len({d for st in p.stages for d in st.devices})
+                            + (f" on {len(used)} of {topo.num_devices} devices"
+                               if len(used := {d for st in p.stages for d in st.devices})
                                < topo.num_devices else ""),
                     "predicted_step": p.cost.step_time,
                     # what the shaped links add to the step (exposed transfers and collectives
@@ -479,15 +479,13 @@ def summary(runs) -> list[str]:
             f"shared ({processes} processes, {devices} devices on {res['cpus']} cores)")
         model = f"`{res['model']}`" + "".join(
             f", {k} {v}" for k, v in (res.get("overrides") or {}).items() if k != "batch")
+        vs_dp = f"{by['dp']['measured_step'] / a:.2f}x" if "dp" in by else "-"
+        vs_best = f"{best['measured_step'] / a:.2f}x (`{best['strategy']}`)" if best else "-"
         lines.append(
             f"| {res['regions']} x {res['devices_per_region']}, "
             f"{'/'.join(f'{r:g}' for r in res['rates_mbit'])} Mbit/s | {model} | "
-            f"{cores} | {by['auto'].get('plan', 'SPMD')} | "
-            f"{by['dp']['measured_step'] / a:.2f}x | " if "dp" in by else "- | ")
-        lines[-1] += (f"{best['measured_step'] / a:.2f}x (`{best['strategy']}`) | "
-                      if best else "- | ")
-        lines[-1] += (f"{_ranking(rows)} | {ok}/{len(bound)} | "
-                      f"{min(ratios):.2f}-{max(ratios):.2f} |")
+            f"{cores} | {by['auto'].get('plan', 'SPMD')} | {vs_dp} | {vs_best} | "
+            f"{_ranking(rows)} | {ok}/{len(bound)} | {min(ratios):.2f}-{max(ratios):.2f} |")
     return lines + [""]
 
 
@@ -589,9 +587,10 @@ def markdown(res: dict) -> str:
         (f"**Cores**: each region's process runs on cores of its own (`taskset`: "
          f"{'; '.join(f'region {i}: {c}' for i, c in enumerate(res['pinning']))}), so a "
          f"device computes at the calibrated rate whatever the others do"
-         + (f" (5-minute load average when the run ended: {la:.1f} on {res['cpus']} cores; "
-            f"above {res['regions']}, other jobs shared the pinned cores and slowed the "
-            f"measurements)" if (la := res.get("load_average")) is not None else "")
+         + (f" (5-minute load average when the run ended: {la:.1f} on {res['cpus']} cores"
+            + (f", above the {res['regions']} processes: other jobs shared the pinned cores and "
+               f"slowed the measurements" if la > res["regions"] + 0.5 else "") + ")"
+            if (la := res.get("load_average")) is not None else "")
          + "." if res.get("pinning")
          else f"**Cores**: {res['cpus']} cores for {res['regions']} processes, not pinned"
               f"{'' if 'pinning' in res else ' (runs before pinning existed)'}: a device "
