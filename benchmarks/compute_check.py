@@ -47,6 +47,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 import hulkjax as hj  # noqa: E402
+from hulkjax.cost.memory import liveness  # noqa: E402
 from hulkjax.cost.model import CostModel  # noqa: E402
 from hulkjax.launch.calibrate import device_spec, measure  # noqa: E402
 from tests.realmodels import families  # noqa: E402
@@ -190,10 +191,14 @@ def main(argv=None) -> int:
             measured, faults = donated_time(jitted, state, batch, args.repeats)
             cm = CostModel(graph, topo)
             cost = cm.evaluate(cm.replicated_assignment())
+            # the temporaries the page cost is charged for: the liveness walk's against XLA's
+            temps = liveness(cm, cm.replicated_assignment()).temporaries
+            compiled = jitted.lower(state, batch).compile().memory_analysis()
             rows.append({"family": name, "model": families.FAMILIES[name].model,
                          "size": args.size, "batch": b, "measured": measured,
                          "predicted": cost.compute_time, "predicted_pages": cost.page_time,
-                         "page_faults": faults})
+                         "page_faults": faults, "predicted_temporaries": temps,
+                         "compiled_temporaries": float(compiled.temp_size_in_bytes)})
             print(f"  {name} (batch {b}): measured {measured * 1e3:.1f} ms ({faults:.0f} page "
                   f"faults a call), predicted {cost.compute_time * 1e3:.1f} ms (fresh pages "
                   f"{cost.page_time * 1e3:.1f}) ({measured / cost.compute_time:.2f})", flush=True)
@@ -226,18 +231,22 @@ def main(argv=None) -> int:
              f"{args.repeats}) against the cost model's compute prediction on that device; the "
              f"prediction's fresh pages are the temporaries of the step above XLA:CPU's "
              f"allocator threshold (32 MiB), at that page cost; page faults are the process's "
-             f"minor faults per call (`getrusage`).", "",
+             f"minor faults per call (`getrusage`); the temporaries are the liveness walk's "
+             f"(what the page cost is charged for) and the compiled program's "
+             f"(`memory_analysis().temp_size_in_bytes`).", "",
              "| family | model | size | batch | measured | page faults a call | predicted | "
              "of which fresh pages | measured / predicted | measured per example | "
-             "predicted per example |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "predicted per example | temporaries: predicted / compiled |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['family']} | {r['model']} | {r['size']} | {r['batch']} | "
                      f"{r['measured'] * 1e3:.1f} ms | {r['page_faults']:.0f} | "
                      f"{r['predicted'] * 1e3:.1f} ms | {r['predicted_pages'] * 1e3:.1f} ms | "
                      f"{r['measured'] / r['predicted']:.2f} | "
                      f"{r['measured'] / r['batch'] * 1e3:.1f} ms | "
-                     f"{r['predicted'] / r['batch'] * 1e3:.1f} ms |")
+                     f"{r['predicted'] / r['batch'] * 1e3:.1f} ms | "
+                     f"{r['predicted_temporaries'] / 2 ** 20:.1f} / "
+                     f"{r['compiled_temporaries'] / 2 ** 20:.1f} MiB |")
     if profiles:
         lines += ["", "Where the full-batch step's time goes (`--profile`: `jax.profiler`'s trace "
                   "of two donated steps, whose events are the HLO instructions XLA:CPU runs): "

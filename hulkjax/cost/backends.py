@@ -90,9 +90,9 @@ class Backend:
         (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit Linux). Measured on XLA:CPU: a streaming
         kernel into a fresh 64 MB output took one minor page fault per page on every call, and a
         GPT-2 training step's 435 MB of temporaries 111,283 faults a call (434.7 MB). Below the
-        threshold buffers reuse pages, mostly (a LLaMA step's 24 MB of temporaries still took
-        3,716 faults a call, 60% of its pages: glibc trims the heap above twice the
-        threshold).
+        threshold buffers reuse pages, mostly: a LLaMA step run without donation, 24 MB of
+        temporaries, still took 3,716 faults a call (60% of its pages; not established why,
+        glibc trimming the top of its heap is one candidate), which the threshold rule misses.
         ``math.inf``: pooled allocators (XLA:GPU and TPU's BFC), no fresh pages.  # bytes
     """
 

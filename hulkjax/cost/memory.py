@@ -85,8 +85,8 @@ class MemoryReport:
     @property
     def temporaries(self) -> float:
         """Bytes at the peak beyond the arguments (what the program allocates per call: XLA's
-        temporaries: 1.02-1.08x ``compiled.memory_analysis().temp_size_in_bytes`` for the donated
-        training step of Hugging Face's LLaMA at batches 2-16, 1.23-1.59x for its GPT-2)."""
+        temporaries: 0.82-1.59x ``compiled.memory_analysis().temp_size_in_bytes`` for the donated
+        training steps of five Hugging Face families at batches 2-16, ``benchmarks/COMPUTE.md``)."""
         return self.peak - sum(b.bytes for b in self.live if b.node is None and b.value is not None)
 
 
