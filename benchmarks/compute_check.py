@@ -83,13 +83,118 @@ def stream_rates(megabytes: int, repeats: int) -> dict:
             "pages": 4 * n / resource.getpagesize()}
 
 
+CLASSES = ("matmul", "matmul, both operands transposed", "batched matmul", "convolution",
+           "elementwise", "relayout copy", "reduction", "gather / scatter", "other")
+"""The operation classes of ``--profile``'s breakdown, measured (HLO) and predicted (jaxpr)."""
+
+_TRANSCENDENTAL = ("exponential", "log", "tanh", "erf", "rsqrt", "sqrt", "power", "logistic",
+                   "divide", "sine", "cosine")
+
+
+def hlo_classes(hlo_text: str) -> dict[str, str]:
+    """The class (:data:`CLASSES`) of every instruction of a compiled XLA:CPU module, by name
+    (the names ``jax.profiler``'s events carry), from what it computes: a fusion by the
+    operations inside it. A ``dot`` not fused by YNNPACK whose left operand contracts its
+    leading dimension and right operand its trailing one is a both-transposed matmul (Eigen's
+    contraction); a dot with batch dimensions a batched matmul; a fusion of copies and shape
+    operations alone a relayout copy."""
+    import re
+
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    cur = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if head:
+            cur = comps.setdefault(head.group(1), [])
+            continue
+        if line.startswith("}"):
+            cur = None
+            continue
+        ins = re.match(r"^\s*(?:ROOT )?%(\S+) = .*? ([a-z][\w-]*)\((.*)$", line)
+        if cur is not None and ins:
+            cur.append((ins.group(1), ins.group(2), ins.group(3)))
+
+    def ops_in(comp: str) -> list[tuple[str, str, str]]:
+        out = []
+        for name, op, rest in comps.get(comp, ()):
+            out.append((name, op, rest))
+            called = re.search(r"calls=%([\w.\-]+)", rest)
+            if op == "fusion" and called:
+                out += ops_in(called.group(1))
+        return out
+
+    classes = {}
+    for comp in comps.values():
+        for name, op, rest in comp:
+            called = re.search(r"calls=%([\w.\-]+)", rest)
+            inner = ops_in(called.group(1)) if op == "fusion" and called else [(name, op, rest)]
+            kinds = {o for _, o, _ in inner}
+            dots = [r for _, o, r in inner if o == "dot"]
+            if dots:
+                d = dots[0]
+                if "batch_dims" in d:
+                    cls = "batched matmul"
+                elif op == "dot" and re.search(r"lhs_contracting_dims=\{0\}", d) and \
+                        re.search(r"rhs_contracting_dims=\{1\}", d):
+                    cls = "matmul, both operands transposed"
+                else:
+                    cls = "matmul"
+            elif "convolution" in kinds:
+                cls = "convolution"
+            elif kinds & {"gather", "scatter"}:
+                cls = "gather / scatter"
+            elif kinds & {"reduce", "reduce-window"}:
+                cls = "reduction"
+            elif op in ("copy", "transpose") or (op == "fusion" and kinds <= {
+                    "copy", "transpose", "bitcast", "parameter", "reshape", "broadcast",
+                    "constant", "slice", "concatenate", "dynamic-slice", "dynamic-update-slice",
+                    "pad"}):
+                cls = "relayout copy"
+            elif op == "fusion" or op in _TRANSCENDENTAL or op in ("add", "multiply", "select"):
+                cls = "elementwise"
+            else:
+                cls = "other"
+            classes[name] = cls
+    return classes
+
+
+def predicted_classes(cm) -> dict[str, float]:
+    """The cost model's compute seconds of an unsharded step by :data:`CLASSES`, per jaxpr
+    equation (loops as one node), and its fresh pages apart."""
+    from jax.extend.core import primitives as P
+
+    from hulkjax.trace.primitives import FUSIBLE, REDUCTIONS
+
+    out = dict.fromkeys(CLASSES, 0.0)
+    for node in cm.graph.nodes:
+        t = cm.compute_time(node, 1)
+        if node.primitive is P.dot_general_p:
+            (_, _), (lb, _) = node.params["dimension_numbers"]
+            cls = ("batched matmul" if lb else "matmul, both operands transposed"
+                   if node.id in cm.transposed_dots else "matmul")
+        elif node.primitive is P.conv_general_dilated_p:
+            cls = "convolution"
+        elif "gather" in node.name or "scatter" in node.name:
+            cls = "gather / scatter"
+        elif node.primitive in REDUCTIONS or node.name.startswith(("reduce_window", "arg", "cum")):
+            cls = "reduction"
+        elif node.primitive is P.transpose_p:
+            cls = "relayout copy"
+        elif node.primitive in FUSIBLE:
+            cls = "elementwise"
+        else:
+            cls = "other"
+        out[cls] += t
+    return out
+
+
 def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
     """Where one step's time goes on XLA:CPU, from ``jax.profiler``'s trace of ``steps`` calls:
     the seconds per step of every compiled operation (the trace's events are the HLO
-    instructions XLA:CPU runs), and of those that copy an array into another dimension order
+    instructions XLA:CPU runs), of those that copy an array into another dimension order
     (``copy`` and ``transpose`` fusions: XLA:CPU's relayouts, which the cost model charges as
     memory traffic where the step transposes, and not at all where XLA copies a matmul's operand
-    into the order its kernel wants)."""
+    into the order its kernel wants), and by operation class (:func:`hlo_classes`)."""
     import glob
     import gzip
     import tempfile
@@ -110,10 +215,16 @@ def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
         # host-side spans (Python, the executor's wait, the thread pool) are not operations
         if e.get("ph") == "X" and not name.startswith(("$", "ThunkExecutor", "Slinky")):
             per_op[name] = per_op.get(name, 0.0) + e["dur"] * 1e-6 / steps
+    classes = hlo_classes(jitted.lower(held, batch).compile().as_text())
+    by_class = dict.fromkeys(CLASSES, 0.0)
+    for name, t in per_op.items():
+        if name in classes:  # the rest are the runtime's spans around the program
+            by_class[classes[name]] += t
     relayout = {n: t for n, t in per_op.items() if "copy" in n or "transpose" in n}
     top = sorted(relayout.items(), key=lambda kv: -kv[1])[:5]
     return {"ops": sum(per_op.values()), "relayout": sum(relayout.values()),
-            "relayout_ops": len(relayout), "largest": [[n, t] for n, t in top]}
+            "relayout_ops": len(relayout), "largest": [[n, t] for n, t in top],
+            "classes": by_class}
 
 
 def timed_faults(call, repeats: int, *, warmup: int) -> tuple[float, float]:
@@ -167,7 +278,8 @@ def main(argv=None) -> int:
     topo = hj.Topology.grid((1,), ("d",), device=spec, name="calibrated-1")
     print(f"calibrated: {spec.peak_flops / 1e9:.1f} GFLOP/s, {spec.hbm_bandwidth / 1e9:.2f} GB/s "
           f"in place, a fresh page {spec.fresh_page_time * 1e6:.2f} us, kernel overhead "
-          f"{spec.kernel_overhead * 1e6:.1f} us", flush=True)
+          f"{spec.kernel_overhead * 1e6:.1f} us, both-transposed matmuls at "
+          f"{spec.transposed_dot_efficiency:.2f} of the matmul rate", flush=True)
     rows, profiles = [], []
     for name in args.families:
         if not families.available(name):
@@ -191,6 +303,9 @@ def main(argv=None) -> int:
             measured, faults = donated_time(jitted, state, batch, args.repeats)
             cm = CostModel(graph, topo)
             cost = cm.evaluate(cm.replicated_assignment())
+            if args.profile and b == own:
+                profiles[-1]["predicted_classes"] = predicted_classes(cm)
+                profiles[-1]["predicted_pages"] = cost.page_time
             # the temporaries the page cost is charged for: the liveness walk's against XLA's
             temps = liveness(cm, cm.replicated_assignment()).temporaries
             compiled = jitted.lower(state, batch).compile().memory_analysis()
@@ -212,7 +327,9 @@ def main(argv=None) -> int:
            "command": "python benchmarks/compute_check.py " + " ".join(sys.argv[1:]),
            "device": {"peak_flops": spec.peak_flops, "hbm_bandwidth": spec.hbm_bandwidth,
                       "fresh_page_time": spec.fresh_page_time,
-                      "kernel_overhead": spec.kernel_overhead}, "rows": rows,
+                      "kernel_overhead": spec.kernel_overhead,
+                      "transposed_dot_efficiency": spec.transposed_dot_efficiency},
+           "rows": rows,
            "profiles": profiles,
            "streams": streams}
     os.makedirs(os.path.dirname(JSON_PATH), exist_ok=True)
@@ -226,7 +343,11 @@ def main(argv=None) -> int:
              f"{spec.hbm_bandwidth / 1e9:.2f} GB/s (a streaming kernel in place), "
              f"{spec.fresh_page_time * 1e6:.2f} us per fresh 4 KiB page (the same kernel into "
              f"fresh buffers, over its page faults), kernel overhead "
-             f"{spec.kernel_overhead * 1e6:.1f} us. Each family's unsharded training step "
+             f"{spec.kernel_overhead * 1e6:.1f} us, matmuls with both operands transposed at "
+             f"{spec.transposed_dot_efficiency:.2f} of the matmul rate "
+             f"({spec.transposed_dot_efficiency * spec.peak_flops / 1e9:.1f} GFLOP/s: a weight "
+             f"gradient XLA:CPU lays out that way runs on Eigen's contraction, "
+             f"`hulkjax/cost/dots.py`). Each family's unsharded training step "
              f"(random-initialized, its state donated as `hj.emit` runs it, median of "
              f"{args.repeats}) against the cost model's compute prediction on that device; the "
              f"prediction's fresh pages are the temporaries of the step above XLA:CPU's "
@@ -261,6 +382,25 @@ def main(argv=None) -> int:
                   f"{p['relayout'] / p['ops']:.0%} | "
                   + ", ".join(f"`{n}` {t * 1e3:.1f} ms" for n, t in p["largest"][:3]) + " |"
                   for p in profiles]
+    if any("predicted_classes" in p for p in profiles):
+        lines += ["", "By operation class, the same profiles (measured: the compiled operations' "
+                  "time, each HLO instruction classed by what it computes, a fusion by the "
+                  "operations inside it; the page faults of fresh buffers are inside the "
+                  "operations that first write them) against the cost model's compute time per "
+                  "jaxpr equation of that class (fusible operators at their fused traffic; the "
+                  "fresh pages apart). A matmul with both operands transposed is a `dot` "
+                  "outside XLA:CPU's YNNPACK fusions whose left operand contracts its leading "
+                  "dimension and right operand its trailing one (measured), or the dot "
+                  "`hulkjax.cost.dots.transposed_dots` says XLA lays out that way (predicted). "
+                  "Each cell: measured / predicted ms.", "",
+                  "| family | batch | " + " | ".join(CLASSES) + " | fresh pages (predicted) |",
+                  "|---|---:|" + "---:|" * (len(CLASSES) + 1)]
+        for p in profiles:
+            if "predicted_classes" not in p:
+                continue
+            lines.append(f"| {p['family']} | {p['batch']} | " + " | ".join(
+                f"{p['classes'][c] * 1e3:.1f} / {p['predicted_classes'][c] * 1e3:.1f}"
+                for c in CLASSES) + f" | {p['predicted_pages'] * 1e3:.1f} |")
     if streams:
         lines += ["", "Memory rate by buffer: `y = x * a + b` on a float32 array (one read, one "
                   "write per element), its output in a fresh buffer (as `hulkjax calibrate` "

@@ -351,7 +351,8 @@ def cmd_calibrate(args) -> int:
     print(f"measured per device: {dev['peak_flops'] / 1e9:.4g} GFLOP/s (float32 matmul "
           f"n={rec['measurements']['matmul']['n']}), memory {format_rate(dev['hbm_bandwidth'])} "
           f"(in place), {dev.get('fresh_page_time', 0.0) * 1e6:.3g} us per fresh 4 KiB page, "
-          f"{dev.get('kernel_overhead', 0.0) * 1e6:.3g} us per kernel")
+          f"{dev.get('kernel_overhead', 0.0) * 1e6:.3g} us per kernel, both-transposed matmuls at "
+          f"{dev.get('transposed_dot_efficiency', 1.0):.3g} of the matmul rate")
     print(f"link between processes: {format_rate(link['bandwidth'])}, latency "
           f"{link['latency'] * 1e6:.4g} us ({link['method']})")
     if "local_link" in rec:

@@ -73,6 +73,7 @@ from hulkjax.cost.comm import (
     reshard_comms,
     reshard_intermediates,
 )
+from hulkjax.cost.dots import transposed_dots
 from hulkjax.cost.memory import liveness
 from hulkjax.cost.unreduced import sum_producers, unreduced_sum
 from hulkjax.errors import InvalidOptionError, InvalidPlanError, UncompilableLayoutChangeError
@@ -306,6 +307,9 @@ class CostModel:
         self.hbm = dev.hbm_bandwidth * dev.memory_efficiency  # what a streaming kernel reaches
         self.kernel_overhead = max(s.kernel_overhead for s in topology.device_specs())
         self.fresh_page_time = max(s.fresh_page_time for s in topology.device_specs())
+        # matmuls with both operands transposed run at this share of the matmul rate
+        self.transposed_dot_efficiency = min(
+            s.transposed_dot_efficiency for s in topology.device_specs())
         self.capacity = min(d.memory for d in topology.device_specs())
         self.backend: Backend = backend_of(topology)
         self._flops_by_dtype: dict[str, float] = {}
@@ -342,6 +346,12 @@ class CostModel:
         self.traffic: list[float] = memo[1]
         self.launches: list[bool] = memo[2]
         self.tail: frozenset[int] = memo[3]
+        self.transposed_dots: frozenset[int] = frozenset()
+        if self.transposed_dot_efficiency < 1.0:
+            tkey = ("transposed dots",)
+            if tkey not in graph.memo:
+                graph.memo[tkey] = transposed_dots(graph)
+            self.transposed_dots = graph.memo[tkey]
         self._build_groups()
         self._locals: dict[tuple[int, int], Local] = {}
         self._seq_cache: dict[int, tuple[list[int], list[int]]] = {}
@@ -1043,11 +1053,15 @@ class CostModel:
         """Roofline seconds of ``node`` split ``shards`` ways, at the slowest device's pace
         (FLOPs against the FLOP/s its operands' dtype reaches, fused memory traffic against the
         HBM bandwidth a streaming kernel reaches), plus the device's kernel overhead when the
-        node launches a kernel (it does not shrink with sharding)."""
+        node launches a kernel (it does not shrink with sharding). A matmul whose operands are
+        both stored transposed (:func:`~hulkjax.cost.dots.transposed_dots`) runs at
+        ``DeviceSpec.transposed_dot_efficiency`` of the matmul rate."""
         shards = max(shards, 1)
         flops = 0.0
         if node.flops:
             flops = node.flops / shards / self._peak(self._compute_dtype(node))
+            if node.id in self.transposed_dots:
+                flops /= self.transposed_dot_efficiency
         t = max(flops, self.traffic[node.id] / shards / self.hbm)
         return t + self.kernel_overhead if self.launches[node.id] else t
 

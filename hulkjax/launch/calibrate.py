@@ -30,6 +30,13 @@ with every device of every process running at once, as they do in a launch job):
   step running in both processes at once took 1.9x what that number predicted. On one core a
   square matmul ran at 65-78 GFLOP/s and the training trio at 48-58 (XLA:CPU runs the
   transposed-operand products slower), which is the pace of the step's matmuls.
+* **both-transposed matmuls** per device: ``a^T b^T`` with ``a`` (``2n x n/4``) contracting its
+  leading dimension and ``b`` (``n x 2n``) its trailing one, a weight gradient as XLA:CPU lays it
+  out where the forward activation ends up on the left (:mod:`hulkjax.cost.dots`), repeated for
+  :data:`BUSY_FLOPS` per run. XLA:CPU runs it with Eigen's contraction, not its fused matmul:
+  on one core 87 GFLOP/s at ``n = 1024`` where the dense-layer chain ran at 220
+  (``benchmarks/COMPUTE.md``). Its rate over the chain's is
+  ``DeviceSpec.transposed_dot_efficiency`` (at most 1).
 * **memory bandwidth and fresh pages** per device: ``y = x * a + b`` on a ``memory_bytes``
   float32 array per device, one program per pass, for :data:`BUSY_TRAFFIC` bytes per run (one
   read and one write, ``2 x memory_bytes`` per pass), twice: each pass writing a fresh output
@@ -230,6 +237,29 @@ def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
     t = _median_time(lambda: mm(xs, ws), repeats, barrier)
     out["matmul"] = {"n": n, "chain": reps, "matmuls": "dense-layer training (x w, y w^T, x^T y)",
                      "seconds": t, "flops_per_device": 6 * n ** 3 * reps}
+
+    # A weight gradient's matmul with both operands stored transposed (a: tokens x rows, b:
+    # columns x tokens), a transformer's shapes at n = 1024 (2n tokens, n/4 rows, n columns).
+    rows = max(1, n // 4)
+    tt_flops = 2 * (2 * n) * rows * n
+    tt_reps = chain_length(BUSY_FLOPS, tt_flops)
+    a_tt = jax.make_array_from_callback((k * 2 * n, rows), per_dev,
+                                        lambda idx: np.full((2 * n, rows), 1.0 / n, np.float32))
+    b_tt = jax.make_array_from_callback((k * n, 2 * n), per_dev,
+                                        lambda idx: np.full((n, 2 * n), 1.0 / n, np.float32))
+    tt = jax.jit(jax.shard_map(
+        lambda a, b: jax.lax.dot_general(a, b, (((0,), (1,)), ((), ()))), mesh=local_mesh,
+        in_specs=(PartitionSpec("dev"),) * 2, out_specs=PartitionSpec("dev")))
+
+    def transposed():
+        y = None
+        for _ in range(tt_reps):
+            y = tt(a_tt, b_tt)
+        return y
+
+    t = _median_time(transposed, repeats, barrier)
+    out["transposed_matmul"] = {"m": rows, "n": n, "k": 2 * n, "chain": tt_reps, "seconds": t,
+                                "flops_per_device": tt_flops * tt_reps}
 
     elems = max(1, int(memory_bytes) // 4)
     passes = chain_length(BUSY_TRAFFIC, 2 * elems * 4)
@@ -436,34 +466,50 @@ def fresh_page_time(memory: dict, in_place: dict) -> float:
     return round(per_fault * PAGE_BYTES / memory.get("page_bytes", PAGE_BYTES), 12)
 
 
+def transposed_dot_efficiency(matmul: dict, transposed: dict) -> float:
+    """The share of the dense-layer chain's FLOP/s that the both-transposed matmul reached
+    (at most 1: a device that runs it no slower is charged no more).
+
+    >>> transposed_dot_efficiency({"flops_per_device": 2e10, "seconds": 0.1},
+    ...                           {"flops_per_device": 1e10, "seconds": 0.125})
+    0.4
+    """
+    rate = transposed["flops_per_device"] / transposed["seconds"]
+    return round(min(1.0, rate / (matmul["flops_per_device"] / matmul["seconds"])), 6)
+
+
 def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
     """The device of :func:`measure`'s timings: FLOP/s is the measured work over the measured
     median time; the memory bandwidth the chain's traffic over its time in place (donated
     buffers, no fresh pages; the fresh chain's where an older measurement has no in-place
     one), the cost of a fresh page :func:`fresh_page_time`'s, the kernel overhead
-    :func:`kernel_overhead`'s."""
+    :func:`kernel_overhead`'s, the both-transposed matmuls' share
+    :func:`transposed_dot_efficiency`'s (1 where an older measurement has none)."""
     mm, mem = meas["matmul"], meas["memory"]
     flops = mm["flops_per_device"] / mm["seconds"]
+    tt = meas.get("transposed_matmul")
     in_place = meas.get("memory_in_place")
     seconds = in_place["seconds"] if in_place else mem["seconds"]
     return DeviceSpec(kind="cpu-calibrated", peak_flops=flops, peak_flops_f32=flops,
                       memory=memory, hbm_bandwidth=mem["traffic_per_device"] / seconds,
                       kernel_overhead=kernel_overhead(meas["kernels"]) if "kernels" in meas
                       else 0.0,
-                      fresh_page_time=fresh_page_time(mem, in_place) if in_place else 0.0)
+                      fresh_page_time=fresh_page_time(mem, in_place) if in_place else 0.0,
+                      transposed_dot_efficiency=transposed_dot_efficiency(mm, tt) if tt else 1.0)
 
 
 def _topology_from(meas: dict, *, processes: int, local_devices: int,
                    name: str) -> tuple[Topology, dict]:
     spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
     flops, hbm, overhead = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
-    pages = spec.fresh_page_time
+    pages, tt = spec.fresh_page_time, spec.transposed_dot_efficiency
     link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                                        [x["seconds"] for x in meas["link"]],
                                        participants=processes)
     record = {"format": CALIBRATION_FORMAT, "measurements": meas,
               "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory,
-                         "kernel_overhead": overhead, "fresh_page_time": pages},
+                         "kernel_overhead": overhead, "fresh_page_time": pages,
+                         "transposed_dot_efficiency": tt},
               "link": {"bandwidth": link_bw, "latency": link_lat,
                        "method": "gloo all-reduce between processes (jax.distributed on "
                                  "loopback or the given namespaces), alpha-beta fit"}}

@@ -142,6 +142,14 @@ class DeviceSpec:
         page on this project's 2-core machine, where the same streaming kernel ran at 4.2 GB/s
         into a fresh buffer and 45 GB/s in place (``benchmarks/COMPUTE.md``). 0: none
         (accelerators, whose allocators pool device memory).  # seconds per 4 KiB page, >= 0
+      transposed_dot_efficiency: the fraction of the matmul rate (the peak times
+        ``flops_efficiency``) that a matmul reaches whose operands are both stored transposed
+        (the left one contracting its leading dimension, the right one its trailing: a weight
+        gradient whose activation operand ends up on the left, :mod:`hulkjax.cost.dots`).
+        XLA:CPU runs those with Eigen's contraction instead of its fused matmul kernel: 0.39-0.46
+        of the fused rate on one core, measured by ``hulkjax calibrate``
+        (``benchmarks/COMPUTE.md``). 1.0: no slower (accelerators, whose matmul libraries take
+        either operand transposed).  # in (0, 1]
 
     The calibration numbers default to an ideal device (the datasheet's roofline, free
     launches); the built-in H100 and H200 carry the values measured on one of each, the other
@@ -158,6 +166,7 @@ class DeviceSpec:
     kernel_overhead: float = 0.0  # seconds
     receive_overhead: float = 0.0  # fraction of a receive's link time
     fresh_page_time: float = 0.0  # seconds per 4 KiB page mapped afresh per call
+    transposed_dot_efficiency: float = 1.0  # fraction of the matmul rate
 
     @property
     def platform(self) -> str:
@@ -194,7 +203,7 @@ class DeviceSpec:
         if self.peak_flops_f32 is not None:
             value = check_positive(self.peak_flops_f32, "DeviceSpec.peak_flops_f32", "FLOP/s", fix)
             object.__setattr__(self, "peak_flops_f32", value)
-        for name in ("flops_efficiency", "memory_efficiency"):
+        for name in ("flops_efficiency", "memory_efficiency", "transposed_dot_efficiency"):
             value = check_positive(getattr(self, name), f"DeviceSpec.{name}", "fraction of peak",
                                    "An efficiency is a fraction in (0, 1], e.g. 0.7.")
             if value > 1.0:
@@ -237,7 +246,7 @@ class DeviceSpec:
 
 
 _IDEAL = {"flops_efficiency": 1.0, "memory_efficiency": 1.0, "kernel_overhead": 0.0,
-          "receive_overhead": 0.0, "fresh_page_time": 0.0}
+          "receive_overhead": 0.0, "fresh_page_time": 0.0, "transposed_dot_efficiency": 1.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
