@@ -15,6 +15,7 @@ from hulkjax.launch.calibrate import (
     chain_length,
     fit_alpha_beta,
     fresh_page_time,
+    transposed_dot_efficiency,
 )
 from hulkjax.topology.specs import DEVICE_SPECS
 
@@ -43,6 +44,13 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     assert spec.hbm_bandwidth == pytest.approx(mem["traffic_per_device"] / in_place["seconds"])
     assert mem["page_faults_per_device"] >= 0 and mem["page_bytes"] > 0
     assert spec.fresh_page_time == fresh_page_time(mem, in_place) >= 0
+    # the both-transposed matmul (2n x n/4 by n x 2n): its rate over the chain's, at most 1
+    tt = meas["transposed_matmul"]
+    assert (tt["m"], tt["n"], tt["k"]) == (24, 96, 192)
+    assert tt["flops_per_device"] == 2 * 192 * 24 * 96 * tt["chain"] and tt["seconds"] > 0
+    assert spec.transposed_dot_efficiency == transposed_dot_efficiency(mm, tt)
+    assert 0 < spec.transposed_dot_efficiency <= 1
+    assert rec["device"]["transposed_dot_efficiency"] == spec.transposed_dot_efficiency
     kern = rec["measurements"]["kernels"]
     # Per further kernel of the chain, clipped at 0: on a loaded CI machine a 64-kernel chain can
     # time below a single kernel, so the two timings are never compared with each other here.
@@ -84,6 +92,7 @@ def test_calibrate_command(tmp_path, capsys):
                  "--topology-out", str(tmp_path / "mine.json"), "--timeout", str(TIMEOUT)]) == 0
     printed = capsys.readouterr().out
     assert "link between processes" in printed and "GFLOP/s" in printed
+    assert "both-transposed matmuls at" in printed
     topo = hj.Topology.load(tmp_path / "mine.json")
     assert topo == hj.Topology.load(out / "topology.json") and topo.shape == (2,)
     rec = json.loads((out / "calibration.json").read_text())
