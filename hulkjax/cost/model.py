@@ -323,6 +323,8 @@ class CostModel:
         self._edge_class_time: dict[tuple[int, int, int], float] = {}
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
         self._move_time: dict[tuple, float] = {}
+        # (move_time's key less the layouts, runs, source layouts, target layouts) -> matrix
+        self._reading_matrices: dict[tuple, np.ndarray] = {}
         self._matrix_cache: dict[tuple, np.ndarray] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
         self._axes_cache: dict[Spec, frozenset[str]] = {}
@@ -1255,8 +1257,11 @@ class CostModel:
         after = [m for gc in readers[j + 1:]
                  for m in self._shared_moves(key, cp, gc, assignment[gc])]
         out, unchanged = [], None
+        memo = self._shared_memo
         for c in cands:
-            mine = self._shared_moves(key, cp, gid, c)
+            mine = memo.get((key, cp, gid, c))  # (_shared_moves, its memo read here)
+            if mine is None:
+                mine = self._shared_moves(key, cp, gid, c)
             if not mine and unchanged is not None:
                 out.append(unchanged)
                 continue
@@ -1565,17 +1570,32 @@ class CostModel:
                 dsts = [t.res[n2].in_specs[k] for t in dst_tables]
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
+            m += self.reading_matrix(v, nid, us, ud)[np.ix_(ui, di)]
+        if key is not None:
+            self._matrix_cache[key] = m.copy()
+        return m
+
+    def reading_matrix(self, vid: int, nid: int, us: list, ud: list) -> np.ndarray:
+        """``[[reading_time(vid, s, d, nid) for d in ud] for s in us]``, 0 where either is
+        ``None`` or they are equal (the same floats; not to be written to). Memoized by what those entries read
+        (:meth:`move_time`'s key and the reader's :meth:`runs`): the edges of repeated layers
+        and of the many values of one shape ask for the same few matrices."""
+        v = self.graph.values[vid]
+        deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
+                                                                 self.graph.loop_body))
+        runs = None if self.program_runs is None else self.runs(nid)
+        key = (v.shape, v.dtype, deferred, nid < 0, runs, tuple(us), tuple(ud))
+        t = self._reading_matrices.get(key)
+        if t is None:
             t = np.zeros((len(us), len(ud)))
             for a, s in enumerate(us):
                 if s is None:
                     continue
                 for b, d in enumerate(ud):
                     if d is not None and s != d:
-                        t[a, b] = self.reading_time(v, s, d, nid)
-            m += t[np.ix_(ui, di)]
-        if key is not None:
-            self._matrix_cache[key] = m.copy()
-        return m
+                        t[a, b] = self.reading_time(vid, s, d, nid)
+            self._reading_matrices[key] = t
+        return t
 
     def _edge_key(self, gp: int, gc: int, items) -> tuple | None:
         """The edge's items in its groups' table-class representatives' ids (``None``: a carried

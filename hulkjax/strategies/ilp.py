@@ -754,19 +754,20 @@ def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: 
     out: list = []
     src_pos = _positions(srcs)
     dst_pos = [(b, nid, _positions(d)) for (b, _, d), nid in zip(dsts, nids)]
+    # reading_time of every (source, target) pair, reader by reader (0: no change)
+    sources = list(src_pos)
+    times = [cm.reading_matrix(v, nid, sources, list(pos)).tolist() for _, nid, pos in dst_pos]
     # One term per source layout: the sum over the producer's candidates of one layout is as
     # strong as the program gets (merging source layouts of equal charge into one term makes
     # fewer variables, but a weaker relaxation: HiGHS took several times longer).
-    for s, S in src_pos.items():
+    for i, (s, S) in enumerate(src_pos.items()):
         if s is None:
             continue
         need: dict = defaultdict(list)  # target layout -> [(reader's class, positions, s)]
-        for b, nid, pos in dst_pos:
-            for d, D in pos.items():
-                if d is not None and d != s:
-                    w = cm.reading_time(v, s, d, nid)
-                    if w > 0:
-                        need[d].append((b, D, w))
+        for (b, _nid, pos), rows in zip(dst_pos, times):
+            for w, (d, D) in zip(rows[i], pos.items()):
+                if w > 0:
+                    need[d].append((b, D, w))
         for entries in need.values():
             levels = sorted({w for *_, w in entries}, reverse=True)
             for j, wj in enumerate(levels):
