@@ -792,6 +792,12 @@ class CostModel:
             nid = self._rep_ids(gid)[0].get(nid, -1)
         return self.local(rep, c).res.get(nid)
 
+    def table_ids(self, gid: int) -> tuple[dict[int, int], dict[int, int]] | None:
+        """``({node: ...}, {value: ...})``: group ``gid``'s node and value ids as its table
+        class's first group (:attr:`table_rep`) has them, which :meth:`spec` and
+        :meth:`required` look up; ``None`` for that first group itself."""
+        return None if self.table_rep[gid] == gid else self._rep_ids(gid)
+
     def _rep_ids(self, gid: int) -> tuple[dict[int, int], dict[int, int]]:
         """``({node: its table class representative's}, {value: ...})`` of a shared group."""
         hit = self._rep_maps.get(gid)
@@ -1521,6 +1527,11 @@ class CostModel:
             deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and g.loop_body))
             out.append((src, dst, val.shape, val.dtype, deferred, nid < 0, self.runs(nid)))
         return tuple(out)
+
+    def edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
+        """A small id equal for edges whose :meth:`edge_matrix` (of equal candidate lists) is
+        the same matrix: repeated layers' edges (``None``: an edge of its own)."""
+        return self._edge_class(gp, gc, shared)
 
     def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
