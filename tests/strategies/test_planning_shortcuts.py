@@ -240,9 +240,9 @@ def _plain_value_terms(cm, v, a, srcs, dsts, nids):
 def test_ilp_programs_from_reading_matrices_are_the_plain_ones(monkeypatch, topology,
                                                                tie_layers):
     """The integer program built with the memoized reading matrices (edge matrices and shared
-    changes) and one edge matrix per edge class is the program built pair by pair, edge by
-    edge: the same variables, costs and rows, bit for bit, for a plain cost model and a program
-    view."""
+    changes), one edge matrix per edge class and shared values' terms looked up by table class
+    is the program built pair by pair, edge by edge, value by value: the same variables, costs
+    and rows, bit for bit, for a plain cost model and a program view."""
     from hulkjax.strategies import ilp
 
     def program(model):
@@ -264,4 +264,6 @@ def test_ilp_programs_from_reading_matrices_are_the_plain_ones(monkeypatch, topo
                         _plain_edge_matrix(self, gp, gc, list(cps), list(ccs), shared))
     # (every edge's matrix fetched, none reused for the edges of its class)
     monkeypatch.setattr(CostModel, "edge_class", lambda self, gp, gc, shared=True: None)
+    # (every shared value's terms keyed by its layouts: no two values share a table-class key)
+    monkeypatch.setattr(CostModel, "table_ids", lambda self, gid: None)
     assert [program(m) for m in models()] == fast
