@@ -1588,9 +1588,9 @@ class CostModel:
 
     def reading_matrix(self, vid: int, nid: int, us: list, ud: list) -> np.ndarray:
         """``[[reading_time(vid, s, d, nid) for d in ud] for s in us]``, 0 where either is
-        ``None`` or they are equal (the same floats; not to be written to). Memoized by what those entries read
-        (:meth:`move_time`'s key and the reader's :meth:`runs`): the edges of repeated layers
-        and of the many values of one shape ask for the same few matrices."""
+        ``None`` or they are equal (the same floats; not to be written to). Memoized by what
+        those entries read (:meth:`move_time`'s key and the reader's :meth:`runs`): the edges of
+        repeated layers and of the many values of one shape ask for the same few matrices."""
         v = self.graph.values[vid]
         deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
                                                                  self.graph.loop_body))
