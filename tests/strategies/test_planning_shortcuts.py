@@ -267,3 +267,32 @@ def test_ilp_programs_from_reading_matrices_are_the_plain_ones(monkeypatch, topo
     # (every shared value's terms keyed by its layouts: no two values share a table-class key)
     monkeypatch.setattr(CostModel, "table_ids", lambda self, gid: None)
     assert [program(m) for m in models()] == fast
+
+
+@pytest.mark.parametrize("tie_layers", [True, False])
+def test_shared_change_rows_laid_out_at_once_are_the_row_by_row_ones(tie_layers):
+    """The ILP's shared-change rows, laid out in one go, are the rows made one at a time: for
+    each change, ``t + (the first reading) - (another) >= 0`` per other reading."""
+    import scipy.sparse as sp
+
+    from hulkjax.strategies import ilp
+
+    cm = _model(TOPOLOGIES[1], "llama")
+    seeds = list(baseline_assignments(cm.graph, cm.topology).values())
+    for aggregate in (True, False):
+        p = ilp._Program(cm, seeds, tie_layers=tie_layers, restrict=None, max_candidates=256,
+                         aggregate=aggregate)
+        rows, cols, vals, r = [], [], [], 0
+        for z, readings in p.z_rows:  # as it was built, row by row
+            first = readings[0] if p.excess else np.zeros(0, dtype=np.int64)
+            for c in readings[1:] if p.excess else readings:
+                rows += [np.full(1 + len(first) + len(c), r)]
+                cols += [np.concatenate([[z], first, c])]
+                vals += [np.concatenate([[1.0], np.ones(len(first)), -np.ones(len(c))])]
+                r += 1
+        assert r > 0
+        want = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=(r, p.n))
+        got = sp.csr_array(p.matrix)[p.n_rows - 1 - r:p.n_rows - 1]
+        assert (got != want).nnz == 0
+        assert np.isinf(p.row_hi_wo_memory[-r:]).all() and (p.row_lo[-1 - r:-1] == 0).all()
