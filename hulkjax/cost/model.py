@@ -327,6 +327,8 @@ class CostModel:
         self._edge_class_time: dict[tuple[int, int, int], float] = {}
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
         self._move_time: dict[tuple, float] = {}
+        # (move_time's key less the layouts, runs, source layouts, target layouts) -> matrix
+        self._reading_matrices: dict[tuple, np.ndarray] = {}
         self._matrix_cache: dict[tuple, np.ndarray] = {}
         self._input_index: dict[int, dict[Spec, int]] = {}
         self._axes_cache: dict[Spec, frozenset[str]] = {}
@@ -800,6 +802,12 @@ class CostModel:
             nid = self._rep_ids(gid)[0].get(nid, -1)
         return self.local(rep, c).res.get(nid)
 
+    def table_ids(self, gid: int) -> tuple[dict[int, int], dict[int, int]] | None:
+        """``({node: ...}, {value: ...})``: group ``gid``'s node and value ids as its table
+        class's first group (:attr:`table_rep`) has them, which :meth:`spec` and
+        :meth:`required` look up; ``None`` for that first group itself."""
+        return None if self.table_rep[gid] == gid else self._rep_ids(gid)
+
     def _rep_ids(self, gid: int) -> tuple[dict[int, int], dict[int, int]]:
         """``({node: its table class representative's}, {value: ...})`` of a shared group."""
         hit = self._rep_maps.get(gid)
@@ -1269,8 +1277,11 @@ class CostModel:
         after = [m for gc in readers[j + 1:]
                  for m in self._shared_moves(key, cp, gc, assignment[gc])]
         out, unchanged = [], None
+        memo = self._shared_memo
         for c in cands:
-            mine = self._shared_moves(key, cp, gid, c)
+            mine = memo.get((key, cp, gid, c))  # (_shared_moves, its memo read here)
+            if mine is None:
+                mine = self._shared_moves(key, cp, gid, c)
             if not mine and unchanged is not None:
                 out.append(unchanged)
                 continue
@@ -1531,6 +1542,11 @@ class CostModel:
             out.append((src, dst, val.shape, val.dtype, deferred, nid < 0, self.runs(nid)))
         return tuple(out)
 
+    def edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
+        """A small id equal for edges whose :meth:`edge_matrix` (of equal candidate lists) is
+        the same matrix: repeated layers' edges (``None``: an edge of its own)."""
+        return self._edge_class(gp, gc, shared)
+
     def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
         """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
         hit = self._edge_classes.get((gp, gc, shared), -1)
@@ -1579,17 +1595,32 @@ class CostModel:
                 dsts = [t.res[n2].in_specs[k] for t in dst_tables]
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
+            m += self.reading_matrix(v, nid, us, ud)[np.ix_(ui, di)]
+        if key is not None:
+            self._matrix_cache[key] = m.copy()
+        return m
+
+    def reading_matrix(self, vid: int, nid: int, us: list, ud: list) -> np.ndarray:
+        """``[[reading_time(vid, s, d, nid) for d in ud] for s in us]``, 0 where either is
+        ``None`` or they are equal (the same floats; not to be written to). Memoized by what
+        those entries read (:meth:`move_time`'s key and the reader's :meth:`runs`): the edges of
+        repeated layers and of the many values of one shape ask for the same few matrices."""
+        v = self.graph.values[vid]
+        deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
+                                                                 self.graph.loop_body))
+        runs = None if self.program_runs is None else self.runs(nid)
+        key = (v.shape, v.dtype, deferred, nid < 0, runs, tuple(us), tuple(ud))
+        t = self._reading_matrices.get(key)
+        if t is None:
             t = np.zeros((len(us), len(ud)))
             for a, s in enumerate(us):
                 if s is None:
                     continue
                 for b, d in enumerate(ud):
                     if d is not None and s != d:
-                        t[a, b] = self.reading_time(v, s, d, nid)
-            m += t[np.ix_(ui, di)]
-        if key is not None:
-            self._matrix_cache[key] = m.copy()
-        return m
+                        t[a, b] = self.reading_time(vid, s, d, nid)
+            self._reading_matrices[key] = t
+        return t
 
     def _edge_key(self, gp: int, gc: int, items) -> tuple | None:
         """The edge's items in its groups' table-class representatives' ids (``None``: a carried

@@ -383,13 +383,23 @@ class _Program:
         # Edge costs between classes (an edge inside one class only sees equal choices), the
         # readers of shared values left out: they are charged once per layout below.
         edge_cost: dict[tuple[int, int], np.ndarray] = {}
+        # Edges of one edge class between the same two classes have one matrix (repeated
+        # layers, tied): fetched once (it is only read), added once per edge as before.
+        matrices: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
         for (gp, gc), _ in cm.edge_items():
             cp, cc = cls_of[gp], cls_of[gc]
-            m = cm.edge_matrix(gp, gc, keep[cp], keep[cc], shared=False)
+            ek = cm.edge_class(gp, gc, shared=False)
+            hit = None if ek is None else matrices.get((ek, cp, cc))
+            if hit is None:
+                m = cm.edge_matrix(gp, gc, keep[cp], keep[cc], shared=False)
+                hit = (m, bool(np.any(m)))
+                if ek is not None:
+                    matrices[(ek, cp, cc)] = hit
+            m, nonzero = hit
             if cp == cc:
                 node_cost[cp] = node_cost[cp] + np.diag(m)
                 continue
-            if not np.any(m):
+            if not nonzero:
                 continue
             key = (cp, cc) if cp < cc else (cc, cp)
             mm = m if cp < cc else m.T
@@ -477,13 +487,22 @@ class _Program:
             vals += [np.ones(pa * pb), -np.ones(len(rb))]
             r += pb
         r_eq = r
-        for z, readings in self.z_rows:  # t + (the first reading) - (another) >= 0
-            first = readings[0] if self.excess else np.zeros(0, dtype=np.int64)
+        # t + (the first reading) - (another) >= 0: one row per other reading, its entries
+        # (t, the first reading's columns, the other's) laid out row by row, in one go
+        z_cols, z_lens = [], []
+        none = np.zeros(0, dtype=np.int64)
+        for z, readings in self.z_rows:
+            first = readings[0] if self.excess else none
             for c in readings[1:] if self.excess else readings:
-                rows += [np.full(1 + len(first) + len(c), r)]
-                cols += [np.concatenate([[z], first, c])]
-                vals += [np.concatenate([[1.0], np.ones(len(first)), -np.ones(len(c))])]
-                r += 1
+                z_cols += [np.array([z]), first, c]
+                z_lens += [1, len(first), len(c)]
+        if z_lens:
+            lens = np.array(z_lens, dtype=np.int64).reshape(-1, 3)
+            n_z_rows = len(lens)
+            rows.append(np.repeat(np.arange(r, r + n_z_rows), lens.sum(axis=1)))
+            cols.append(np.concatenate(z_cols))
+            vals.append(np.repeat(np.tile([1.0, 1.0, -1.0], n_z_rows), lens.ravel()))
+            r += n_z_rows
         mem = np.concatenate(node_mem) if n_classes else np.zeros(0)
         rows.append(np.full(self.n_x, r))
         cols.append(np.arange(self.n_x))
@@ -722,21 +741,32 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
     # hashed once per value's terms rather than once per value: the sums are added in the
     # same order under either key.
     ids: dict[tuple, int] = {}
+    # What the key reads, by table class (the value's and the readers' ids in their table
+    # classes' first groups, the classes, the deferral and runs): equal for the values of
+    # repeated layers, whose keys (layouts of every kept candidate) are then not made again.
+    by_tables: dict[tuple, list] = {}
     for v, readers in cm.shared_items():
         gp = cm.group_of_value[v]
         a = cls_of[gp]
-        srcs = tuple(cm.spec(gp, k, v) for k in keep[a])
-        dsts = tuple((cls_of[gc], nid in cm.tail, tuple(cm.required(gc, c, nid, k)
-                                                         for c in keep[cls_of[gc]]))
-                     for gc, nid, k in readers)
         val = cm.graph.values[v]
-        key = (a, val.shape, val.dtype, srcs, dsts, tuple(cm.runs(r[1]) for r in readers))
-        terms = memo.get(key)
+        ids_p = cm.table_ids(gp)
+        pre = (a, cm.table_rep[gp], v if ids_p is None else ids_p[1].get(v, -1), val.shape,
+               val.dtype, tuple(_reader_key(cm, cls_of, *r) for r in readers))
+        terms = by_tables.get(pre)
         if terms is None:
-            terms = memo[key] = [
-                (t[0] == "pair", ids.setdefault(t[1:5] if t[0] == "pair" else t[1], len(ids)),
-                 t[5] if t[0] == "pair" else t[2])
-                for t in _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])]
+            srcs = tuple(cm.spec(gp, k, v) for k in keep[a])
+            dsts = tuple((cls_of[gc], nid in cm.tail, tuple(cm.required(gc, c, nid, k)
+                                                             for c in keep[cls_of[gc]]))
+                         for gc, nid, k in readers)
+            key = (a, val.shape, val.dtype, srcs, dsts, tuple(cm.runs(r[1]) for r in readers))
+            terms = memo.get(key)
+            if terms is None:
+                terms = memo[key] = [
+                    (t[0] == "pair",
+                     ids.setdefault(t[1:5] if t[0] == "pair" else t[1], len(ids)),
+                     t[5] if t[0] == "pair" else t[2])
+                    for t in _value_terms(cm, v, a, srcs, dsts, [r[1] for r in readers])]
+            by_tables[pre] = terms
         for is_pair, i, w in terms:
             if is_pair:
                 pairs[i] += w
@@ -748,25 +778,38 @@ def _shared_terms(cm: CostModel, cls_of, keep, node_cost, edge_cost) -> dict[tup
     return {keys[i]: w for i, w in hyper.items()}
 
 
+def _reader_key(cm: CostModel, cls_of, gc: int, nid: int, k: int) -> tuple:
+    """What :func:`_shared_terms`' key reads of a reader: its class, its group's table
+    class, the node (or input) and operand there, its deferral and its runs."""
+    ids = cm.table_ids(gc)
+    if nid == -1:
+        vin = cm.graph.inputs[k]
+        where = (-1, vin if ids is None else ids[1].get(vin, -1))
+    else:
+        where = (nid if ids is None else ids[0][nid], k)
+    return (cls_of[gc], cm.table_rep[gc], where, nid in cm.tail, nid < 0, cm.runs(nid))
+
+
 def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: list) -> list:
     """:func:`_shared_terms` of one value: ``("pair", a, b, S, D, w)`` and ``("z", readings,
     w)`` terms."""
     out: list = []
     src_pos = _positions(srcs)
     dst_pos = [(b, nid, _positions(d)) for (b, _, d), nid in zip(dsts, nids)]
+    # reading_time of every (source, target) pair, reader by reader (0: no change)
+    sources = list(src_pos)
+    times = [cm.reading_matrix(v, nid, sources, list(pos)).tolist() for _, nid, pos in dst_pos]
     # One term per source layout: the sum over the producer's candidates of one layout is as
     # strong as the program gets (merging source layouts of equal charge into one term makes
     # fewer variables, but a weaker relaxation: HiGHS took several times longer).
-    for s, S in src_pos.items():
+    for i, (s, S) in enumerate(src_pos.items()):
         if s is None:
             continue
         need: dict = defaultdict(list)  # target layout -> [(reader's class, positions, s)]
-        for b, nid, pos in dst_pos:
-            for d, D in pos.items():
-                if d is not None and d != s:
-                    w = cm.reading_time(v, s, d, nid)
-                    if w > 0:
-                        need[d].append((b, D, w))
+        for (b, _nid, pos), rows in zip(dst_pos, times):
+            for w, (d, D) in zip(rows[i], pos.items()):
+                if w > 0:
+                    need[d].append((b, D, w))
         for entries in need.values():
             levels = sorted({w for *_, w in entries}, reverse=True)
             for j, wj in enumerate(levels):

@@ -254,13 +254,14 @@ class _Scaler:
         # kept with ``g`` per micro trace, so every count scaled from one trace checks each node
         # once. ``nbytes``: each value's bytes in g and in m; ``checks``: node id -> whether the
         # tracer's FLOPs formula reproduces both traced FLOPs, and the literals' bytes (None
-        # where the two traces disagree on them).
+        # where the two traces disagree on them); ``kept``: the nodes ``run`` keeps as they are
+        # in g (nothing of them differs between the traces: so at every M).
         key = ("scaler checks", id(m), k)
         hit = g.memo.get(key)
         if hit is None or hit[0] is not m:
             hit = g.memo[key] = (m, [v.nbytes for v in g.values], [v.nbytes for v in m.values],
-                                 {}, {})
-        _, self.g_nbytes, self.m_nbytes, self.flops_ok, self.rest = hit
+                                 {}, {}, set())
+        _, self.g_nbytes, self.m_nbytes, self.flops_ok, self.rest, self.kept = hit
 
     def size(self, full, micro):
         if full == micro:
@@ -315,7 +316,11 @@ class _Scaler:
         self.nbytes = [nb if v is gv else v.nbytes
                        for v, gv, nb in zip(values, g.values, self.g_nbytes)]
         nodes = []
+        kept = self.kept
         for a, c in zip(g.nodes, m.nodes):
+            if a.id in kept:
+                nodes.append(a)
+                continue
             if a.primitive is not c.primitive or a.inputs != c.inputs or a.outputs != c.outputs \
                     or a.layer != c.layer or a.backward != c.backward:
                 raise _NotScalable
@@ -328,12 +333,14 @@ class _Scaler:
                                                 for x, y in zip(a.subgraphs, c.subgraphs)):
                     raise _NotScalable
                 nodes.append(a)
+                kept.add(a.id)
                 continue
             if a.params.keys() != c.params.keys():
                 raise _NotScalable
             params = {key: self.param(val, c.params[key]) for key, val in a.params.items()}
             if all(params[key] is a.params[key] for key in params) and not changed:
                 nodes.append(a)
+                kept.add(a.id)
                 continue
             flops = self._flops(flops_of, a, c, values, params)
             nbytes = self._bytes(a, c, values)

@@ -1,7 +1,8 @@
 """The shortcuts that make planning faster compute what the plain computations compute, to the
 last bit (issue 14, item 1): descent that skips groups nothing changed around, every candidate's
 shared-change times at once, edge matrices and class times read off tables once, the network's
-candidate scores a block of groups at a time, a stage's nodes in one walk."""
+candidate scores a block of groups at a time, a stage's nodes in one walk, reading times of
+an item's layouts as one memoized matrix (edge matrices and the ILP's shared changes)."""
 
 import random
 
@@ -142,3 +143,156 @@ def test_stage_nodes_are_each_stage_and_phases_nodes():
         for k in range(stages):
             for phase in ("F", "B", "U"):
                 assert by.get((k, phase), ()) == part.nodes(stage_of_unit, k, phase)
+
+
+def _plain_edge_matrix(cm, gp, gc, cps, ccs, shared):
+    """CostModel.edge_matrix as it was: every item's (source, target) pair priced with
+    reading_time one by one, items added in order."""
+    m = np.zeros((len(cps), len(ccs)))
+    items = (cm._edges if shared else cm._pair_edges).get((gp, gc), ())
+    for v, nid, k in items:
+        t = np.zeros((len(cps), len(ccs)))
+        for i, cp in enumerate(cps):
+            s = cm.spec(gp, cp, v)
+            for j, cc in enumerate(ccs):
+                d = cm.required(gc, cc, nid, k)
+                if s is not None and d is not None and s != d:
+                    t[i, j] = cm.reading_time(v, s, d, nid)
+        m += t
+    return m
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_reading_matrices_are_the_pairs_reading_times(topology):
+    """The memoized reading matrices (what edge matrices and the ILP's shared changes read)
+    hold each pair's reading time, bit for bit, in a program view too, and the edge matrices
+    built on them are the pair-by-pair sums."""
+    cm = _model(topology)
+    view = cm.by_programs([n.backward for n in cm.graph.nodes], {False: 3, True: 2})
+    rng = random.Random(3)
+    for model in (cm, view):
+        for (gp, gc), items in list(model.edge_items())[::4]:
+            cps = rng.sample(range(len(model.groups[gp].candidates)),
+                             min(5, len(model.groups[gp].candidates)))
+            ccs = rng.sample(range(len(model.groups[gc].candidates)),
+                             min(5, len(model.groups[gc].candidates)))
+            for v, nid, k in items:
+                us = list(dict.fromkeys(model.spec(gp, c, v) for c in cps))
+                ud = list(dict.fromkeys(model.required(gc, c, nid, k) for c in ccs))
+                t = model.reading_matrix(v, nid, us, ud)
+                assert model.reading_matrix(v, nid, us, ud) is t  # memoized
+                for i, s in enumerate(us):
+                    for j, d in enumerate(ud):
+                        want = 0.0 if s is None or d is None or s == d else \
+                            model.reading_time(v, s, d, nid)
+                        assert t[i, j] == want
+            for shared in (True, False):
+                got = model.edge_matrix(gp, gc, cps, ccs, shared=shared)
+                assert got.tolist() == _plain_edge_matrix(model, gp, gc, cps, ccs,
+                                                          shared).tolist()
+
+
+def _plain_value_terms(cm, v, a, srcs, dsts, nids):
+    """strategies.ilp._value_terms as it was: reading_time per (source, reader, target)."""
+    from collections import defaultdict
+
+    from hulkjax.strategies.ilp import _positions
+
+    out = []
+    src_pos = _positions(srcs)
+    dst_pos = [(b, nid, _positions(d)) for (b, _, d), nid in zip(dsts, nids)]
+    for s, S in src_pos.items():
+        if s is None:
+            continue
+        need = defaultdict(list)
+        for b, nid, pos in dst_pos:
+            for d, D in pos.items():
+                if d is not None and d != s:
+                    w = cm.reading_time(v, s, d, nid)
+                    if w > 0:
+                        need[d].append((b, D, w))
+        for entries in need.values():
+            levels = sorted({w for *_, w in entries}, reverse=True)
+            for j, wj in enumerate(levels):
+                below = levels[j + 1] if j + 1 < len(levels) else 0.0
+                by_class = defaultdict(set)
+                for b, D, w in entries:
+                    if w >= wj:
+                        by_class[b].update(D)
+                if a in by_class:
+                    by_class[a] &= set(S)
+                    if not by_class[a]:
+                        del by_class[a]
+                if len(by_class) == 1:
+                    (b, D), = by_class.items()
+                    out.append(("pair", a, b, tuple(S), tuple(sorted(D)), wj - below))
+                elif by_class:
+                    readings = tuple(sorted(
+                        ("x", a, tuple(sorted(D))) if b == a else
+                        ("y", a, b, tuple(S), tuple(sorted(D)))
+                        for b, D in by_class.items()))
+                    out.append(("z", readings, wj - below))
+    return out
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+@pytest.mark.parametrize("tie_layers", [True, False])
+def test_ilp_programs_from_reading_matrices_are_the_plain_ones(monkeypatch, topology,
+                                                               tie_layers):
+    """The integer program built with the memoized reading matrices (edge matrices and shared
+    changes), one edge matrix per edge class and shared values' terms looked up by table class
+    is the program built pair by pair, edge by edge, value by value: the same variables, costs
+    and rows, bit for bit, for a plain cost model and a program view."""
+    from hulkjax.strategies import ilp
+
+    def program(model):
+        seeds = list(baseline_assignments(model.graph, model.topology).values())
+        p = ilp._Program(model, seeds, tie_layers=tie_layers, restrict=None,
+                         max_candidates=256)
+        return (p.n, p.n_x, p.n_rows, p.cost.tolist(), p.matrix.data.tolist(),
+                p.matrix.indices.tolist(), p.matrix.indptr.tolist(),
+                p.row_lo.tolist(), p.row_hi_wo_memory.tolist(), p.trivial_bound)
+
+    def models():
+        cm = _model(topology, "llama")
+        return cm, cm.by_programs([n.backward for n in cm.graph.nodes], {False: 3, True: 2})
+
+    fast = [program(m) for m in models()]
+    monkeypatch.setattr(ilp, "_value_terms", _plain_value_terms)
+    monkeypatch.setattr(CostModel, "edge_matrix",
+                        lambda self, gp, gc, cps=None, ccs=None, *, shared=True:
+                        _plain_edge_matrix(self, gp, gc, list(cps), list(ccs), shared))
+    # (every edge's matrix fetched, none reused for the edges of its class)
+    monkeypatch.setattr(CostModel, "edge_class", lambda self, gp, gc, shared=True: None)
+    # (every shared value's terms keyed by its layouts: no two values share a table-class key)
+    monkeypatch.setattr(CostModel, "table_ids", lambda self, gid: None)
+    assert [program(m) for m in models()] == fast
+
+
+@pytest.mark.parametrize("tie_layers", [True, False])
+def test_shared_change_rows_laid_out_at_once_are_the_row_by_row_ones(tie_layers):
+    """The ILP's shared-change rows, laid out in one go, are the rows made one at a time: for
+    each change, ``t + (the first reading) - (another) >= 0`` per other reading."""
+    import scipy.sparse as sp
+
+    from hulkjax.strategies import ilp
+
+    cm = _model(TOPOLOGIES[1], "llama")
+    seeds = list(baseline_assignments(cm.graph, cm.topology).values())
+    for aggregate in (True, False):
+        p = ilp._Program(cm, seeds, tie_layers=tie_layers, restrict=None, max_candidates=256,
+                         aggregate=aggregate)
+        rows, cols, vals, r = [], [], [], 0
+        for z, readings in p.z_rows:  # as it was built, row by row
+            first = readings[0] if p.excess else np.zeros(0, dtype=np.int64)
+            for c in readings[1:] if p.excess else readings:
+                rows += [np.full(1 + len(first) + len(c), r)]
+                cols += [np.concatenate([[z], first, c])]
+                vals += [np.concatenate([[1.0], np.ones(len(first)), -np.ones(len(c))])]
+                r += 1
+        assert r > 0
+        want = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                            shape=(r, p.n))
+        got = sp.csr_array(p.matrix)[p.n_rows - 1 - r:p.n_rows - 1]
+        assert (got != want).nnz == 0
+        assert np.isinf(p.row_hi_wo_memory[-r:]).all() and (p.row_lo[-1 - r:-1] == 0).all()
