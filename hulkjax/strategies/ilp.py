@@ -810,30 +810,37 @@ def _value_terms(cm: CostModel, v: int, a: int, srcs: tuple, dsts: tuple, nids: 
             for w, (d, D) in zip(rows[i], pos.items()):
                 if w > 0:
                     need[d].append((b, D, w))
-        for entries in need.values():
-            levels = sorted({w for *_, w in entries}, reverse=True)
-            for j, wj in enumerate(levels):
-                below = levels[j + 1] if j + 1 < len(levels) else 0.0
-                # Readers in one class take one candidate: one reading, the union of their
-                # positions. Readers in one class alone are a pairwise term.
-                by_class: dict[int, set] = defaultdict(set)
-                for b, D, w in entries:
-                    if w >= wj:
-                        by_class[b].update(D)
-                if a in by_class:
-                    by_class[a] &= set(S)
-                    if not by_class[a]:
-                        del by_class[a]
-                if len(by_class) == 1:
-                    (b, D), = by_class.items()
-                    out.append(("pair", a, b, tuple(S), tuple(sorted(D)), wj - below))
-                elif by_class:
-                    readings = tuple(sorted(
-                        ("x", a, tuple(sorted(D))) if b == a else
-                        ("y", a, b, tuple(S), tuple(sorted(D)))
-                        for b, D in by_class.items()))
-                    out.append(("z", readings, wj - below))
+        _need_terms(a, S, need, out)
     return out
+
+
+def _need_terms(a: int, S, need: dict, out: list) -> None:
+    """Append the terms of one source layout (positions ``S`` of class ``a``) to ``out``:
+    ``need`` maps each target layout to its readers' ``(class, positions, reading time)``.
+    Each distinct time level is one term over the readers that need at least that much."""
+    for entries in need.values():
+        levels = sorted({w for *_, w in entries}, reverse=True)
+        for j, wj in enumerate(levels):
+            below = levels[j + 1] if j + 1 < len(levels) else 0.0
+            # Readers in one class take one candidate: one reading, the union of their
+            # positions. Readers in one class alone are a pairwise term.
+            by_class: dict[int, set] = defaultdict(set)
+            for b, D, w in entries:
+                if w >= wj:
+                    by_class[b].update(D)
+            if a in by_class:
+                by_class[a] &= set(S)
+                if not by_class[a]:
+                    del by_class[a]
+            if len(by_class) == 1:
+                (b, D), = by_class.items()
+                out.append(("pair", a, b, tuple(S), tuple(sorted(D)), wj - below))
+            elif by_class:
+                readings = tuple(sorted(
+                    ("x", a, tuple(sorted(D))) if b == a else
+                    ("y", a, b, tuple(S), tuple(sorted(D)))
+                    for b, D in by_class.items()))
+                out.append(("z", readings, wj - below))
 
 
 def _add_pairwise(a, b, S, D, w, keep, node_cost, edge_cost) -> None:

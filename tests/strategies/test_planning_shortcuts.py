@@ -196,7 +196,7 @@ def _plain_value_terms(cm, v, a, srcs, dsts, nids):
     """strategies.ilp._value_terms as it was: reading_time per (source, reader, target)."""
     from collections import defaultdict
 
-    from hulkjax.strategies.ilp import _positions
+    from hulkjax.strategies.ilp import _need_terms, _positions
 
     out = []
     src_pos = _positions(srcs)
@@ -211,27 +211,7 @@ def _plain_value_terms(cm, v, a, srcs, dsts, nids):
                     w = cm.reading_time(v, s, d, nid)
                     if w > 0:
                         need[d].append((b, D, w))
-        for entries in need.values():
-            levels = sorted({w for *_, w in entries}, reverse=True)
-            for j, wj in enumerate(levels):
-                below = levels[j + 1] if j + 1 < len(levels) else 0.0
-                by_class = defaultdict(set)
-                for b, D, w in entries:
-                    if w >= wj:
-                        by_class[b].update(D)
-                if a in by_class:
-                    by_class[a] &= set(S)
-                    if not by_class[a]:
-                        del by_class[a]
-                if len(by_class) == 1:
-                    (b, D), = by_class.items()
-                    out.append(("pair", a, b, tuple(S), tuple(sorted(D)), wj - below))
-                elif by_class:
-                    readings = tuple(sorted(
-                        ("x", a, tuple(sorted(D))) if b == a else
-                        ("y", a, b, tuple(S), tuple(sorted(D)))
-                        for b, D in by_class.items()))
-                    out.append(("z", readings, wj - below))
+        _need_terms(a, S, need, out)
     return out
 
 
