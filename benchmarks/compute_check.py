@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -47,6 +48,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 import hulkjax as hj  # noqa: E402
+from hulkjax.cost.dots import weight_gradients  # noqa: E402
 from hulkjax.cost.memory import liveness  # noqa: E402
 from hulkjax.cost.model import CostModel  # noqa: E402
 from hulkjax.launch.calibrate import device_spec, measure  # noqa: E402
@@ -188,6 +190,17 @@ def predicted_classes(cm) -> dict[str, float]:
     return out
 
 
+def cotangents(cm) -> dict:
+    """The step's weight gradients (:func:`hulkjax.cost.dots.weight_gradients`): how many, how
+    many of them the cost model charges as both-transposed, and their cotangents' elements (what
+    XLA:CPU copies into the order each weight gradient's dot wants)."""
+    grads = weight_gradients(cm.graph)
+    return {"weight_gradients": len(grads),
+            "transposed_dots": len(cm.transposed_dots),
+            "cotangent_elements": sum(math.prod(cm.graph.values[v].shape)
+                                      for v in grads.values())}
+
+
 def relayout_share(jitted, state, batch, steps: int = 2) -> dict:
     """Where one step's time goes on XLA:CPU, from ``jax.profiler``'s trace of ``steps`` calls:
     the seconds per step of every compiled operation (the trace's events are the HLO
@@ -307,6 +320,7 @@ def main(argv=None) -> int:
             cost = cm.evaluate(cm.replicated_assignment())
             if args.profile and b == own:
                 profiles[-1]["predicted_classes"] = predicted_classes(cm)
+                profiles[-1].update(cotangents(cm))
                 profiles[-1]["predicted_pages"] = cost.page_time
             # the temporaries the page cost is charged for: the liveness walk's against XLA's
             temps = liveness(cm, cm.replicated_assignment()).temporaries
@@ -407,6 +421,26 @@ def main(argv=None) -> int:
             lines.append(f"| {p['family']} | {p['batch']} | " + " | ".join(
                 f"{p['classes'][c] * 1e3:.1f} / {p['predicted_classes'][c] * 1e3:.1f}"
                 for c in CLASSES) + f" | {p['predicted_pages'] * 1e3:.1f} |")
+        rest = [p for p in profiles if "cotangent_elements" in p]
+        if rest:
+            lines += ["", "What the classes leave: the elementwise and relayout-copy classes' "
+                      "measured time beyond their prediction, against the elements of the "
+                      "cotangents of the step's weight gradients (`dot_general`s without batch "
+                      "dimensions contracting the leading dimensions of a forward operand and a "
+                      "backward one, `hulkjax.cost.dots.weight_gradients`), which XLA:CPU "
+                      "copies into the order each one's dot wants, fused into the operations "
+                      "that make them. Not modelled: the rate of such a fused copy depends on "
+                      "what XLA fuses with it.", "",
+                      "| family | batch | weight gradients (both-transposed) | cotangent "
+                      "elements | elementwise + relayout beyond prediction | per cotangent "
+                      "element |", "|---|---:|---:|---:|---:|---:|"]
+            for p in rest:
+                extra = sum(p["classes"][c] - p["predicted_classes"][c]
+                            for c in ("elementwise", "relayout copy"))
+                lines.append(f"| {p['family']} | {p['batch']} | {p['weight_gradients']} "
+                             f"({p['transposed_dots']}) | {p['cotangent_elements'] / 1e6:.1f} M | "
+                             f"{extra * 1e3:.1f} ms | "
+                             f"{extra / max(p['cotangent_elements'], 1) * 1e9:.2f} ns |")
     if streams:
         lines += ["", "Memory rate by buffer: `y = x * a + b` on a float32 array (one read, one "
                   "write per element), its output in a fresh buffer (as `hulkjax calibrate` "

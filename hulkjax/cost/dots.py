@@ -34,13 +34,12 @@ from jax.extend.core import primitives as P
 from hulkjax.trace.graph import OpGraph
 
 
-def transposed_dots(graph: OpGraph) -> frozenset[int]:
-    """Ids of the ``dot_general`` nodes of ``graph`` (not of its loop bodies) that XLA:CPU runs
-    with both operands transposed: no batch dimensions, both operands contract their leading
-    dimensions, and the operand whose free dimensions lead the result (the right one where a
-    ``transpose`` chain that swaps the result's halves is its only reader) is made by the forward pass
-    (or is an input) while the other is made by the backward pass."""
-    out = []
+def weight_gradients(graph: OpGraph) -> dict[int, int]:
+    """``{node id: its cotangent's value id}`` for the weight gradients of ``graph`` (not of its
+    loop bodies): the ``dot_general`` nodes without batch dimensions that contract the leading
+    dimensions of both operands, one operand made by the backward pass (the cotangent) and the
+    other not (a forward activation, or an input)."""
+    out = {}
     for node in graph.nodes:
         if node.primitive is not P.dot_general_p or None in node.inputs[:2]:
             continue
@@ -48,12 +47,26 @@ def transposed_dots(graph: OpGraph) -> frozenset[int]:
         if lb or rb or tuple(lc) != tuple(range(len(lc))) or tuple(rc) != tuple(range(len(rc))):
             continue
         lhs, rhs = node.inputs[0], node.inputs[1]
-        rows, other = lhs, rhs
+        if _backward(graph, lhs) != _backward(graph, rhs):
+            out[node.id] = lhs if _backward(graph, lhs) else rhs
+    return out
+
+
+def transposed_dots(graph: OpGraph) -> frozenset[int]:
+    """Ids of the weight gradients of ``graph`` (:func:`weight_gradients`) that XLA:CPU runs
+    with both operands transposed: those whose forward operand leads the result (the right
+    operand where a ``transpose`` chain that swaps the result's halves is its only reader)."""
+    out = []
+    for nid, cotangent in weight_gradients(graph).items():
+        node = graph.nodes[nid]
+        (lc, rc), _ = node.params["dimension_numbers"]
+        lhs, rhs = node.inputs[0], node.inputs[1]
+        rows = lhs
         if _swapped(graph, node, len(graph.values[lhs].shape) - len(lc),
                     len(graph.values[rhs].shape) - len(rc)):
-            rows, other = rhs, lhs
-        if not _backward(graph, rows) and _backward(graph, other):
-            out.append(node.id)
+            rows = rhs
+        if rows != cotangent:
+            out.append(nid)
     return frozenset(out)
 
 

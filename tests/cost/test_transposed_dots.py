@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import hulkjax as hj
-from hulkjax.cost.dots import transposed_dots
+from hulkjax.cost.dots import transposed_dots, weight_gradients
 from hulkjax.cost.model import CostModel
 from hulkjax.errors import InvalidTopologyError
 from hulkjax.launch.calibrate import device_spec, transposed_dot_efficiency
@@ -52,6 +52,25 @@ def test_the_rule_finds_the_dots_xla_cpu_lays_out_both_transposed(fn, w, expecte
     assert all(graph.nodes[i].name == "dot_general" for i in found)
     # what XLA:CPU compiles: the same count (the forward dot is never one of them)
     assert _compiled_transposed_dots(fn, w, X) == expected
+
+
+@pytest.mark.parametrize("fn, w", [
+    (dense_grad, jax.ShapeDtypeStruct((96, 160), jnp.float32)),
+    (conv1d_grad, jax.ShapeDtypeStruct((160, 96), jnp.float32)),
+])
+def test_weight_gradients_are_the_dots_of_a_forward_and_a_backward_operand(fn, w):
+    graph = hj.trace(fn, w, X)
+    grads = weight_gradients(graph)
+    # one weight gradient either way (the forward matmul reads an input and a parameter, no
+    # backward value), its cotangent the backward operand: batch x sequence x out
+    (nid, cot), = grads.items()
+    assert graph.nodes[nid].name == "dot_general"
+    assert graph.nodes[graph.values[cot].producer].backward
+    assert graph.values[cot].shape == (8, 64, 160)
+    other = [v for v in graph.nodes[nid].inputs[:2] if v != cot]
+    assert other == [graph.inputs[1]]  # the activation: here the input x itself
+    # the both-transposed ones are among them
+    assert transposed_dots(graph) <= frozenset(grads)
 
 
 def _dense_model(efficiency: float):
