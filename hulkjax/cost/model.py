@@ -322,7 +322,7 @@ class CostModel:
         self._sig_index: dict[tuple, int] = {}
         self._comm_cache: dict[Comm, float] = {}
         self._edge_cache: dict[tuple[int, int, int, int], float] = {}
-        self._edge_classes: dict[tuple[int, int], int | None] = {}  # edge -> _edge_class
+        self._edge_classes: dict[tuple[int, int], int | None] = {}  # edge -> edge_class
         self._edge_class_ids: dict[tuple, int] = {}
         self._edge_class_time: dict[tuple[int, int, int], float] = {}
         self._deferred: dict[tuple[Comm, ...], tuple[Comm, ...]] = {}
@@ -699,11 +699,15 @@ class CostModel:
             return tuple(comms)
         return tuple(replace(c, bytes=int(c.bytes * f)) for c in comms)
 
+    def _deferred_at(self, nid: int) -> bool:
+        """Whether layout changes read by node ``nid`` are deferred: it is a tail node, or
+        ``-1`` (a state result going back to its input's layout, at the step's end), except in
+        a loop body, where a carry goes back for the next iteration and is never deferred."""
+        return not ((nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body))
+
     def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
-        """``comms`` marked deferred when their result feeds a tail node (``-1``: a state result
-        going back to its input's layout, at the step's end; in a loop body, a carry going back
-        for the next iteration, never deferred)."""
-        if (nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body):
+        """``comms`` marked deferred where :meth:`_deferred_at` says so."""
+        if not self._deferred_at(nid):
             return tuple(comms)
         return tuple(c if c.deferred else replace(c, deferred=True) for c in comms)
 
@@ -711,7 +715,7 @@ class CostModel:
         """:meth:`_defer`, memoized: equal comms give the same objects. Only for layout changes
         on edges: an operator's own collectives must stay distinct objects (the liveness walk
         tells their reductions apart by identity)."""
-        if (nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body):
+        if not self._deferred_at(nid):
             return tuple(comms)
         if not comms:
             return ()
@@ -1466,7 +1470,7 @@ class CostModel:
             # An edge between repeated layers costs what the first layers' edge costs (its
             # entries read the table classes' specs, the values' shapes and dtypes and the
             # deferral of their nodes: all equal, see _edge_key): computed once per class.
-            cls = self._edge_class(gp, gc, shared)
+            cls = self.edge_class(gp, gc, shared)
             ckey = None if cls is None else (cls, cp, cc)
             t = None if ckey is None else self._edge_class_time.get(ckey)
             if t is None:
@@ -1538,17 +1542,14 @@ class CostModel:
             else:
                 dst = (nid if dst_ids is None else dst_ids[0].get(nid, (gc, nid)), k)
             val = g.values[v]
-            deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and g.loop_body))
-            out.append((src, dst, val.shape, val.dtype, deferred, nid < 0, self.runs(nid)))
+            out.append((src, dst, val.shape, val.dtype, self._deferred_at(nid), nid < 0,
+                        self.runs(nid)))
         return tuple(out)
 
     def edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
-        """A small id equal for edges whose :meth:`edge_matrix` (of equal candidate lists) is
-        the same matrix: repeated layers' edges (``None``: an edge of its own)."""
-        return self._edge_class(gp, gc, shared)
-
-    def _edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
-        """A small id equal for edges with equal :meth:`_edge_key` (``None``: no key)."""
+        """A small id equal for edges with equal :meth:`_edge_key`, whose :meth:`edge_matrix`
+        (of equal candidate lists) is then the same matrix: repeated layers' edges (``None``:
+        an edge of its own)."""
         hit = self._edge_classes.get((gp, gc, shared), -1)
         if hit == -1:
             items = self._edge_list(gp, gc, shared)
@@ -1570,7 +1571,7 @@ class CostModel:
         # An edge between repeated layers is the same matrix as the first layers' edge: cached
         # under the table classes' ids (what every entry reads: :meth:`spec`, :meth:`required`,
         # :meth:`move_time`).
-        key = self._edge_class(gp, gc, shared)
+        key = self.edge_class(gp, gc, shared)
         if key is not None:
             key = (key, tuple(cps), tuple(ccs))
             hit = self._matrix_cache.get(key)
@@ -1606,10 +1607,8 @@ class CostModel:
         those entries read (:meth:`move_time`'s key and the reader's :meth:`runs`): the edges of
         repeated layers and of the many values of one shape ask for the same few matrices."""
         v = self.graph.values[vid]
-        deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
-                                                                 self.graph.loop_body))
         runs = None if self.program_runs is None else self.runs(nid)
-        key = (v.shape, v.dtype, deferred, nid < 0, runs, tuple(us), tuple(ud))
+        key = (v.shape, v.dtype, self._deferred_at(nid), nid < 0, runs, tuple(us), tuple(ud))
         t = self._reading_matrices.get(key)
         if t is None:
             t = np.zeros((len(us), len(ud)))
@@ -1643,9 +1642,7 @@ class CostModel:
         """Seconds of bringing value ``vid`` from ``src`` to ``dst`` for node ``nid`` (the sum of
         :meth:`comm_time` over its deferred-as-due :meth:`reshard`), memoized by shape."""
         v = self.graph.values[vid]
-        deferred = not ((nid != -1 and nid not in self.tail) or (nid == -1 and
-                                                                 self.graph.loop_body))
-        key = (v.shape, v.dtype, src, dst, deferred, nid < 0)
+        key = (v.shape, v.dtype, src, dst, self._deferred_at(nid), nid < 0)
         t = self._move_time.get(key)
         if t is None:
             t = self._move_time[key] = sum(self.comm_time(cm) for cm in self._defer_shared(

@@ -98,14 +98,9 @@ class Partition:
                     "dimension, or a batch of 1)"]
         return list(self.split.problems)
 
-    def nodes(self, stage_of_unit, stage: int, phase: str) -> tuple[int, ...]:
-        """Node ids of one stage and phase, in program order."""
-        return tuple(n.id for n in self.graph.nodes
-                     if self.phase[n.id] == phase and stage_of_unit[self.unit[n.id]] == stage)
-
     def stage_nodes(self, stage_of_unit) -> dict[tuple[int, str], tuple[int, ...]]:
-        """``{(stage, phase): node ids}`` of every stage and phase that has nodes (each as
-        :meth:`nodes` gives it), in one walk of the graph."""
+        """``{(stage, phase): node ids}`` of every stage and phase that has nodes, each in
+        program order, from one walk of the graph."""
         out: dict[tuple[int, str], list[int]] = {}
         for n in self.graph.nodes:
             out.setdefault((stage_of_unit[self.unit[n.id]], self.phase[n.id]), []).append(n.id)

@@ -120,8 +120,8 @@ def test_edge_times_shared_by_repeated_layers_are_each_edges_own():
     fresh = _gpt2_cost_models()
     cm = fresh()
     edges = [e for e, _ in cm.edge_items()]
-    shared = [e for e in edges if cm._edge_class(*e) is not None]
-    classes = {cm._edge_class(*e) for e in shared}
+    shared = [e for e in edges if cm.edge_class(*e) is not None]
+    classes = {cm.edge_class(*e) for e in shared}
     assert len(classes) < len(shared)  # repeated layers' edges do share
     for a in _assignments(cm, 3):
         for gp, gc in reversed(edges):

@@ -142,7 +142,10 @@ def test_stage_nodes_are_each_stage_and_phases_nodes():
         by = part.stage_nodes(stage_of_unit)
         for k in range(stages):
             for phase in ("F", "B", "U"):
-                assert by.get((k, phase), ()) == part.nodes(stage_of_unit, k, phase)
+                # one stage and phase's nodes in program order, a walk of its own
+                plain = tuple(n.id for n in part.graph.nodes if part.phase[n.id] == phase
+                              and stage_of_unit[part.unit[n.id]] == k)
+                assert by.get((k, phase), ()) == plain
 
 
 def _plain_edge_matrix(cm, gp, gc, cps, ccs, shared):
