@@ -46,7 +46,16 @@ ROOT = os.path.dirname(HERE)
 OUT_JSON = os.path.join(HERE, "results", "planning.json")
 OUT_MD = os.path.join(HERE, "PLANNING.md")
 
-# case key -> (zoo name, zoo overrides, preset, preset arguments, run ilp by default)
+# Third-party shapes (families' dimensions; the LLaMA family has twice ``heads`` query heads and a
+# quarter of those as key/value heads): GPT-2 small (its 50,257-token vocabulary), and LLaMA 3 8B
+# (32 layers, width 4096, 32 query and 8 key/value heads, feed-forward 14,336, 128,256 tokens).
+HF_GPT2_SMALL = dict(layers=12, width=768, heads=12, ff=3072, vocab=50257, seq=1024, batch=16,
+                     image=224, patch=16)
+HF_LLAMA_8B = dict(layers=32, width=4096, heads=16, ff=14336, vocab=128256, seq=2048, batch=64,
+                   image=224, patch=16)
+
+# case key -> (zoo name or "family:NAME", zoo overrides or family dimensions, preset, preset
+# arguments, run ilp by default)
 CASES: dict[str, tuple[str, dict, str, dict, bool]] = {
     "gpt2-small@dgx-h100x2": ("gpt2", {"size": "small", "batch": 16, "seq_len": 1024},
                               "dgx-h100", {"nodes": 2}, True),
@@ -66,11 +75,26 @@ CASES: dict[str, tuple[str, dict, str, dict, bool]] = {
                                     "remat": True},
                            "geo", {"regions": 4, "gpus_per_region": 16, "nodes_per_region": 2},
                            False),
+    # The memory target's largest three-level mesh: the same GPT on 256 V100 in 4 regions x 8
+    # nodes x 8 GPUs, batch 256.
+    "gpt-1.3b@geo-4x8x8": ("gpt2", {"size": "1b", "batch": 256, "dtype": "bfloat16",
+                                    "remat": True},
+                           "geo", {"regions": 4, "gpus_per_region": 64, "nodes_per_region": 8},
+                           False),
+    # Third-party model code (issue 14's speed claims, checked on models we did not write):
+    # transformers' Flax modules (tests/realmodels/families.py) at the zoo cases' shapes, abstract
+    # (jax.eval_shape of their random initialization: nothing is downloaded or allocated), as the
+    # library writes them: no rematerialization (its Flax LLaMA has none).
+    "hf-gpt2-small@dgx-h100x2": ("family:gpt2", HF_GPT2_SMALL, "dgx-h100", {"nodes": 2}, True),
+    # LLaMA in bfloat16 (the module's dtype option; the issue's LLaMA-8B class computes in it).
+    "hf-llama-8b@dgx-h100x8": ("family:llama+bf16", HF_LLAMA_8B, "dgx-h100", {"nodes": 8},
+                               False),
 }
 DEFAULT_CASES = tuple(CASES)
 # Issue 14's targets: trace + auto seconds per case (on 2 cores), and the planner's peak memory.
 TIME_TARGETS = {"gpt2-small@dgx-h100x2": 2.0, "llama3-8b@dgx-h100x8": 10.0,
-                "llama3-70b@dgx-h100x32": 30.0}
+                "llama3-70b@dgx-h100x32": 30.0, "hf-gpt2-small@dgx-h100x2": 2.0,
+                "hf-llama-8b@dgx-h100x8": 10.0}
 RSS_TARGET_MB = 4096
 
 # Phases of a plan: (label, file suffix, function name). Inclusive time of the function.
@@ -171,7 +195,12 @@ def worker(case: str, strategy: str, profile: bool) -> dict:
     from hulkjax import zoo
 
     name, overrides, preset, preset_kw, _ = CASES[case]
-    m = zoo.get(name, **overrides)
+    if name.startswith("family:"):
+        from stages import ThirdParty  # the staged benchmark's abstract third-party models
+
+        m = ThirdParty(name[len("family:"):], overrides)
+    else:
+        m = zoo.get(name, **overrides)
     topo = hj.Topology.preset(preset, **preset_kw)
     args = m.abstract()
     times, cpu_times = [], []
@@ -282,6 +311,12 @@ def report(doc: dict) -> str:
              "and `auto` at least 10x faster than `ilp` there; under 10 s for LLaMA-8B-class on "
              "64 H100 and under 30 s for LLaMA-70B-class on 256 H100; the planner process under "
              "4 GB, three-level meshes (region x node x GPU) included.", "",
+             "`hf-*` cases are third-party model code (the claims checked on models we did not "
+             "write): transformers' Flax GPT-2 and LLaMA (`tests/realmodels/families.py`) at the "
+             "zoo cases' shapes, abstract, without rematerialization (the library's Flax LLaMA "
+             "has none), LLaMA computed and stored in bfloat16 (the module's `dtype` option). "
+             "`gpt-1.3b@geo-4x8x8` is the memory target's largest three-level mesh: 4 regions x "
+             "8 nodes x 8 GPUs.", "",
              "Alpa's GPT suite (350M on 1 V100 to 39B on 64, planning time and predicted step "
              "next to Alpa's published numbers): [ALPA.md](ALPA.md), from "
              "`python benchmarks/alpa.py`.", "",

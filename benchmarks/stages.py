@@ -182,7 +182,9 @@ def run(keys, quick: bool) -> dict:
 class ThirdParty:
     """A family of ``tests/realmodels/families.py`` at dimensions ``dims``, abstract: the
     family's parameters, optimizer state and batch as shapes (``jax.eval_shape`` of its
-    random initialization), with the zoo models' ``step`` / ``abstract`` / ``param_count``."""
+    random initialization), with the zoo models' ``step`` / ``abstract`` / ``param_count``.
+    ``family`` may end in ``+count`` (BERT: the masked-token count passed in the batch) or
+    ``+bf16`` (computed and stored in bfloat16, where the family has the option)."""
 
     def __init__(self, family: str, dims: dict):
         sys.path.insert(0, os.path.dirname(HERE))  # the families live in tests/realmodels
@@ -192,9 +194,10 @@ class ThirdParty:
         size = f"bench-{family}"
         families._DIMS[size] = dict(dims)
         made = {}
+        dtype = jax.numpy.bfloat16 if extra == "bf16" else None
 
         def build():
-            step, state, batch = families.build(family, size)
+            step, state, batch = families.build(family, size, dtype=dtype)
             made["step"] = step
             return state, batch
 

@@ -24,3 +24,40 @@ def test_benchmark_script_imports(path):
         spec.loader.exec_module(module)
     finally:
         del sys.modules[name]
+
+
+def _script(stem: str):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # (planning's worker imports its sibling, stages)
+    spec = importlib.util.spec_from_file_location(f"_benchmark_{stem}", BENCHMARKS / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_planning_third_party_cases_are_abstract_library_models():
+    """``benchmarks/planning.py``'s third-party cases name families that exist, and a family
+    built as they build it is abstract (nothing allocated) and in the dtype asked for: LLaMA's
+    ``+bf16`` computes and stores in bfloat16, where the library default is float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from tests.realmodels import families
+
+    planning = _script("planning")
+    third = {k: c for k, c in planning.CASES.items() if c[0].startswith("family:")}
+    assert third, "planning.py has third-party cases"
+    for name, dims, *_ in third.values():
+        assert name[len("family:"):].partition("+")[0] in families.FAMILIES
+        assert dims["batch"] % 16 == 0 and dims["layers"] >= 12  # the zoo cases' shapes
+
+    tiny = dict(families._DIMS["tiny"])
+    third_party = _script("stages").ThirdParty  # what planning's worker builds them with
+    for spec, dtype in (("llama+bf16", jnp.bfloat16), ("llama", jnp.float32)):
+        m = third_party(spec, tiny)
+        leaves = jax.tree.leaves(m.state["params"])
+        assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+        assert {x.dtype for x in leaves} == {jnp.dtype(dtype)}
+    with pytest.raises(ValueError, match="no dtype option"):
+        families.build("gpt2", "tiny", dtype=jnp.bfloat16)

@@ -58,6 +58,7 @@ Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (a
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import types
@@ -373,7 +374,9 @@ def _rope_positions(d: dict, head_dim: int) -> int:
     return max(d["seq"], 2 * head_dim)
 
 
-def _llama(size: str):
+def _llama(size: str, dtype=None):
+    """``dtype``: compute and parameters in that dtype (the module's ``dtype`` and the cast
+    parameters, as the ``gemma-bf16`` family runs); default float32, as the library writes it."""
     _quiet_transformers()
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_flax_llama import FlaxLlamaForCausalLMModule
@@ -386,7 +389,9 @@ def _llama(size: str):
                       max_position_embeddings=_rope_positions(d, d["width"] // heads),
                       tie_word_embeddings=False,
                       attention_dropout=0.0)
-    return _causal_lm(FlaxLlamaForCausalLMModule(cfg), d)
+    if dtype is None:
+        return _causal_lm(FlaxLlamaForCausalLMModule(cfg), d)
+    return _causal_lm(FlaxLlamaForCausalLMModule(cfg, dtype=dtype), d, dtype=dtype)
 
 
 def _gemma_bf16(size: str):
@@ -492,11 +497,13 @@ def available(name: str) -> bool:
     return importlib.util.find_spec(FAMILIES[name].requires) is not None
 
 
-def build(name: str, size: str = "tiny") -> tuple[Step, dict, dict]:
-    """``(step, state, batch)`` of family ``name`` at ``size`` (one of ``SIZES``).
+def build(name: str, size: str = "tiny", *, dtype=None) -> tuple[Step, dict, dict]:
+    """``(step, state, batch)`` of family ``name`` at ``size`` (one of ``SIZES``); ``dtype``
+    (``llama`` only): compute and parameters in that dtype instead of float32.
 
     Raises:
       KeyError: an unknown family (the message lists them).
+      ValueError: ``dtype`` for a family that has no such option.
       FamilyUnavailableError: the family's library is not installed.
     """
     if name not in FAMILIES:
@@ -506,4 +513,9 @@ def build(name: str, size: str = "tiny") -> tuple[Step, dict, dict]:
         raise FamilyUnavailableError(
             f"family {name!r} needs {family.library} ({family.requires!r} is not importable). "
             f"Install it: {family.install}")
-    return family.make(size)
+    if dtype is None:
+        return family.make(size)
+    if "dtype" not in inspect.signature(family.make).parameters:
+        raise ValueError(f"family {name!r} has no dtype option (it runs as its library writes "
+                         f"it); llama has one")
+    return family.make(size, dtype=dtype)
