@@ -25,6 +25,12 @@ family              model (library)                                        what 
 ``mixtral``         ``MixtralCausalLM`` (keras-hub, Keras 3 on JAX)        mixture of experts:
                                                                            router, top_k,
                                                                            batched expert bank
+``unet``            ``FlaxUNet2DConditionModel`` (diffusers 0.31)          convolutions (NCHW),
+                                                                           GroupNorm, up/down
+                                                                           sampling, skips
+                                                                           across resolutions,
+                                                                           cross-attention,
+                                                                           timestep embedding
 ==================  =====================================================  =====================
 
 >>> from tests.realmodels import families
@@ -48,8 +54,8 @@ Dropout is off (``deterministic=True``, rates 0). Sizes:
 * ``"large"`` (held out too, matmul-bound): 8 layers, width 2048, 16 heads, feed-forward 8192,
   sequence 2048, batch 4 (a 1B-class LLaMA at 8 layers).
 
-Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models) and keras-hub 0.32 with
-Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow,
+Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models), diffusers 0.31 (its
+Flax models, deprecated in later releases) and keras-hub 0.32 with Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow,
 1.9 GB), which the Mixtral backbone does not use: CI installs keras-hub with ``--no-deps`` (see
 ``.ci/run``); without keras-hub, :func:`build` of ``mixtral`` raises
 :class:`FamilyUnavailableError` saying how to install it.
@@ -412,6 +418,46 @@ def _gemma_bf16(size: str):
 
 
 # ------------------------------------------------------------------------------------------------
+# diffusers (Flax)
+# ------------------------------------------------------------------------------------------------
+
+
+def _unet(size: str):
+    """A latent-diffusion UNet's denoising step (Stable Diffusion's architecture, scaled down):
+    ``FlaxUNet2DConditionModel`` predicts the noise added to NCHW latents at random timesteps,
+    cross-attending to a text-like context, trained with the mean squared error. Two resolutions
+    (one cross-attention block down and up, one plain), ``layers`` / 2 resnet layers per block."""
+    from diffusers import FlaxUNet2DConditionModel
+
+    d = _dims(size)
+    latent = d["image"] // 2
+    module = FlaxUNet2DConditionModel(
+        sample_size=latent, in_channels=4, out_channels=4,
+        block_out_channels=(d["width"] // 2, d["width"]),
+        layers_per_block=max(1, d["layers"] // 2), cross_attention_dim=d["width"],
+        attention_head_dim=d["heads"],  # (diffusers' name for the number of heads here)
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    rng = np.random.default_rng(0)
+    b = d["batch"]
+    batch = {
+        "latents": jnp.asarray(rng.standard_normal((b, 4, latent, latent)).astype(np.float32)),
+        "timesteps": jnp.asarray(rng.integers(0, 1000, b, dtype=np.int32)),
+        "context": jnp.asarray(rng.standard_normal((b, d["seq"] // 2, d["width"]))
+                               .astype(np.float32)),
+        "noise": jnp.asarray(rng.standard_normal((b, 4, latent, latent)).astype(np.float32)),
+    }
+
+    def loss_fn(params, x):
+        pred = module.apply({"params": params}, x["latents"], x["timesteps"],
+                            x["context"]).sample
+        return jnp.mean((pred - x["noise"]) ** 2)
+
+    params = _init(module, batch["latents"], batch["timesteps"], batch["context"])
+    return _train_step(loss_fn), _state(params), batch
+
+
+# ------------------------------------------------------------------------------------------------
 # keras-hub (Keras 3 on the JAX backend)
 # ------------------------------------------------------------------------------------------------
 
@@ -466,6 +512,7 @@ _HF = "pip install 'transformers>=4.50,<5'"
 # keras-hub's metadata requires tensorflow-text (TensorFlow, 1.9 GB), which the Mixtral backbone
 # does not use: install it without its dependencies.
 _KERAS_HUB = "pip install 'keras>=3.15,<4' 'tokenizers>=0.22' && pip install --no-deps keras-hub==0.32.0"
+_DIFFUSERS = "pip install 'diffusers==0.31.0'"
 _BF16 = dict(rtol=3e-2, atol=3e-2)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
@@ -484,6 +531,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            tolerance=_BF16),
     Family("mixtral", "keras-hub", "MixtralCausalLM", "mixture of experts (top-2 of 4)",
            "keras_hub", _KERAS_HUB, _mixtral),
+    Family("unet", "diffusers", "FlaxUNet2DConditionModel",
+           "diffusion UNet: convolutions, GroupNorm, skip connections", "diffusers", _DIFFUSERS,
+           _unet),
 ]}
 
 

@@ -45,9 +45,10 @@ EXPECTED_UNSUPPORTED: dict[str, frozenset[str]] = {name: frozenset() for name in
 
 PLANNER_OPTIONS = {"ilp": {"time_limit": 5.0}, "auto": {"time_limit": 5.0}}
 
-# (family, mesh, strategy), three per family (expert on two more): dp and megatron on the 2 x 4 mesh where
-# code trips them most (broadcast masks, fused QKV + split, head reshapes, grouped-query
-# repeats, experts), the rest spread so that every strategy runs on both meshes somewhere.
+# (family, mesh, strategy), three per family (expert on two more): dp and megatron on the 2 x 4
+# mesh where code trips them most (broadcast masks, fused QKV + split, head reshapes,
+# grouped-query repeats, experts, NCHW convolutions), the rest spread so that every strategy runs
+# on both meshes somewhere.
 CI_CASES = [
     ("gpt2", "2x4", "dp"), ("gpt2", "2x4", "megatron"), ("gpt2", "8", "auto"),
     ("bert", "2x4", "fsdp"), ("bert", "2x4", "auto"), ("bert", "8", "megatron"),
@@ -57,6 +58,7 @@ CI_CASES = [
     ("gemma-bf16", "2x4", "megatron"), ("gemma-bf16", "2x4", "auto"), ("gemma-bf16", "8", "fsdp"),
     ("mixtral", "2x4", "dp"), ("mixtral", "2x4", "megatron"), ("mixtral", "8", "replicate"),
     ("llama", "2x4", "expert"), ("bert", "8", "expert"),
+    ("unet", "2x4", "dp"), ("unet", "2x4", "megatron"), ("unet", "8", "auto"),
 ]  # fmt: skip
 
 FULL_GRID = [(f, m, s) for f in families.names() for m in TOPOLOGIES for s in hj.strategies.names()
@@ -118,7 +120,7 @@ def test_ci_cases_cover_every_strategy_on_both_meshes():
 # elements whose gradient is ~0 by up to the learning rate; tests/emit/test_mpmd.py checks
 # microbatching with SGD).
 TWO_NODES = hj.Topology.preset("hetero")
-STAGED_FAMILIES = ("gpt2", "llama", "t5")
+STAGED_FAMILIES = ("gpt2", "llama", "t5", "unet")  # unet: skip connections cross the stages
 
 
 @pytest.mark.parametrize("family", STAGED_FAMILIES)
