@@ -27,12 +27,16 @@ def test_benchmark_script_imports(path):
 
 
 def _script(stem: str):
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))  # (planning's worker imports its sibling, stages)
+    """Benchmark script ``stem`` as a module (imported as the test above imports it; the
+    benchmarks directory is not put on ``sys.path``: its ``coverage.py`` would shadow the
+    package)."""
     spec = importlib.util.spec_from_file_location(f"_benchmark_{stem}", BENCHMARKS / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     return module
 
 

@@ -55,10 +55,11 @@ Dropout is off (``deterministic=True``, rates 0). Sizes:
   sequence 2048, batch 4 (a 1B-class LLaMA at 8 layers).
 
 Library versions: transformers ``>=4.50,<5`` (5.x dropped its Flax models), diffusers 0.31 (its
-Flax models, deprecated in later releases) and keras-hub 0.32 with Keras 3 on the JAX backend. keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow,
-1.9 GB), which the Mixtral backbone does not use: CI installs keras-hub with ``--no-deps`` (see
-``.ci/run``); without keras-hub, :func:`build` of ``mixtral`` raises
-:class:`FamilyUnavailableError` saying how to install it.
+Flax models, deprecated in later releases) and keras-hub 0.32 with Keras 3 on the JAX backend.
+keras-hub's metadata requires ``tensorflow-text`` (and so TensorFlow, 1.9 GB), which the Mixtral
+backbone does not use: CI installs keras-hub with ``--no-deps`` (see ``.ci/run``); without
+keras-hub, :func:`build` of ``mixtral`` raises :class:`FamilyUnavailableError` saying how to
+install it.
 """
 
 from __future__ import annotations
