@@ -13,23 +13,9 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py"))
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
-def test_benchmark_script_imports(path):
-    assert '__name__ == "__main__"' in path.read_text(), f"{path.name} runs on import"
-    name = f"_benchmark_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-
-
 def _script(stem: str):
-    """Benchmark script ``stem`` as a module (imported as the test above imports it; the
-    benchmarks directory is not put on ``sys.path``: its ``coverage.py`` would shadow the
-    package)."""
+    """Benchmark script ``stem`` imported as a module (the benchmarks directory is not put on
+    ``sys.path``: its ``coverage.py`` would shadow the package)."""
     spec = importlib.util.spec_from_file_location(f"_benchmark_{stem}", BENCHMARKS / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -38,6 +24,12 @@ def _script(stem: str):
     finally:
         del sys.modules[spec.name]
     return module
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_benchmark_script_imports(path):
+    assert '__name__ == "__main__"' in path.read_text(), f"{path.name} runs on import"
+    _script(path.stem)
 
 
 def test_planning_third_party_cases_are_abstract_library_models():

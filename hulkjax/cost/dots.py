@@ -47,8 +47,9 @@ def weight_gradients(graph: OpGraph) -> dict[int, int]:
         if lb or rb or tuple(lc) != tuple(range(len(lc))) or tuple(rc) != tuple(range(len(rc))):
             continue
         lhs, rhs = node.inputs[0], node.inputs[1]
-        if _backward(graph, lhs) != _backward(graph, rhs):
-            out[node.id] = lhs if _backward(graph, lhs) else rhs
+        lhs_backward = _backward(graph, lhs)
+        if lhs_backward != _backward(graph, rhs):
+            out[node.id] = lhs if lhs_backward else rhs
     return out
 
 

@@ -703,7 +703,7 @@ class CostModel:
         """Whether layout changes read by node ``nid`` are deferred: it is a tail node, or
         ``-1`` (a state result going back to its input's layout, at the step's end), except in
         a loop body, where a carry goes back for the next iteration and is never deferred."""
-        return not ((nid != -1 and nid not in self.tail) or (nid == -1 and self.graph.loop_body))
+        return nid in self.tail if nid != -1 else not self.graph.loop_body
 
     def _defer(self, comms, nid: int) -> tuple[Comm, ...]:
         """``comms`` marked deferred where :meth:`_deferred_at` says so."""
