@@ -11,13 +11,16 @@ What it builds (root only; everything is torn down in ``finally``, also on error
 
 A transfer from region a to region b is shaped by a's upload and b's download: ``min(Ra, Rb)``.
 ``netem`` is not available on these machines, so **latency is modelled, not emulated**: the veth
-links add microseconds; the topology's WAN latency is the measured round trip / 2 of the shaped
-link (what the processes really see), and wide-area delays of tens of ms are not reproduced.
+links add microseconds, and wide-area delays of tens of ms are not reproduced. The topology's
+latency between regions is the calibrated one: what each call of gloo's all-reduce costs over the
+shaped link beyond its bytes (``hulkjax.launch.calibrate.call_latency``), which holds the round
+trip and gloo's own overhead per call (runs before 2026-11-28 used the round trip / 2 alone).
 
 Then, per run:
 1. ``hulkjax.launch.calibrate`` in the namespaces (one process per region, ``--devices`` fake CPU
    devices each): per-device matmul FLOP/s and memory bandwidth with every device working, and the
-   gloo all-reduce between regions over the shaped links (alpha-beta fit).
+   gloo all-reduce between regions over the shaped links (bandwidth from an alpha-beta fit over
+   sizes, latency from the per-call cost of a combined all-reduce of small operands).
 2. The topology: the ``regional`` preset's hierarchy (one site per region, ``devices`` devices
    each; mesh axes ``("region", "gpu")``) with the calibrated device, the link between sites at
    the calibrated bandwidth (the nominal tbf rate alongside in the results) and inside a site the
@@ -288,10 +291,12 @@ def main(argv=None) -> int:
             link_bw = cal["link"]["bandwidth"]
             nominal_bw = min(rates) * 1e6 / 8
             local = cal.get("local_link", {"bandwidth": 10e9, "latency": 1e-6})
+            link_lat = cal["link"]["latency"]
+
             def sites(bw, name):
                 topo = hj.Topology.preset(
                     "regional", regions=args.regions, gpus_per_node=args.devices, device=spec,
-                    metro=LinkSpec(bandwidth=bw, latency=rtt / 2),
+                    metro=LinkSpec(bandwidth=bw, latency=link_lat),
                     intra_node={spec.kind: LinkSpec(bandwidth=local["bandwidth"],
                                                     latency=local["latency"])})
                 return hj.Topology.from_dict({**topo.to_dict(), "name": name})
@@ -302,7 +307,7 @@ def main(argv=None) -> int:
             # this is the communication the shaping adds, what "measured comm" measures.
             topo_free = sites(link_bw * 1e3, f"wan-{args.regions}x{args.devices}-free-links")
             topo.save(TOPOLOGY)
-            result |= {"rtt": rtt, "tcp_goodput": goodput,
+            result |= {"rtt": rtt, "tcp_goodput": goodput, "wan_latency": link_lat,
                        "calibration": {**{k: cal[k] for k in ("device", "link")},
                                        "receive_overhead": recv},
                        "link_nominal": nominal_bw, "topology": topo.to_dict()}
@@ -564,9 +569,12 @@ def markdown(res: dict) -> str:
         f"{res['steps']} steps per plan "
         f"(median of the steps after the first, slowest process).", "",
         f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "
-        f"the veth round trip ({res['rtt'] * 1e6:.0f} us measured, TCP 1-byte ping-pong), which "
-        f"is the latency the topology uses. TCP goodput region 0 -> 1: "
-        f"{res['tcp_goodput'] / 1e6:.3g} MB/s.", "",
+        f"the veth round trip ({res['rtt'] * 1e6:.0f} us measured, TCP 1-byte ping-pong)"
+        + (f". The topology's latency between regions is the calibrated per-call latency of "
+           f"gloo's all-reduce over them ({res['wan_latency'] * 1e6:.0f} us: the round trip and "
+           f"gloo's own cost per call, which XLA:CPU pays once per operand of a combined "
+           f"all-reduce)" if "wan_latency" in res else ", which is the latency the topology uses")
+        + f". TCP goodput region 0 -> 1: {res['tcp_goodput'] / 1e6:.3g} MB/s.", "",
         f"Calibrated (`hulkjax.launch.calibrate` in the namespaces): "
         f"{cal['device']['peak_flops'] / 1e9:.3g} GFLOP/s and "
         f"{cal['device']['hbm_bandwidth'] / 1e9:.3g} GB/s per device with every device busy"

@@ -63,6 +63,14 @@ with every device of every process running at once, as they do in a launch job):
   collective overhead are in it, which is what the cost model should predict.
 * **link inside a process** (when ``local_devices > 1``): the same all-reduce over the local
   devices of process 0 (memory copies).
+* **latency per call**, of both links: one ``psum`` of :data:`CALL_OPERANDS` arrays of
+  :data:`CALL_BYTES` against one of a single array. XLA combines the first into one all-reduce
+  and XLA:CPU runs it as one communicator call per operand (:mod:`hulkjax.cost.backends`), so
+  each further operand costs one small all-reduce: its time less its bytes' is ``2 (n-1) a``
+  (:func:`call_latency`). This, not the fit's intercept, is the link's latency. On this
+  machine's loopback (two processes of two fake devices) a call between the processes took
+  about 0.4 ms and one between the devices of a process about 4 ms, far above the wire's
+  round trip (tens of microseconds), which the fit's intercept over 0.25-4 MiB could not see.
 
 >>> from hulkjax.launch.calibrate import fit_alpha_beta
 >>> bw, a = fit_alpha_beta([1e6, 2e6], [1e-3 + 2e-4, 2e-3 + 2e-4], participants=2)
@@ -104,6 +112,12 @@ matmuls): long enough that every device's run overlaps the others' (the module d
 
 BUSY_TRAFFIC = 4e9
 """Bytes read and written per device in one timed run of the memory measurement."""
+
+CALL_OPERANDS = 16
+"""Operands of the combined all-reduce whose per-operand cost gives a link's latency."""
+
+CALL_BYTES = 1024
+"""Bytes per device of each of its operands."""
 
 
 def chain_length(work: float, per_run: float) -> int:
@@ -191,6 +205,48 @@ def _allreduce_fn(mesh, axis: str, nbytes: int):
     f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, axis), mesh=mesh,
                               in_specs=PartitionSpec(axis), out_specs=PartitionSpec(axis)))
     return lambda: f(x), elems * 4
+
+
+def _allreduce_calls_fn(mesh, axis: str, operands: int):
+    """A thunk running one jitted ``psum`` of ``operands`` float32 arrays of :data:`CALL_BYTES`
+    per device over ``mesh``'s one axis: one all-reduce in the HLO, which XLA:CPU runs as one
+    communicator call per operand (:mod:`hulkjax.cost.backends`)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    n = mesh.devices.size
+    elems = CALL_BYTES // 4
+    sharding = NamedSharding(mesh, PartitionSpec(axis))
+    xs = [jax.make_array_from_callback((n * elems,), sharding,
+                                       lambda idx: np.ones(elems, np.float32))
+          for _ in range(operands)]
+    f = jax.jit(jax.shard_map(lambda *v: jax.lax.psum(v, axis), mesh=mesh,
+                              in_specs=PartitionSpec(axis), out_specs=PartitionSpec(axis)))
+    return lambda: f(*xs)
+
+
+def _call_times(mesh, axis: str, repeats: int, barrier) -> dict:
+    """Seconds of a combined all-reduce of one and of :data:`CALL_OPERANDS` small operands."""
+    one = _median_time(_allreduce_calls_fn(mesh, axis, 1), repeats, barrier)
+    many = _median_time(_allreduce_calls_fn(mesh, axis, CALL_OPERANDS), repeats, barrier)
+    return {"operands": CALL_OPERANDS, "bytes_per_operand": CALL_BYTES, "seconds_one": one,
+            "seconds_many": many}
+
+
+def call_latency(calls: dict, *, participants: int, bandwidth: float) -> float:
+    """The latency ``a`` (s) of a link from the per-call cost of a combined all-reduce: what each
+    further operand added, ``(t_many - t_one) / (k - 1)``, is one ring all-reduce of one operand,
+    ``2 (n-1)/n B / bw + 2 (n-1) a`` (clipped at 0: noise).
+
+    >>> calls = {"operands": 16, "bytes_per_operand": 0, "seconds_one": 1e-3,
+    ...          "seconds_many": 1e-3 + 15 * 4e-4}
+    >>> round(call_latency(calls, participants=2, bandwidth=1e9) * 1e6, 6)  # 400 us = 2 a
+    200.0
+    """
+    n, k = int(participants), int(calls["operands"])
+    per_call = (calls["seconds_many"] - calls["seconds_one"]) / (k - 1)
+    moving = 2 * (n - 1) / n * calls["bytes_per_operand"] / bandwidth
+    return float(max(per_call - moving, 0.0) / (2 * (n - 1)))
 
 
 def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
@@ -316,12 +372,14 @@ def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
         for nb in link_bytes:
             fn, real = _allreduce_fn(mesh, "proc", int(nb))
             out["link"].append({"bytes": real, "seconds": _median_time(fn, repeats, barrier)})
+        out["link_calls"] = _call_times(mesh, "proc", repeats, barrier)
     out["local_link"] = []
     if k > 1:
         for nb in link_bytes:
             fn, real = _allreduce_fn(local_mesh, "dev", int(nb))
             out["local_link"].append({"bytes": real,
                                       "seconds": _median_time(fn, repeats, barrier)})
+        out["local_link_calls"] = _call_times(local_mesh, "dev", repeats, barrier)
     return out
 
 
@@ -498,26 +556,39 @@ def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
                       transposed_dot_efficiency=transposed_dot_efficiency(mm, tt) if tt else 1.0)
 
 
+def _link(meas: dict, key: str, participants: int) -> tuple[float, float, float]:
+    """Bandwidth, latency and the alpha-beta fit's latency of the link ``meas[key]`` measured.
+
+    The latency is the per-call one (:func:`call_latency`) where it was measured: a fit over
+    large all-reduces leaves it to the intercept of a line through milliseconds, where noise
+    reads 0 or doubles it, while what the cost model charges a latency for is each call, and
+    XLA:CPU makes a call per operand of a combined all-reduce. Older measurements without it
+    keep the fit's."""
+    bw, fit = fit_alpha_beta([x["bytes"] for x in meas[key]], [x["seconds"] for x in meas[key]],
+                             participants=participants)
+    calls = meas.get(f"{key}_calls")
+    lat = call_latency(calls, participants=participants, bandwidth=bw) if calls else fit
+    return bw, lat, fit
+
+
 def _topology_from(meas: dict, *, processes: int, local_devices: int,
                    name: str) -> tuple[Topology, dict]:
     spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
     flops, hbm, overhead = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
     pages, tt = spec.fresh_page_time, spec.transposed_dot_efficiency
-    link_bw, link_lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
-                                       [x["seconds"] for x in meas["link"]],
-                                       participants=processes)
+    link_bw, link_lat, link_fit = _link(meas, "link", processes)
     record = {"format": CALIBRATION_FORMAT, "measurements": meas,
               "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory,
                          "kernel_overhead": overhead, "fresh_page_time": pages,
                          "transposed_dot_efficiency": tt},
-              "link": {"bandwidth": link_bw, "latency": link_lat,
+              "link": {"bandwidth": link_bw, "latency": link_lat, "latency_fit": link_fit,
                        "method": "gloo all-reduce between processes (jax.distributed on "
-                                 "loopback or the given namespaces), alpha-beta fit"}}
+                                 "loopback or the given namespaces): bandwidth from an "
+                                 "alpha-beta fit over sizes, latency from the cost of each "
+                                 "further operand of a combined all-reduce"}}
     if local_devices > 1:
-        loc_bw, loc_lat = fit_alpha_beta([x["bytes"] for x in meas["local_link"]],
-                                         [x["seconds"] for x in meas["local_link"]],
-                                         participants=local_devices)
-        record["local_link"] = {"bandwidth": loc_bw, "latency": loc_lat,
+        loc_bw, loc_lat, loc_fit = _link(meas, "local_link", local_devices)
+        record["local_link"] = {"bandwidth": loc_bw, "latency": loc_lat, "latency_fit": loc_fit,
                                 "method": "XLA:CPU all-reduce between one process's devices"}
         topo = Topology.grid((processes, local_devices), ("proc", "dev"),
                              bandwidth=(link_bw, loc_bw), latency=(link_lat, loc_lat),

@@ -69,10 +69,11 @@ def test_row_parallel_matmul_pays_one_all_reduce_of_its_result():
     assert plan.cost.comm_time == pytest.approx(2 * 7 / 8 * 16 * 64 * 4 / 1e10 + 2 * 7 * 1e-6)
 
 
-@pytest.mark.parametrize("device,share", [("cpu", 0.0), ("H100", 16 * 64 * 4 / (30 << 20))])
+@pytest.mark.parametrize("device,share", [("cpu", 1.0), ("H100", 16 * 64 * 4 / (30 << 20))])
 def test_a_deferred_all_reduce_pays_its_share_of_a_combined_one(device, share):
     # The result is the step's: nothing waits for the all-reduce, so XLA combines it with the
-    # others (CPU: all of them, no latency left to charge; GPU: up to 30 MiB each).
+    # others (GPU: up to 30 MiB each, one NCCL call each, whose latency they share; CPU: all of
+    # them, but one gloo call per operand, so each still pays its whole latency).
     topo = hj.Topology.grid((8,), ("m",), bandwidth=1e10, latency=1e-6, device=device)
     f = lambda w1, w2, x: (w1, w2, (x @ w1) @ w2)  # noqa: E731
     w1, w2, x = jnp.ones((64, 256)), jnp.ones((256, 64)), jnp.ones((16, 64))
@@ -117,11 +118,6 @@ def test_a_slow_axis_costs_more_than_a_fast_one_for_the_same_collective():
     c_slow = hj.plan(m.step, state, batch, topology=slow, strategy="dp").cost
     c_fast = hj.plan(m.step, state, batch, topology=fast, strategy="dp").cost
     assert c_slow.comm_bytes == c_fast.comm_bytes
-    for cost, bw in ((c_slow, 1e9), (c_fast, 1e11)):
-        # One gradient all-reduce per parameter, combined into one by XLA:CPU: no latency left.
-        (ar,) = cost.collectives
-        assert ar.kind == "all-reduce" and ar.count == 1
-        assert cost.comm_time == pytest.approx(2 * 7 / 8 * ar.bytes / bw)
     gpu = hj.Topology.grid((8,), ("d",), bandwidth=1e9, latency=1e-5, device="H100")
     c_gpu = hj.plan(m.step, state, batch, topology=gpu, strategy="dp").cost
     grads = [math.prod(t.shape) * 4 for t in hj.plan(m.step, state, batch, topology=gpu,
@@ -129,6 +125,13 @@ def test_a_slow_axis_costs_more_than_a_fast_one_for_the_same_collective():
              if t.role == "parameter"]
     assert len(grads) == 2 * m.config.depth + 2
     reduced = grads + [4]  # and the loss's partial sums (a float32 scalar)
+    for cost, bw, lat in ((c_slow, 1e9, 1e-5), (c_fast, 1e11, 1e-6)):
+        # One gradient all-reduce per parameter, combined into one by XLA:CPU, which calls gloo
+        # once per operand: every one pays the ring's 2 x 7 latencies.
+        (ar,) = cost.collectives
+        assert ar.kind == "all-reduce" and ar.count == 1 and ar.bytes == sum(reduced)
+        assert cost.comm_time == pytest.approx(
+            2 * 7 / 8 * ar.bytes / bw + len(reduced) * 2 * 7 * lat)
     # On GPUs each all-reduce pays its share of the latency of a 30 MiB combined one.
     assert c_gpu.comm_time == pytest.approx(
         2 * 7 / 8 * sum(reduced) / 1e9 + sum(2 * 7 * 1e-5 * b / (30 << 20) for b in reduced))

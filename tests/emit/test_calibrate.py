@@ -11,7 +11,10 @@ from hulkjax.cli import main
 from hulkjax.errors import HulkjaxError, WorkerFailedError
 from hulkjax.launch.calibrate import (
     BUSY_FLOPS,
+    CALL_BYTES,
+    CALL_OPERANDS,
     calibrate,
+    call_latency,
     chain_length,
     fit_alpha_beta,
     fresh_page_time,
@@ -59,16 +62,37 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
         max(0.0, (kern["seconds_chain"] - kern["seconds_one"]) / (kern["chain"] - 1)))
     assert 0 <= spec.kernel_overhead < 1e-3
     assert spec.peak_flops != DEVICE_SPECS["cpu"].peak_flops and spec.platform == "cpu"
-    # The links are the alpha-beta fits of the all-reduce timings, one per size asked for.
+    # The links' bandwidths are the alpha-beta fits of the all-reduce timings, one per size
+    # asked for; their latencies what each further operand of a combined all-reduce costs.
     assert [x["bytes"] for x in meas["link"]] == [1 << 20, 1 << 23]
-    bw, lat = fit_alpha_beta([x["bytes"] for x in meas["link"]],
+    bw, fit = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                              [x["seconds"] for x in meas["link"]], participants=2)
-    assert loaded.axis_link("proc").bandwidth == pytest.approx(bw) and bw > 0 and lat >= 0
+    assert loaded.axis_link("proc").bandwidth == pytest.approx(bw) and bw > 0 and fit >= 0
     assert rec["link"]["bandwidth"] == pytest.approx(bw)
+    assert rec["link"]["latency_fit"] == pytest.approx(fit)
+    for key, n in (("link", 2), ("local_link", 2)):
+        calls = meas[f"{key}_calls"]
+        assert calls["operands"] == CALL_OPERANDS > 1 and calls["bytes_per_operand"] == CALL_BYTES
+        assert calls["seconds_one"] > 0 and calls["seconds_many"] > 0
+        lat = call_latency(calls, participants=n, bandwidth=rec[key]["bandwidth"])
+        assert rec[key]["latency"] == pytest.approx(lat) and lat >= 0
     assert loaded.axis_link("dev").bandwidth == pytest.approx(rec["local_link"]["bandwidth"])
     assert rec["local_link"]["bandwidth"] > 0
     # A plan on the calibrated topology is priced with the measured numbers.
-    assert hj.Topology.load(tmp_path / "topology.json").axis_link("proc").latency == lat
+    assert loaded.axis_link("proc").latency == pytest.approx(rec["link"]["latency"])
+    assert loaded.axis_link("dev").latency == pytest.approx(rec["local_link"]["latency"])
+
+
+def test_call_latency_is_the_cost_of_each_further_operand():
+    """Each further operand of a combined all-reduce is one more ring all-reduce of its bytes:
+    over 4 devices, ``2 x 3/4 B / bw + 2 x 3 a``."""
+    bw, a, b, k = 1e9, 30e-6, 4096, 16
+    per_call = 1.5 * b / bw + 6 * a
+    calls = {"operands": k, "bytes_per_operand": b, "seconds_one": 2e-4 + per_call,
+             "seconds_many": 2e-4 + k * per_call}
+    assert call_latency(calls, participants=4, bandwidth=bw) == pytest.approx(a)
+    # noise that makes the many-operand run no slower reads 0, not a negative latency
+    assert call_latency({**calls, "seconds_many": 1e-4}, participants=4, bandwidth=bw) == 0.0
 
 
 def test_alpha_beta_fit_in_closed_form_and_its_refusals():

@@ -33,17 +33,36 @@ def _auto(model, **options):
                    **options)
 
 
-def test_rounds_find_the_optimum_a_one_candidate_shortlist_misses(mlp):
+def test_rounds_find_the_optimum_a_one_candidate_shortlist_misses():
     """A shortlist of the network's single top candidate per group (plus the baselines') holds
-    no plan within 30% of the optimum; the rounds reach the ILP's optimum from it."""
-    m, args, g = mlp
-    cm = cost_model(g, THREE_D)
-    ilp = hj.plan(m.step, *args, topology=THREE_D, strategy="ilp", graph=g, stages=False)
-    assert ilp.solver.status == "optimal"
-    optimum = cm.objective(ilp.assignment)
-    without = _auto(mlp, top_k=1, rounds=0)
+    no plan within 30% of the optimum; the rounds reach the proven optimum from it.
+
+    On THREE_D's links (1-5 us) the tiny MLP's optimum is ``replicate`` (XLA:CPU pays a latency
+    per gradient of its combined all-reduce), which the shortlist holds: the links here have a
+    hundredth of that latency. The optimum is the untied program's: the two hidden layers
+    sharded differently (0.499 us) beat the best plan that shards them alike, the tied ILP's
+    (0.547 us)."""
+    from hulkjax.strategies.ilp import solve
+
+    m = zoo.get("mlp", size="tiny")
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    topo = hj.Topology.grid((2, 2, 2), ("data", "fsdp", "model"),
+                            bandwidth=(25e9, 100e9, 450e9), latency=(5e-8, 2e-8, 1e-8))
+    cm = cost_model(g, topo)
+    exact = solve(cm, tie_layers=False, time_limit=120)
+    assert exact.status == "optimal"
+    optimum = cm.objective(exact.assignment)
+    tied = hj.plan(m.step, state, batch, topology=topo, strategy="ilp", graph=g, stages=False)
+    assert cm.objective(tied.assignment) > 1.05 * optimum
+
+    def auto(**options):
+        return hj.plan(m.step, state, batch, topology=topo, strategy="auto", graph=g,
+                       stages=False, **options)
+
+    without = auto(top_k=1, rounds=0)
     assert cm.objective(without.assignment) > 1.3 * optimum  # the negative control
-    found = _auto(mlp, top_k=1)
+    found = auto(top_k=1)
     assert found.source == "neighbourhood optimum + descent"
     assert cm.objective(found.assignment) == pytest.approx(optimum, rel=1e-6)
 

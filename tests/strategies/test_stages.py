@@ -393,8 +393,9 @@ def test_stage_times_come_from_the_stage_group_cost_model():
 def test_a_stage_s_spmd_plan_is_the_optimum_of_the_step_it_runs():
     """A stage runs its forward and backward once per microbatch and its update once, each
     phase a program of its own: its ILP plan minimizes that (``by_programs`` with runs), and
-    on GPT-2 tiny at 4 microbatches on 2x4 that plan is far faster than the one minimizing a
-    single run of the microbatch's step."""
+    on GPT-2 tiny at 4 microbatches on 2x4 that plan is faster than the one minimizing a
+    single run of the microbatch's step: 203.4 against 211.7 us (4%; it was over 10% while the
+    model charged XLA:CPU's combined gradient all-reduces no latency)."""
     from hulkjax.strategies.ilp import solve
     from hulkjax.strategies.loops import cost_model
 
@@ -409,7 +410,7 @@ def test_a_stage_s_spmd_plan_is_the_optimum_of_the_step_it_runs():
     plans = ctx.assignments(M, topo)
     once = solve(cm.by_programs(ctx.part.phase), time_limit=300).assignment
     assert view.objective(plans["ilp"]) <= min(view.objective(a) for a in plans.values())
-    assert view.objective(plans["ilp"]) < 0.9 * view.objective(once)
+    assert view.objective(plans["ilp"]) < 0.97 * view.objective(once)
     with pytest.raises(hj.HulkjaxError, match="one per operator"):
         cm.by_programs(ctx.part.phase[:-1])
     with pytest.raises(hj.HulkjaxError, match="positive counts"):
