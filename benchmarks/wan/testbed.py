@@ -12,15 +12,17 @@ What it builds (root only; everything is torn down in ``finally``, also on error
 A transfer from region a to region b is shaped by a's upload and b's download: ``min(Ra, Rb)``.
 ``netem`` is not available on these machines, so **latency is modelled, not emulated**: the veth
 links add microseconds, and wide-area delays of tens of ms are not reproduced. The topology's
-latency between regions is the calibrated one: what each call of gloo's all-reduce costs over the
-shaped link beyond its bytes (``hulkjax.launch.calibrate.call_latency``), which holds the round
-trip and gloo's own overhead per call (runs before 2026-11-28 used the round trip / 2 alone).
+latency per ring step between regions is the calibrated one where the calibration can tell it
+from the fixed cost of a call (two or more devices per region), never below the measured round
+trip / 2; the fixed cost of each collective call, gloo's own (milliseconds here), is the
+calibrated device's ``collective_overhead`` (``hulkjax.launch.calibrate.split_call_cost``; runs
+before 2026-11-28 had neither, and used the round trip / 2 alone).
 
 Then, per run:
 1. ``hulkjax.launch.calibrate`` in the namespaces (one process per region, ``--devices`` fake CPU
    devices each): per-device matmul FLOP/s and memory bandwidth with every device working, and the
    gloo all-reduce between regions over the shaped links (bandwidth from an alpha-beta fit over
-   sizes, latency from the per-call cost of a combined all-reduce of small operands).
+   sizes; a call's fixed cost and latency from combined all-reduces of small operands).
 2. The topology: the ``regional`` preset's hierarchy (one site per region, ``devices`` devices
    each; mesh axes ``("region", "gpu")``) with the calibrated device, the link between sites at
    the calibrated bandwidth (the nominal tbf rate alongside in the results) and inside a site the
@@ -291,7 +293,7 @@ def main(argv=None) -> int:
             link_bw = cal["link"]["bandwidth"]
             nominal_bw = min(rates) * 1e6 / 8
             local = cal.get("local_link", {"bandwidth": 10e9, "latency": 1e-6})
-            link_lat = cal["link"]["latency"]
+            link_lat = max(cal["link"]["latency"], rtt / 2)
 
             def sites(bw, name):
                 topo = hj.Topology.preset(
@@ -570,10 +572,13 @@ def markdown(res: dict) -> str:
         f"(median of the steps after the first, slowest process).", "",
         f"**Latency is modelled, not emulated**: `netem` is not available, so the links add only "
         f"the veth round trip ({res['rtt'] * 1e6:.0f} us measured, TCP 1-byte ping-pong)"
-        + (f". The topology's latency between regions is the calibrated per-call latency of "
-           f"gloo's all-reduce over them ({res['wan_latency'] * 1e6:.0f} us: the round trip and "
-           f"gloo's own cost per call, which XLA:CPU pays once per operand of a combined "
-           f"all-reduce)" if "wan_latency" in res else ", which is the latency the topology uses")
+        + (f". The topology's latency per ring step between regions is "
+           f"{res['wan_latency'] * 1e6:.0f} us (calibrated, at least the round trip / 2), and "
+           f"each collective call costs a further "
+           f"{res['calibration']['device'].get('collective_overhead', 0.0) * 1e3:.2f} ms "
+           f"(the calibrated `collective_overhead`: gloo's fixed cost per call, which XLA:CPU "
+           f"pays once per operand of a combined all-reduce)"
+           if "wan_latency" in res else ", which is the latency the topology uses")
         + f". TCP goodput region 0 -> 1: {res['tcp_goodput'] / 1e6:.3g} MB/s.", "",
         f"Calibrated (`hulkjax.launch.calibrate` in the namespaces): "
         f"{cal['device']['peak_flops'] / 1e9:.3g} GFLOP/s and "
@@ -605,11 +610,19 @@ def markdown(res: dict) -> str:
               f"computes faster while the others wait than while they compute, so its speed "
               f"depends on the plan."), "",
         *([f"**More fake devices than cores**: {res['regions'] * res['devices_per_region']} "
-           f"devices on {res['cpus']} cores. Plans whose program has collectives between the "
-           f"devices of one process (including `auto`'s and `pipeline`'s in-stage ones) run far "
-           f"slower than the calibration predicts while the other processes compute (the step "
-           f"of a process left alone after its peers finished takes a tenth), so their step "
-           f"times measure this machine's oversubscription, not the plan.", ""]
+           f"devices on {res['cpus']} cores: a process's devices share its core, and the "
+           f"calibration measures them so (every device busy)."
+           + (" Runs of this setting before 2026-11-28 measured plans with collectives inside a "
+              "process 10-75x slower than predicted, which their notes put down to the "
+              "oversubscription; the cause was the fixed cost of each gloo call (the "
+              "`collective_overhead` above), which XLA:CPU pays once per operand of a combined "
+              "all-reduce and the model did not charge: a 2 ms `auto` plan with one 40-operand "
+              "all-reduce between a process's devices measured 155 ms."
+              if "wan_latency" in res else
+              " Plans whose program has collectives between the devices of one process ran far "
+              "slower than this run's model predicted: it did not charge the fixed cost of each "
+              "gloo call, which XLA:CPU pays once per operand of a combined all-reduce (runs "
+              "from 2026-11-28 on do)."), ""]
           if res["regions"] * res["devices_per_region"] > res["cpus"]
           and res["devices_per_region"] > 1 else []),
         "Step quartiles: 25th-75th percentile of the shaped steps after the first (slowest "

@@ -51,7 +51,19 @@ def collective_time(kind: str, nbytes: float, axes, topology, *, hierarchical: b
     """Seconds spent on each mesh axis by one collective (see the module docstring).
 
     ``latency_scale`` scales the latency terms (a collective combined with others pays its share).
+    The devices' fixed cost per call (``Topology.collective_overhead``) is a latency term too,
+    charged once to the axis that takes the longest.
     """
+    out = _link_time(kind, nbytes, axes, topology, hierarchical, latency_scale)
+    overhead = topology.collective_overhead() * latency_scale
+    if overhead and out:
+        a = max(out, key=out.get)
+        out[a] += overhead
+    return out
+
+
+def _link_time(kind: str, nbytes: float, axes, topology, hierarchical: bool,
+               latency_scale: float) -> dict[str, float]:
     out: dict[str, float] = {}
     axes = [a for a in axes if topology.axis_size(a) > 1]
     if not axes or nbytes <= 0:

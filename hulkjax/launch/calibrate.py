@@ -63,14 +63,16 @@ with every device of every process running at once, as they do in a launch job):
   collective overhead are in it, which is what the cost model should predict.
 * **link inside a process** (when ``local_devices > 1``): the same all-reduce over the local
   devices of process 0 (memory copies).
-* **latency per call**, of both links: one ``psum`` of :data:`CALL_OPERANDS` arrays of
+* **cost per call**, of both links: one ``psum`` of :data:`CALL_OPERANDS` arrays of
   :data:`CALL_BYTES` against one of a single array. XLA combines the first into one all-reduce
   and XLA:CPU runs it as one communicator call per operand (:mod:`hulkjax.cost.backends`), so
-  each further operand costs one small all-reduce: its time less its bytes' is ``2 (n-1) a``
-  (:func:`call_latency`). This, not the fit's intercept, is the link's latency. On this
-  machine's loopback (two processes of two fake devices) a call between the processes took
-  about 0.4 ms and one between the devices of a process about 4 ms, far above the wire's
-  round trip (tens of microseconds), which the fit's intercept over 0.25-4 MiB could not see.
+  each further operand costs one small all-reduce (:func:`call_seconds`). A call is a fixed cost
+  (the device's ``collective_overhead``) plus a latency per ring step of its link
+  (:func:`split_call_cost`). On this machine, two processes of two fake devices in network
+  namespaces, a call cost 3.4 ms between the devices of a process and 4.0 ms between the
+  processes, and a 40-operand all-reduce over all four devices 4 ms a call: the fixed part
+  dominates, far above the wire's round trip (tens of microseconds), and neither is visible in
+  the fit's intercept over 0.25-4 MiB, which read 0.
 
 >>> from hulkjax.launch.calibrate import fit_alpha_beta
 >>> bw, a = fit_alpha_beta([1e6, 2e6], [1e-3 + 2e-4, 2e-3 + 2e-4], participants=2)
@@ -89,6 +91,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -233,20 +236,47 @@ def _call_times(mesh, axis: str, repeats: int, barrier) -> dict:
             "seconds_many": many}
 
 
-def call_latency(calls: dict, *, participants: int, bandwidth: float) -> float:
-    """The latency ``a`` (s) of a link from the per-call cost of a combined all-reduce: what each
-    further operand added, ``(t_many - t_one) / (k - 1)``, is one ring all-reduce of one operand,
-    ``2 (n-1)/n B / bw + 2 (n-1) a`` (clipped at 0: noise).
+def call_seconds(calls: dict, *, participants: int, bandwidth: float) -> float:
+    """Seconds one call of a combined all-reduce costs beyond its bytes: what each further
+    operand added, ``(t_many - t_one) / (k - 1)``, less a ring all-reduce's ``2 (n-1)/n B / bw``
+    of one operand (clipped at 0: noise). XLA:CPU makes one call per operand.
 
     >>> calls = {"operands": 16, "bytes_per_operand": 0, "seconds_one": 1e-3,
     ...          "seconds_many": 1e-3 + 15 * 4e-4}
-    >>> round(call_latency(calls, participants=2, bandwidth=1e9) * 1e6, 6)  # 400 us = 2 a
-    200.0
+    >>> round(call_seconds(calls, participants=2, bandwidth=1e9) * 1e6, 6)
+    400.0
     """
     n, k = int(participants), int(calls["operands"])
     per_call = (calls["seconds_many"] - calls["seconds_one"]) / (k - 1)
     moving = 2 * (n - 1) / n * calls["bytes_per_operand"] / bandwidth
-    return float(max(per_call - moving, 0.0) / (2 * (n - 1)))
+    return float(max(per_call - moving, 0.0))
+
+
+def split_call_cost(*, link_call: float, processes: int, link_fit: float,
+                    local_call: float | None = None) -> tuple[float, float]:
+    """``(collective_overhead, link latency)`` from the per-call costs (:func:`call_seconds`).
+
+    A call over ``n`` devices costs ``c + 2 (n-1) a``: a fixed ``c`` whatever its size (the
+    communicator's own; ``DeviceSpec.collective_overhead``) and a latency ``a`` per ring step
+    of its link. One link's calls at one size cannot tell the two apart, so each split takes
+    the physical latency of one link as known:
+
+    * several devices per process: the link between them is memory copies (its ``a`` taken as
+      0), so the call between them is ``c``, and the call between processes, less ``c``, gives
+      that link's ``a``. The local link's alpha-beta fit reads the same ``c`` as its intercept
+      (3.4 ms here for both), so the calibrated local link has no latency of its own;
+    * one device per process: the link's ``a`` is its fit's intercept, ``c`` the rest.
+
+    >>> c, a = split_call_cost(link_call=4.4e-3, processes=2, link_fit=0.0, local_call=4.0e-3)
+    >>> round(c * 1e3, 9), round(a * 1e6, 9)
+    (4.0, 200.0)
+    >>> c, a = split_call_cost(link_call=4.4e-3, processes=2, link_fit=1e-4)
+    >>> round(c * 1e3, 9), round(a * 1e6, 9)
+    (4.2, 100.0)
+    """
+    if local_call is not None:
+        return local_call, max(link_call - local_call, 0.0) / (2 * (processes - 1))
+    return max(link_call - 2 * (processes - 1) * link_fit, 0.0), link_fit
 
 
 def measure(*, matmul_size: int, memory_bytes: int, link_bytes: Sequence[int],
@@ -556,40 +586,48 @@ def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
                       transposed_dot_efficiency=transposed_dot_efficiency(mm, tt) if tt else 1.0)
 
 
-def _link(meas: dict, key: str, participants: int) -> tuple[float, float, float]:
-    """Bandwidth, latency and the alpha-beta fit's latency of the link ``meas[key]`` measured.
-
-    The latency is the per-call one (:func:`call_latency`) where it was measured: a fit over
-    large all-reduces leaves it to the intercept of a line through milliseconds, where noise
-    reads 0 or doubles it, while what the cost model charges a latency for is each call, and
-    XLA:CPU makes a call per operand of a combined all-reduce. Older measurements without it
-    keep the fit's."""
-    bw, fit = fit_alpha_beta([x["bytes"] for x in meas[key]], [x["seconds"] for x in meas[key]],
-                             participants=participants)
-    calls = meas.get(f"{key}_calls")
-    lat = call_latency(calls, participants=participants, bandwidth=bw) if calls else fit
-    return bw, lat, fit
-
-
 def _topology_from(meas: dict, *, processes: int, local_devices: int,
                    name: str) -> tuple[Topology, dict]:
     spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
-    flops, hbm, overhead = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
+    link_bw, link_fit = fit_alpha_beta([x["bytes"] for x in meas["link"]],
+                                       [x["seconds"] for x in meas["link"]],
+                                       participants=processes)
+    link_lat, overhead = link_fit, 0.0
+    loc_bw = loc_lat = loc_fit = None
+    if local_devices > 1:
+        loc_bw, loc_fit = fit_alpha_beta([x["bytes"] for x in meas["local_link"]],
+                                         [x["seconds"] for x in meas["local_link"]],
+                                         participants=local_devices)
+        loc_lat = loc_fit
+    calls = {}
+    if "link_calls" in meas:  # older measurements have no per-call timings
+        calls["link_call"] = call_seconds(meas["link_calls"], participants=processes,
+                                          bandwidth=link_bw)
+        if local_devices > 1:
+            calls["local_call"] = call_seconds(meas["local_link_calls"],
+                                               participants=local_devices, bandwidth=loc_bw)
+        overhead, link_lat = split_call_cost(processes=processes, link_fit=link_fit, **calls)
+        if local_devices > 1:
+            loc_lat = 0.0  # its calls' cost is the fixed one (split_call_cost)
+    spec = replace(spec, collective_overhead=overhead)
+    flops, hbm, kern = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
     pages, tt = spec.fresh_page_time, spec.transposed_dot_efficiency
-    link_bw, link_lat, link_fit = _link(meas, "link", processes)
     record = {"format": CALIBRATION_FORMAT, "measurements": meas,
               "device": {"peak_flops": flops, "hbm_bandwidth": hbm, "memory": spec.memory,
-                         "kernel_overhead": overhead, "fresh_page_time": pages,
-                         "transposed_dot_efficiency": tt},
+                         "kernel_overhead": kern, "fresh_page_time": pages,
+                         "transposed_dot_efficiency": tt, "collective_overhead": overhead},
+              "calls": calls,
               "link": {"bandwidth": link_bw, "latency": link_lat, "latency_fit": link_fit,
                        "method": "gloo all-reduce between processes (jax.distributed on "
                                  "loopback or the given namespaces): bandwidth from an "
-                                 "alpha-beta fit over sizes, latency from the cost of each "
-                                 "further operand of a combined all-reduce"}}
+                                 "alpha-beta fit over sizes, latency per ring step from the "
+                                 "per-call cost (split_call_cost)"}}
     if local_devices > 1:
-        loc_bw, loc_lat, loc_fit = _link(meas, "local_link", local_devices)
         record["local_link"] = {"bandwidth": loc_bw, "latency": loc_lat, "latency_fit": loc_fit,
-                                "method": "XLA:CPU all-reduce between one process's devices"}
+                                "method": "XLA:CPU all-reduce between one process's devices: "
+                                          "bandwidth from an alpha-beta fit over sizes, no "
+                                          "latency beyond the fixed cost per call "
+                                          "(split_call_cost)"}
         topo = Topology.grid((processes, local_devices), ("proc", "dev"),
                              bandwidth=(link_bw, loc_bw), latency=(link_lat, loc_lat),
                              device=spec, name=name)

@@ -128,6 +128,7 @@ class Topology:
     _axis_table: tuple[LinkSpec, ...] = field(init=False, repr=False, compare=False, hash=False)
     _scope_table: tuple[str, ...] = field(init=False, repr=False, compare=False, hash=False)
     _hash: int = field(init=False, repr=False, compare=False, hash=False)
+    _collective_overhead: float = field(init=False, repr=False, compare=False, hash=False)
 
     # ------------------------------------------------------------------ construction and validation
 
@@ -249,6 +250,8 @@ class Topology:
         object.__setattr__(self, "_node_of", node_of)
         object.__setattr__(self, "_node_names", tuple(node_index))
         object.__setattr__(self, "_region_of_node", region_of_node)
+        object.__setattr__(self, "_collective_overhead",
+                           max(dev.spec.collective_overhead for dev in self.devices))
 
     def _check_links(self) -> None:
         for attr, json_name in (
@@ -557,6 +560,15 @@ class Topology:
         ['A100', 'V100']
         """
         return tuple(dict.fromkeys(dev.spec for dev in self.devices))
+
+    def collective_overhead(self) -> float:
+        """Seconds each collective call costs beyond its links (``DeviceSpec.
+        collective_overhead``; the largest of the devices': a call waits for its slowest member).
+
+        >>> Topology.grid(4, "d").collective_overhead()
+        0.0
+        """
+        return self._collective_overhead
 
     def slowest_device(self) -> DeviceSpec:
         """The spec with the lowest peak FLOP/s (ties: lower HBM bandwidth, then less memory).

@@ -21,7 +21,8 @@ Schema (version 1). Units: FLOP/s, bytes, bytes/s (per direction per device), se
                    "kernel_overhead": 5e-6,    # optional: seconds per kernel launch (0)
                    "receive_overhead": 0.0,    # optional: compute lost per receive second (0)
                    "fresh_page_time": 0.0,     # optional: seconds per 4 KiB page mapped per call (0)
-                   "transposed_dot_efficiency": 1.0}  # optional: both-transposed matmuls' share (1)
+                   "transposed_dot_efficiency": 1.0,  # optional: both-transposed matmuls' share (1)
+                   "collective_overhead": 0.0}  # optional: seconds per collective call (0)
         },
         "hierarchy": [                   # required, >= 1 region; order = device order
           {"region": "local",            # unique, non-empty
@@ -168,7 +169,8 @@ def from_dict(data: Any, source: str | None = None) -> tuple[dict[str, Any], Cal
         c.string(kind, "devices.kinds key")
         c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"),
               ("peak_flops_f32", "flops_efficiency", "memory_efficiency", "kernel_overhead",
-               "receive_overhead", "fresh_page_time", "transposed_dot_efficiency"))
+               "receive_overhead", "fresh_page_time", "transposed_dot_efficiency",
+               "collective_overhead"))
         kinds[kind] = c.build(DeviceSpec, path, kind=kind, **spec)
 
     devices: list[Device] = []

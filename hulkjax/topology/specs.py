@@ -150,6 +150,13 @@ class DeviceSpec:
         of the fused rate on one core, measured by ``hulkjax calibrate``
         (``benchmarks/COMPUTE.md``). 1.0: no slower (accelerators, whose matmul libraries take
         either operand transposed).  # in (0, 1]
+      collective_overhead: seconds each collective call costs beyond its link terms (bytes over
+        bandwidth, a latency per ring step), whatever the number of devices in it: the
+        communicator's own fixed cost per call. XLA:CPU's gloo calls cost about 4 ms each on
+        this project's 2-core machine, for two devices in one process as for two processes in
+        network namespaces, and for four devices no more than for two; XLA:CPU makes one call per
+        operand of a combined collective (:mod:`hulkjax.cost.backends`). Measured by ``hulkjax
+        calibrate``. 0: none (NCCL's launch cost is in its links' latency).  # seconds, >= 0
 
     The calibration numbers default to an ideal device (the datasheet's roofline, free
     launches); the built-in H100 and H200 carry the values measured on one of each, the other
@@ -167,6 +174,7 @@ class DeviceSpec:
     receive_overhead: float = 0.0  # fraction of a receive's link time
     fresh_page_time: float = 0.0  # seconds per 4 KiB page mapped afresh per call
     transposed_dot_efficiency: float = 1.0  # fraction of the matmul rate
+    collective_overhead: float = 0.0  # seconds per collective call
 
     @property
     def platform(self) -> str:
@@ -229,6 +237,12 @@ class DeviceSpec:
                                   "Give the seconds a page fault costs, e.g. 1.8e-6 as `hulkjax "
                                   "calibrate` measures on a CPU (0: none).")
         object.__setattr__(self, "fresh_page_time", value)
+        value = check_nonnegative(self.collective_overhead, "DeviceSpec.collective_overhead",
+                                  "seconds per collective call",
+                                  "Give the seconds a collective call costs beyond its link, "
+                                  "e.g. 4e-3 as `hulkjax calibrate` measures for gloo on a "
+                                  "small CPU machine (0: none).")
+        object.__setattr__(self, "collective_overhead", value)
 
     @property
     def calibration(self) -> dict[str, float]:
@@ -246,7 +260,8 @@ class DeviceSpec:
 
 
 _IDEAL = {"flops_efficiency": 1.0, "memory_efficiency": 1.0, "kernel_overhead": 0.0,
-          "receive_overhead": 0.0, "fresh_page_time": 0.0, "transposed_dot_efficiency": 1.0}
+          "receive_overhead": 0.0, "fresh_page_time": 0.0, "transposed_dot_efficiency": 1.0,
+          "collective_overhead": 0.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

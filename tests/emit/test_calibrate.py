@@ -14,10 +14,11 @@ from hulkjax.launch.calibrate import (
     CALL_BYTES,
     CALL_OPERANDS,
     calibrate,
-    call_latency,
+    call_seconds,
     chain_length,
     fit_alpha_beta,
     fresh_page_time,
+    split_call_cost,
     transposed_dot_efficiency,
 )
 from hulkjax.topology.specs import DEVICE_SPECS
@@ -63,36 +64,55 @@ def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     assert 0 <= spec.kernel_overhead < 1e-3
     assert spec.peak_flops != DEVICE_SPECS["cpu"].peak_flops and spec.platform == "cpu"
     # The links' bandwidths are the alpha-beta fits of the all-reduce timings, one per size
-    # asked for; their latencies what each further operand of a combined all-reduce costs.
+    # asked for; what a call costs beyond its bytes (each further operand of a combined
+    # all-reduce) splits into the device's fixed cost per call and the link's latency.
     assert [x["bytes"] for x in meas["link"]] == [1 << 20, 1 << 23]
     bw, fit = fit_alpha_beta([x["bytes"] for x in meas["link"]],
                              [x["seconds"] for x in meas["link"]], participants=2)
     assert loaded.axis_link("proc").bandwidth == pytest.approx(bw) and bw > 0 and fit >= 0
     assert rec["link"]["bandwidth"] == pytest.approx(bw)
     assert rec["link"]["latency_fit"] == pytest.approx(fit)
-    for key, n in (("link", 2), ("local_link", 2)):
+    for key in ("link", "local_link"):
         calls = meas[f"{key}_calls"]
         assert calls["operands"] == CALL_OPERANDS > 1 and calls["bytes_per_operand"] == CALL_BYTES
         assert calls["seconds_one"] > 0 and calls["seconds_many"] > 0
-        lat = call_latency(calls, participants=n, bandwidth=rec[key]["bandwidth"])
-        assert rec[key]["latency"] == pytest.approx(lat) and lat >= 0
+        got = rec["calls"]["link_call" if key == "link" else "local_call"]
+        assert got == pytest.approx(
+            call_seconds(calls, participants=2, bandwidth=rec[key]["bandwidth"]))
+    overhead, lat = split_call_cost(link_call=rec["calls"]["link_call"], processes=2,
+                                    link_fit=fit, local_call=rec["calls"]["local_call"])
+    assert overhead == pytest.approx(rec["calls"]["local_call"])
+    assert rec["local_link"]["latency"] == 0.0 and rec["local_link"]["latency_fit"] >= 0
+    assert spec.collective_overhead == pytest.approx(overhead) and overhead >= 0
+    assert rec["device"]["collective_overhead"] == pytest.approx(overhead)
+    assert rec["link"]["latency"] == pytest.approx(lat) and lat >= 0
     assert loaded.axis_link("dev").bandwidth == pytest.approx(rec["local_link"]["bandwidth"])
     assert rec["local_link"]["bandwidth"] > 0
     # A plan on the calibrated topology is priced with the measured numbers.
     assert loaded.axis_link("proc").latency == pytest.approx(rec["link"]["latency"])
     assert loaded.axis_link("dev").latency == pytest.approx(rec["local_link"]["latency"])
+    assert loaded.collective_overhead() == pytest.approx(overhead)
 
 
-def test_call_latency_is_the_cost_of_each_further_operand():
+def test_a_call_is_a_fixed_cost_and_a_latency_per_ring_step():
     """Each further operand of a combined all-reduce is one more ring all-reduce of its bytes:
-    over 4 devices, ``2 x 3/4 B / bw + 2 x 3 a``."""
-    bw, a, b, k = 1e9, 30e-6, 4096, 16
-    per_call = 1.5 * b / bw + 6 * a
+    over 4 devices, ``2 x 3/4 B / bw`` plus its fixed cost ``c`` and ``2 x 3 a``."""
+    bw, a, c, b, k = 1e9, 30e-6, 2e-3, 4096, 16
+    per_call = 1.5 * b / bw + c + 6 * a
     calls = {"operands": k, "bytes_per_operand": b, "seconds_one": 2e-4 + per_call,
              "seconds_many": 2e-4 + k * per_call}
-    assert call_latency(calls, participants=4, bandwidth=bw) == pytest.approx(a)
-    # noise that makes the many-operand run no slower reads 0, not a negative latency
-    assert call_latency({**calls, "seconds_many": 1e-4}, participants=4, bandwidth=bw) == 0.0
+    assert call_seconds(calls, participants=4, bandwidth=bw) == pytest.approx(c + 6 * a)
+    # noise that makes the many-operand run no slower reads 0, not a negative cost
+    assert call_seconds({**calls, "seconds_many": 1e-4}, participants=4, bandwidth=bw) == 0.0
+    # 2 processes of 2 devices: the call between a process's devices (memory copies, no
+    # latency of their own) is c; the one between the processes, less c, the link's latency.
+    got_c, got_a = split_call_cost(link_call=c + 2 * a, processes=2, link_fit=0.0, local_call=c)
+    assert got_c == pytest.approx(c) and got_a == pytest.approx(a)
+    # one device per process: the fit's latency, the rest is the fixed cost
+    got_c, got_a = split_call_cost(link_call=c + 6 * a, processes=4, link_fit=a)
+    assert got_c == pytest.approx(c) and got_a == a
+    # a link call cheaper than the fixed cost reads no latency, not a negative one
+    assert split_call_cost(link_call=c / 2, processes=2, link_fit=0.0, local_call=c)[1] == 0.0
 
 
 def test_alpha_beta_fit_in_closed_form_and_its_refusals():
