@@ -354,7 +354,10 @@ def cmd_calibrate(args) -> int:
           f"{dev.get('kernel_overhead', 0.0) * 1e6:.3g} us per kernel, both-transposed matmuls at "
           f"{dev.get('transposed_dot_efficiency', 1.0):.3g} of the matmul rate")
     print(f"link between processes: {format_rate(link['bandwidth'])}, latency "
-          f"{link['latency'] * 1e6:.4g} us ({link['method']})")
+          f"{link['latency'] * 1e6:.4g} us per ring step ({link['method']})")
+    print(f"each collective call: {dev.get('collective_overhead', 0.0) * 1e3:.3g} ms fixed cost "
+          f"(DeviceSpec.collective_overhead; XLA:CPU makes one call per operand of a combined "
+          f"all-reduce)")
     if "local_link" in rec:
         loc = rec["local_link"]
         print(f"link inside a process: {format_rate(loc['bandwidth'])}, latency "

@@ -136,7 +136,7 @@ def test_calibrate_command(tmp_path, capsys):
                  "--topology-out", str(tmp_path / "mine.json"), "--timeout", str(TIMEOUT)]) == 0
     printed = capsys.readouterr().out
     assert "link between processes" in printed and "GFLOP/s" in printed
-    assert "both-transposed matmuls at" in printed
+    assert "both-transposed matmuls at" in printed and "each collective call" in printed
     topo = hj.Topology.load(tmp_path / "mine.json")
     assert topo == hj.Topology.load(out / "topology.json") and topo.shape == (2,)
     rec = json.loads((out / "calibration.json").read_text())
