@@ -507,8 +507,8 @@ def test_a_loop_bodys_collectives_combine_as_xla_combines_them_per_iteration():
     """A scanned, rematerialized LLaMA under ``fsdp`` on 2x4: the backward scan's body reduces
     weight gradients over "model"; XLA combines those of each iteration as it combines the
     step's, by its combiner's walk over the body's program: two all-reduces per iteration (4 over
-    the two layers; one per iteration while the model charged XLA:CPU's combined all-reduces a
-    single latency, which gave another plan; 4 per iteration before the body's plan charged a
+    the two layers; one per iteration while the model charged XLA:CPU's combined all-reduces no
+    latency, which gave another plan; 4 per iteration before the body's plan charged a
     change several operators read once), where the model once grouped a body's collectives by
     whether they were deferred (12 with that plan). The body's layout changes are XLA's too (:func:`hulkjax.cost.comm.reshard_comms`
     replays its partitioner; where it would rematerialize a value in full, the plan changes the
