@@ -104,9 +104,9 @@ def test_scanned_gpt2_plans_close_to_the_unrolled_one_on_the_2d_grid():
     on the 2 x 4 grid: 186.8 us against 151.3 us unrolled (+23%). It was 92.7 against 84.8 us
     (+9%; 106.7 us, +26%, when each scan's candidates were built alone) while the model charged
     XLA:CPU's combined gradient all-reduces no latency; it charges one per operand now, as
-    XLA:CPU runs them (:mod:`hulkjax.cost.backends`), and the tensor-parallel body leaves 10
-    gradient partial sums per iteration (73 us of all-reduces over "model") where the unrolled
-    plan, which keeps the small operators replicated layer by layer, leaves 4 (24 us). Part of
+    XLA:CPU runs them (:mod:`hulkjax.cost.backends`), and the tensor-parallel body's gradient
+    partial sums cost 73 us of all-reduces over "model" where the unrolled plan, which keeps the
+    small operators replicated layer by layer, pays 24 us. Part of
     the rest is the scanned program's own work: it writes the stacked residuals and reads them
     back (the replicated scanned step is 28% slower). What the pairing of the scans guarantees
     is checked exactly below: no residual changes layout between them.
