@@ -590,26 +590,24 @@ def device_spec(meas: dict, *, memory: float) -> DeviceSpec:
 def _topology_from(meas: dict, *, processes: int, local_devices: int,
                    name: str) -> tuple[Topology, dict]:
     spec = device_spec(meas, memory=_memory_capacity(processes * local_devices))
-    link_bw, link_fit = fit_alpha_beta([x["bytes"] for x in meas["link"]],
-                                       [x["seconds"] for x in meas["link"]],
-                                       participants=processes)
-    link_lat, overhead = link_fit, 0.0
-    loc_bw = loc_lat = loc_fit = None
-    if local_devices > 1:
-        loc_bw, loc_fit = fit_alpha_beta([x["bytes"] for x in meas["local_link"]],
-                                         [x["seconds"] for x in meas["local_link"]],
-                                         participants=local_devices)
-        loc_lat = loc_fit
+    def fit(key: str, participants: int) -> tuple[float, float]:
+        return fit_alpha_beta([x["bytes"] for x in meas[key]], [x["seconds"] for x in meas[key]],
+                              participants=participants)
+
+    local = local_devices > 1
+    link_bw, link_fit = fit("link", processes)
+    loc_bw, loc_fit = fit("local_link", local_devices) if local else (None, None)
     calls = {}
     if "link_calls" in meas:  # older measurements have no per-call timings
         calls["link_call"] = call_seconds(meas["link_calls"], participants=processes,
                                           bandwidth=link_bw)
-        if local_devices > 1:
+        if local:
             calls["local_call"] = call_seconds(meas["local_link_calls"],
                                                participants=local_devices, bandwidth=loc_bw)
-        overhead, link_lat = split_call_cost(processes=processes, link_fit=link_fit, **calls)
-        if local_devices > 1:
-            loc_lat = 0.0  # its calls' cost is the fixed one (split_call_cost)
+    overhead, link_lat = (split_call_cost(processes=processes, link_fit=link_fit, **calls)
+                          if calls else (0.0, link_fit))
+    # With per-call timings a local call's cost is the fixed part alone (split_call_cost).
+    loc_lat = 0.0 if calls and local else loc_fit
     spec = replace(spec, collective_overhead=overhead)
     flops, hbm, kern = spec.peak_flops, spec.hbm_bandwidth, spec.kernel_overhead
     pages, tt = spec.fresh_page_time, spec.transposed_dot_efficiency
@@ -623,7 +621,7 @@ def _topology_from(meas: dict, *, processes: int, local_devices: int,
                                  "loopback or the given namespaces): bandwidth from an "
                                  "alpha-beta fit over sizes, latency per ring step from the "
                                  "per-call cost (split_call_cost)"}}
-    if local_devices > 1:
+    if local:
         record["local_link"] = {"bandwidth": loc_bw, "latency": loc_lat, "latency_fit": loc_fit,
                                 "method": "XLA:CPU all-reduce between one process's devices: "
                                           "bandwidth from an alpha-beta fit over sizes, no "

@@ -133,6 +133,47 @@ def test_cpu_prices_a_two_axis_all_reduce_as_one_flat_ring_on_the_slowest_link()
         pytest.approx(flat)
 
 
+def test_a_collective_call_pays_the_devices_fixed_cost_once_whatever_its_ring():
+    """``DeviceSpec.collective_overhead`` (gloo's fixed cost per call, about 4 ms on the WAN
+    testbed for two devices as for four): charged once per collective, not per ring step, and
+    by every operand of XLA:CPU's combined all-reduce, which makes one call per operand."""
+    import dataclasses
+
+    from hulkjax.cost.comm import collective_time
+    from hulkjax.plan import Comm
+    from hulkjax.topology.specs import DEVICE_SPECS
+
+    c = 4e-3
+    spec = dataclasses.replace(DEVICE_SPECS["cpu"], kind="cpu-gloo", collective_overhead=c)
+    topo = hj.Topology.grid((2, 4), ("slow", "fast"), bandwidth=(SLOW, FAST),
+                            latency=(LAT_SLOW, LAT_FAST), device=spec)
+    assert topo.collective_overhead() == c
+    assert hj.Topology.from_dict(topo.to_dict()).collective_overhead() == c
+    plain = _two_axis("cpu")
+    b = 8e6
+    for axes in (("slow", "fast"), ("slow",), ("fast",)):
+        with_c = collective_time("all-reduce", b, axes, topo, hierarchical=False)
+        without = collective_time("all-reduce", b, axes, plain, hierarchical=False)
+        assert sum(with_c.values()) == pytest.approx(sum(without.values()) + c)
+    # A deferred all-reduce on the CPU pays it too (one call per operand of the combined one).
+    step, ws, x = mlp_step(2, 64, 32)
+    cm = cost_model(hj.plan(step, ws, x, topology=topo, strategy="dp").graph, topo)
+    cm_plain = cost_model(hj.plan(step, ws, x, topology=plain, strategy="dp").graph, plain)
+    deferred = Comm("all-reduce", ("slow", "fast"), int(b), deferred=True)
+    assert cm.comm_time(deferred) == pytest.approx(cm_plain.comm_time(deferred) + c)
+    # dp's step: one call per reduced gradient (this step returns no loss), each with its fixed
+    # cost, though the program holds a single all-reduce instruction.
+    plan = hj.plan(step, ws, x, topology=topo, strategy="dp")
+    dp, dp_plain = plan.cost, hj.plan(step, ws, x, topology=plain, strategy="dp").cost
+    own = [cm_ for cms in cm.breakdown(plan.assignment, memory=False).own.values() for cm_ in cms]
+    assert len(own) == len(ws) and all(o.deferred for o in own)
+    assert dp.comm_time == pytest.approx(dp_plain.comm_time + len(ws) * c)
+    (ar,) = dp.collectives
+    assert ar.count == 1
+    with pytest.raises(hj.HulkjaxError, match="collective_overhead"):
+        dataclasses.replace(spec, collective_overhead=-1e-3)
+
+
 def test_gpu_prices_a_two_axis_all_reduce_hierarchically():
     """NCCL: reduce-scatter and all-gather over the fast axis on all the bytes, all-reduce over
     the slow axis on the quarter each device holds."""
