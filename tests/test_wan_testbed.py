@@ -144,7 +144,7 @@ def test_swapped_pairs_within_noise_are_told_from_real_misrankings(testbed):
 
 def test_summary_states_the_targets_per_run(testbed):
     """WAN.md's summary row: auto against dp and the best measured SPMD baseline (pipeline is
-    not SPMD), the ranking verdict, the communication-bound plans within 30%, and whether the
+    not SPMD) with the predicted ratio beside it, the ranking verdict, the communication-bound plans within 30%, and whether the
     processes had cores of their own."""
     rows = [_row("replicate", 1.0, [9, 1.2, 1.2, 1.2]) | {"plan": "SPMD"},
             _row("dp", 5.0, [9, 5.5, 5.5, 5.5]) | {"plan": "SPMD"},
@@ -158,7 +158,8 @@ def test_summary_states_the_targets_per_run(testbed):
     (row,) = [ln for ln in testbed.summary([run]) if ln.startswith("| 2 x 1")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == ["2 x 1, 100/100 Mbit/s", "`m`, n_layers 8", "pinned",
-                     "2 stages x 8 mb (1f1b)", "9.17x", "2.00x (`replicate`)", "same", "1/1",
+                     "2 stages x 8 mb (1f1b)", "9.17x", "2.00x (`replicate`; predicted 1.25x)",
+                     "same", "1/1",
                      "0.75-1.20"]
     shared = testbed.summary([run | {"devices_per_region": 2}])
     assert "shared (2 processes, 4 devices on 2 cores)" in "\n".join(shared)
@@ -168,7 +169,12 @@ def test_summary_states_the_targets_per_run(testbed):
     (no_dp,) = [ln for ln in testbed.summary([run | {"rows": [rows[0], *rows[2:]]}])
                 if ln.startswith("| 2 x 1")]
     assert [c.strip() for c in no_dp.strip("|").split("|")][3:6] == [
-        "2 stages x 8 mb (1f1b)", "-", "2.00x (`replicate`)"]
+        "2 stages x 8 mb (1f1b)", "-", "2.00x (`replicate`; predicted 1.25x)"]
+    # Under each run: the model's own ratio beside the measured one, and on shared cores why a
+    # measured ratio far above it is not the network's
+    assert "Predicted: 1.25x `replicate`." in testbed._targets(rows)
+    assert any(t.startswith("Predicted: 1.25x `replicate`; on shared cores")
+               for t in testbed._targets(rows, shared=True))
 
 
 def test_plans_predicted_equal_are_ties_not_misrankings(testbed):
