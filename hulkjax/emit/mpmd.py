@@ -601,7 +601,8 @@ class StagedStep:
         def abstract(k, v, graph, sharding):
             if v in (jaxpr_avals if graph is g else micro_avals):
                 a = (jaxpr_avals if graph is g else micro_avals)[v]
-                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding,
+                                            weak_type=getattr(a, "weak_type", False))
             val = graph.values[v]
             dtype = self._dtype_of(graph, v)
             return jax.ShapeDtypeStruct(val.shape, dtype, sharding=sharding)

@@ -39,6 +39,7 @@ from hulkjax.trace.primitives import (
     SIZE_PRESERVING,
     SPLIT,
     STACK,
+    TILE,
     TOP_K,
     UNSTACK,
     WINDOW_GRADIENTS,
@@ -146,6 +147,13 @@ def _broadcast_dims(node, graph, operand, dim):
         return None
     out = int(node.params["broadcast_dimensions"][dim])
     return out if _shape(graph, node, 0)[dim] == _out_shape(graph, node)[out] else None
+
+
+@register_dim_rule(*TILE)
+def _tile_dims(node, graph, operand, dim):
+    """A dimension repeated once keeps its place (and its layout); a repeated one does not: its
+    blocks interleave the copies."""
+    return dim if int(node.params["reps"][dim]) == 1 else None
 
 
 @register_dim_rule(P.transpose_p)

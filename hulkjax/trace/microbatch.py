@@ -192,7 +192,10 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> OpGraph:
         shape = tuple(aval.shape)
         if i in split:
             shape = (shape[0] // microbatches,) + shape[1:]
-        leaves.append(jax.ShapeDtypeStruct(shape, aval.dtype))
+        # (weak_type kept: a weakly typed argument, say jnp.full(..., 0.1), traced as a strong
+        # one would add or drop casts, and the two traces would differ in structure)
+        leaves.append(jax.ShapeDtypeStruct(shape, aval.dtype,
+                                           weak_type=getattr(aval, "weak_type", False)))
     args = jax.tree_util.tree_unflatten(graph.in_tree, leaves)
     micro = trace(graph.fn, *args)
     cache[microbatches] = micro

@@ -151,6 +151,7 @@ def discovered(name: str):
         "split": lambda: jax.make_jaxpr(lambda x: jax.lax.split(x, (1, 1)))(two),
         "stack": lambda: jax.make_jaxpr(lambda x: jnp.stack([x, x]))(two),
         "unstack": lambda: jax.make_jaxpr(lambda x: jnp.unstack(x))(two),
+        "tile": lambda: jax.make_jaxpr(lambda x: jnp.tile(x, 2))(two),
         "optimization_barrier": lambda: jax.make_jaxpr(jax.lax.optimization_barrier)(two),
         "random_wrap": wrap_unwrap,
         "random_unwrap": wrap_unwrap,
@@ -177,6 +178,13 @@ SPLIT = frozenset(p for p in (discovered("split"),) if p is not None)
 
 STACK = frozenset(p for p in (discovered("stack"),) if p is not None)
 """``stack`` (``jnp.stack``): same-shaped operands along a new dimension ``axis``."""
+
+TILE = frozenset(p for p in (discovered("tile"),) if p is not None)
+"""``tile`` (``jnp.tile``): the operand repeated ``reps[d]`` times along each dimension ``d``
+(XLA lowers it to a broadcast between two reshapes: fusible, no arithmetic)."""
+
+SHAPE_OPS = SHAPE_OPS | TILE
+FUSIBLE = FUSIBLE | TILE
 
 UNSTACK = frozenset(p for p in (discovered("unstack"),) if p is not None)
 """``unstack`` (``jnp.unstack``, the gradient of ``stack``): one result per index of ``axis``."""

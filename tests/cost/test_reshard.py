@@ -124,6 +124,10 @@ CASES = [
     (M2x2x2, (16, 32, 64), P(None, ("model", "fsdp"), "data"), P("fsdp")),
     # ... or where the sorted order already is dst's: no permute at all (one was predicted).
     (M2x2x2, (16, 32, 64), P(None, "fsdp", "model"), P("model")),
+    # An empty array (a zero-length piece of a split and its gradient: CLIP's vision
+    # embeddings once their tiled class token is followed): nothing moves; the replay divided
+    # by its empty tiles (ZeroDivisionError out of hj.plan).
+    (M2x4, (8, 0, 64), P(None, ("data", "model")), P(None, "model", "data")),
 ]
 
 

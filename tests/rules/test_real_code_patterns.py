@@ -8,12 +8,16 @@ sharded nothing when kernels were cast to bf16; (3) megatron could not follow a 
 (all-to-all + all-gathers).
 """
 
+import warnings
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import hulkjax as hj
+from hulkjax.errors import UnsupportedPrimitiveWarning
+from hulkjax.rules.dims import map_dim
 from tests.helpers import assert_trees_close
 
 D8 = hj.Topology.grid((8,), ("d",))
@@ -76,3 +80,29 @@ def test_dp_keeps_the_batch_split_through_a_broadcast_mask():
         _, collectives = _run(_sgd(loss), D8, "dp", params, jnp.ones((batch, 32, 64)),
                               jnp.ones((batch, 32)))
         assert [c.kind for c in collectives] == ["all-reduce"], batch
+
+
+def test_a_tiled_class_token_has_a_rule_and_keeps_the_splits_it_can():
+    """CLIP's vision embeddings (transformers' ``FlaxCLIPVisionEmbeddings``) prepend a class
+    token made by ``jnp.tile(class_embedding, (B, 1, 1))``: in JAX 0.10 a ``tile`` primitive,
+    which had no rule and was replicated with a warning. A dimension tiled once keeps its layout
+    through it, so ``dp`` keeps the batch split (the tiled token is made in place, sliced to each
+    device's batch) and a split of a dimension the tile repeats once passes through."""
+    def loss(p, x):
+        cls = jnp.tile(p["cls"], (x.shape[0], 1, 1))  # (B, 1, D)
+        h = jnp.concatenate([cls, x @ p["w"]], axis=1)  # (B, 1 + T, D)
+        return jnp.mean(jnp.tanh(h) ** 2)
+
+    params = {"cls": jnp.full((1, 1, 32), 0.1), "w": jnp.full((32, 32), 0.01)}
+    x = jnp.ones((16, 8, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsupportedPrimitiveWarning)
+        _, collectives = _run(_sgd(loss), D8, "dp", params, x)
+    assert [c.kind for c in collectives] == ["all-reduce"]  # the gradients only
+
+    def wide(x):  # (B, D) -> (B, 2 D): the batch is repeated once, the features twice
+        return jnp.sum(jnp.tile(x, (1, 2)) ** 2)
+
+    g = hj.trace(lambda x: wide(x), jnp.ones((16, 4)))
+    (tile,) = [n for n in g.nodes if n.primitive.name == "tile"]
+    assert map_dim(tile, g, 0, 0) == 0 and map_dim(tile, g, 0, 1) is None

@@ -206,3 +206,22 @@ def test_planning_graphs_derived_without_tracing_equal_traced_ones(name, size, o
     # Derived (not traced) wherever the rescaling is exact: every zoo model here but a scanned
     # stack, whose loop body changes with the batch.
     assert derived == (0 if overrides.get("scan_layers") else 2)
+
+
+def test_a_weakly_typed_argument_microbatches_as_it_traces():
+    """``jnp.full(shape, 0.1)`` is weakly typed; the microbatch trace used to drop that, add or
+    drop casts, and find the step's structure batch-dependent (one microbatch only)."""
+    import jax
+    import jax.numpy as jnp
+
+    import hulkjax as hj
+    from hulkjax.strategies.partition import partition
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+    w = jnp.full((8, 8), 0.1)
+    assert jax.typeof(w).weak_type
+    g = hj.trace(step, w, jnp.ones((16, 8)))
+    part = partition(g)
+    assert part.exact, part.problems()
