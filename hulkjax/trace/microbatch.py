@@ -957,7 +957,8 @@ _STRUCTURAL = frozenset({"broadcast_in_dim", "transpose", "squeeze", "expand_dim
                          "copy_p", "convert_element_type", "reduce_precision", "stop_gradient",
                          "select_n", "clamp", "integer_pow", "square", "erf_inv", "logistic",
                          "add_any", "pjit", "optimization_barrier", "random_wrap",
-                         "random_unwrap", "random_split", "random_fold_in", "split"})
+                         "random_unwrap", "random_split", "random_fold_in", "split",
+                         "stack"})  # (stack: its new axis is never the batch's)
 
 
 def _arith_exp(prim, node, ins: list[Flow]) -> int | None:
@@ -994,7 +995,8 @@ def _arith_exp(prim, node, ins: list[Flow]) -> int | None:
     # Shape operators, reductions along other dimensions, gathers and scatters: the exponent of
     # the operands that carry values (not indices), zeros left out.
     if prim in _KEEPS or prim in CASTS or prim in POOLING or prim in WINDOW_GRADIENTS \
-            or node.name in ('split', 'reduce_window', 'cumsum', 'cummax', 'cummin'):
+            or node.name in ('split', 'stack', 'unstack', 'tile', 'reduce_window', 'cumsum',
+                             'cummax', 'cummin'):
         which = _VALUE_OPERANDS.get(node.name)
         vals = [ins[k] for k in (which if which is not None else range(len(ins))) if k < len(ins)]
         live = [f.exp for f in vals if not f.zero]
@@ -1024,6 +1026,8 @@ def _full_extent(node, analysis: _Analysis, k: int, f: Flow) -> str:
     """Slices, pads and updates that keep the whole batch dimension."""
     d = f.dim
     name = node.name
+    if d is None:  # a per-example value whose batch dimension is not one of its dimensions
+        return f"a {name} of a value whose batch dimension is not known"
     shape = analysis.g.values[node.inputs[k]].shape
     if name == "slice":
         start, limit = node.params["start_indices"][d], node.params["limit_indices"][d]
@@ -1051,16 +1055,16 @@ def _full_extent(node, analysis: _Analysis, k: int, f: Flow) -> str:
         wd = node.params.get("window_dimensions")
         if wd is not None and k == 0 and wd[d] != 1:
             return "a window over the batch dimension"
-    elif name == "split":
+    elif name in ("split", "unstack"):
         if node.params.get("axis") == d:
-            return "a split of the batch dimension"
+            return f"a{'n' if name == 'unstack' else ''} {name} of the batch dimension"
     return ""
 
 
 _ALONG = {name: _full_extent for name in (
     "slice", "pad", "dynamic_slice", "dynamic_update_slice", "concatenate", "rev",
     "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-    "select_and_scatter_add", "select_and_gather_add", "split")}
+    "select_and_scatter_add", "select_and_gather_add", "split", "unstack")}
 
 
 def _join(a: Flow, b: Flow) -> Flow:

@@ -225,3 +225,62 @@ def test_a_weakly_typed_argument_microbatches_as_it_traces():
     g = hj.trace(step, w, jnp.ones((16, 8)))
     part = partition(g)
     assert part.exact, part.problems()
+
+
+def _rotate_every_two(x):
+    """GPT-J's and RoFormer's rotary helper (transformers' Flax modules): ``jnp.stack`` along a
+    new last axis, merged back by a reshape; its gradient is an ``unstack``."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return jnp.stack((-x2, x1), axis=-1).reshape(x.shape)
+
+
+def test_a_rotary_stack_and_its_unstack_microbatch_exactly():
+    """``stack`` (new axis, never the batch's) and ``unstack`` (the batch's split refused) keep
+    the batch's flow and its exponent: GPT-J and RoFormer, whose staged plans fell back to one
+    microbatch (and before that, the pad after the unknown flow raised a TypeError)."""
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x + _rotate_every_two(jnp.tanh(nn.Dense(8)(x)))
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Block()(Block()(x))
+
+    net = Net()
+    x = jnp.linspace(-1.0, 1.0, 16 * 8).reshape(16, 8)
+    params = net.init(jax.random.key(0), x)
+    def step(p, x):
+        value, grad = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x) ** 2))(p)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), {"loss": value}
+
+    _, split = _split(step, params, x)
+    assert split.exact, split.problems
+    # ... as staged emission over two microbatches computes it
+    two = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+    plan = hj.plan(step, params, x, topology=two, strategy="pipeline", microbatches=2)
+    assert plan.microbatches == 2 and len(plan.stages) == 2
+    got = hj.emit(step, plan, donate=False)(params, x)
+    want = jax.jit(step)(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+    # An unstack of the batch dimension itself (one result per example: the step's structure
+    # depends on the batch) is refused.
+    _, split = _split(_sgd(lambda w, x: sum(jnp.unstack(x @ w, axis=0)).sum()), W, X)
+    assert not split.exact
+
+
+def test_a_pad_of_a_value_whose_batch_dimension_is_unknown_is_refused_not_raised():
+    """A per-example value the analysis cannot place (here after an operator it cannot read)
+    reaching a pad: the step cannot be microbatched exactly, and the problem says why (it used
+    to index the pad's configuration with ``None``)."""
+    def loss(w, x):
+        y = jax.lax.top_k(x @ w, 2)[0]  # (B, 2): top_k is not among the operators read
+        return jnp.mean(jnp.pad(y, ((0, 0), (1, 1))) ** 2)
+
+    _, split = _split(_sgd(loss), W, X)
+    assert not split.exact
+    assert split.problems
