@@ -1,7 +1,8 @@
-"""transformers Flax models that no test, family or rule of hulkjax was written for, as steps.
+"""Third-party models that no test, family or rule of hulkjax was written for, as steps.
 
-Fifteen of the library's Flax modules (tiny, random-initialized, nothing downloaded), built the
-way :mod:`tests.realmodels.families` builds its families (value_and_grad of a loss, AdamW):
+Fifteen of transformers' Flax modules and eight of keras-hub's causal LMs (Keras 3 on JAX;
+``kh-*``), tiny, random-initialized, nothing downloaded, built the way
+:mod:`tests.realmodels.families` builds its families (value_and_grad of a loss, AdamW):
 ``MODELS[name]() -> (step, state, batch)``. ``benchmarks/unseen.py`` plans, emits and checks
 every one of them (``benchmarks/UNSEEN.md``); ``tests/realmodels/test_unseen_families.py`` runs
 the ones whose code found a bug.
@@ -447,3 +448,45 @@ MODELS = dict(
     beit=beit,
     dinov2=dinov2,
 )
+
+
+# keras-hub (Keras 3 on the JAX backend): causal LMs built as the mixtral family is
+# (:func:`tests.realmodels.families._mixtral`), from their backbones' own arguments.
+
+def _keras_causal(backbone: str, lm: str, **kw):
+    keras, keras_hub = families._keras()
+    keras.utils.set_random_seed(0)  # Keras initializes variables eagerly, from its global seed
+    model = getattr(keras_hub.models, lm)(
+        backbone=getattr(keras_hub.models, backbone)(dtype="float32", **kw), preprocessor=None)
+    paths = [v.path for v in model.trainable_variables]
+    fixed = [v.value for v in model.non_trainable_variables]  # none trains: constants
+    batch = families._lm_batch(d)
+
+    def loss_fn(params, b):
+        logits, _ = model.stateless_call(
+            [params[p] for p in paths], fixed,
+            {"token_ids": b["input_ids"], "padding_mask": b["attention_mask"]}, training=False)
+        return families._token_loss(logits, b["targets"])
+
+    params = {p: jnp.asarray(v.value) for p, v in zip(paths, model.trainable_variables)}
+    return families._train_step(loss_fn), families._state(params), batch
+
+
+_KERAS = dict(vocabulary_size=d["vocab"], num_layers=2, hidden_dim=d["width"],
+              intermediate_dim=d["ff"])
+_KERAS_GQA = dict(_KERAS, num_query_heads=4, num_key_value_heads=2)
+_KERAS_MQA = dict(_KERAS, num_query_heads=4, num_key_value_heads=1, head_dim=16)
+_KERAS_MHA = dict(_KERAS, num_heads=4, max_sequence_length=64)
+KERAS_MODELS = {
+    "kh-gemma": lambda: _keras_causal("GemmaBackbone", "GemmaCausalLM", **_KERAS_MQA),
+    "kh-gemma3": lambda: _keras_causal("Gemma3Backbone", "Gemma3CausalLM", image_size=16,
+                                       **_KERAS_MQA),
+    "kh-llama3": lambda: _keras_causal("Llama3Backbone", "Llama3CausalLM", **_KERAS_GQA),
+    "kh-mistral": lambda: _keras_causal("MistralBackbone", "MistralCausalLM", sliding_window=8,
+                                        **_KERAS_GQA),
+    "kh-phi3": lambda: _keras_causal("Phi3Backbone", "Phi3CausalLM", **_KERAS_GQA),
+    "kh-qwen": lambda: _keras_causal("QwenBackbone", "QwenCausalLM", **_KERAS_GQA),
+    "kh-gpt2": lambda: _keras_causal("GPT2Backbone", "GPT2CausalLM", **_KERAS_MHA),
+    "kh-opt": lambda: _keras_causal("OPTBackbone", "OPTCausalLM", **_KERAS_MHA),
+}
+MODELS.update(KERAS_MODELS)
