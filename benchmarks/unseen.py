@@ -21,7 +21,7 @@ warning (a primitive without a rule) is recorded, and ``auto``'s predicted step 
 
 Results go to ``benchmarks/results/unseen.json`` and ``benchmarks/UNSEEN.md``::
 
-    python benchmarks/unseen.py                      # every model (about 20 minutes on 2 cores)
+    python benchmarks/unseen.py                      # every model (about 20-30 minutes on 2 cores)
     python benchmarks/unseen.py --models clip_vision bigbird
     python benchmarks/unseen.py --report-only
 """
