@@ -482,7 +482,7 @@ def summary(runs) -> list[str]:
         ratios = [r["measured_step"] / r["predicted_step"] for r in rows]
         processes = res["regions"]
         devices = processes * res["devices_per_region"]
-        cores = "pinned" if res.get("pinning") and devices <= res["cpus"] else (
+        cores = "pinned" if _pinned(res) else (
             f"shared ({processes} processes, {devices} devices on {res['cpus']} cores)")
         model = f"`{res['model']}`" + "".join(
             f", {k} {v}" for k, v in (res.get("overrides") or {}).items() if k != "batch")
@@ -496,6 +496,11 @@ def summary(runs) -> list[str]:
             f"{cores} | {by['auto'].get('plan', 'SPMD')} | {vs_dp} | {vs_best} | "
             f"{_ranking(rows)} | {ok}/{len(bound)} | {min(ratios):.2f}-{max(ratios):.2f} |")
     return lines + [""]
+
+
+def _pinned(res) -> bool:
+    """Whether every process of a run had cores of its own (none shared with another)."""
+    return bool(res.get("pinning")) and res["regions"] * res["devices_per_region"] <= res["cpus"]
 
 
 def _targets(rows, shared: bool = False) -> list[str]:
@@ -691,8 +696,7 @@ def markdown(res: dict) -> str:
                 f"quartile ranges overlap)"
                 + ("." if len(noise) == len(swapped) else
                    f", {len(swapped) - len(noise)} not: a ranking the model gets wrong."))
-        pinned = res.get("pinning") and res["regions"] * res["devices_per_region"] <= res["cpus"]
-        lines += _targets(rows, shared=not pinned)
+        lines += _targets(rows, shared=not _pinned(res))
     lines += ["", f"Left behind after teardown: {res['left_behind'] or 'nothing'} "
                   f"(namespaces, and with them links, the bridge and qdiscs).", ""]
     return "\n".join(lines)

@@ -958,7 +958,10 @@ _STRUCTURAL = frozenset({"broadcast_in_dim", "transpose", "squeeze", "expand_dim
                          "select_n", "clamp", "integer_pow", "square", "erf_inv", "logistic",
                          "add_any", "pjit", "optimization_barrier", "random_wrap",
                          "random_unwrap", "random_split", "random_fold_in", "split",
-                         "stack"})  # (stack: its new axis is never the batch's)
+                         # stack: its new axis is never the batch's; unstack: one result per
+                         # index of its axis, so one of the batch changes the step's structure
+                         # (refused before the flows are read)
+                         "stack", "unstack"})
 
 
 def _arith_exp(prim, node, ins: list[Flow]) -> int | None:
@@ -1055,16 +1058,16 @@ def _full_extent(node, analysis: _Analysis, k: int, f: Flow) -> str:
         wd = node.params.get("window_dimensions")
         if wd is not None and k == 0 and wd[d] != 1:
             return "a window over the batch dimension"
-    elif name in ("split", "unstack"):
+    elif name == "split":
         if node.params.get("axis") == d:
-            return f"a{'n' if name == 'unstack' else ''} {name} of the batch dimension"
+            return "a split of the batch dimension"
     return ""
 
 
 _ALONG = {name: _full_extent for name in (
     "slice", "pad", "dynamic_slice", "dynamic_update_slice", "concatenate", "rev",
     "reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
-    "select_and_scatter_add", "select_and_gather_add", "split", "unstack")}
+    "select_and_scatter_add", "select_and_gather_add", "split")}
 
 
 def _join(a: Flow, b: Flow) -> Flow:

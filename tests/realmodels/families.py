@@ -489,15 +489,22 @@ def _mixtral(size: str):
         raise RuntimeError(f"MixtralCausalLM has non-trainable variables "
                            f"{[v.path for v in model.non_trainable_variables]}: the harness "
                            f"assumes none (it would have to carry them in the state).")
-    # Parameters as {variable path: array}: readable names in plans; the model wants its list.
+    return keras_lm_step(model, d)
+
+
+def keras_lm_step(model, d: dict):
+    """``(step, state, batch)`` of a keras-hub causal LM (built with ``preprocessor=None``):
+    ``stateless_call`` on ``{variable path: array}`` parameters (readable names in plans; the
+    model wants its list), its non-trainable variables held as constants, a causal LM batch."""
     paths = [v.path for v in model.trainable_variables]
     if len(set(paths)) != len(paths):
-        raise RuntimeError("MixtralCausalLM has variables with the same path")
+        raise RuntimeError(f"{type(model).__name__} has variables with the same path")
+    fixed = [v.value for v in model.non_trainable_variables]
     batch = _lm_batch(d)
 
     def loss_fn(params, b):
         logits, _ = model.stateless_call(
-            [params[p] for p in paths], [],
+            [params[p] for p in paths], fixed,
             {"token_ids": b["input_ids"], "padding_mask": b["attention_mask"]}, training=False)
         return _token_loss(logits, b["targets"])
 

@@ -233,7 +233,7 @@ def wav2vec2():
         logits = module.apply({"params": params}, b["input_values"], deterministic=True)[0]
         return (logits.astype(jnp.float32) ** 2).mean()
 
-    params = jax.jit(lambda x: module.init(jax.random.PRNGKey(0), x))(x)["params"]
+    params = families._init(module, x)
     return families._train_step(loss_fn), families._state(params), {"input_values": x}
 
 
@@ -258,7 +258,7 @@ def clip_vision():
         out = module.apply({"params": params}, b["pixel_values"], deterministic=True)
         return (out.pooler_output**2).mean()
 
-    params = jax.jit(lambda x: module.init(jax.random.PRNGKey(0), x))(x)["params"]
+    params = families._init(module, x)
     return families._train_step(loss_fn), families._state(params), {"pixel_values": x}
 
 
@@ -321,7 +321,7 @@ def _image_classifier(module, x, labels=10):
         logits = module.apply({"params": params}, b["pixel_values"], deterministic=True).logits
         return families._token_loss(logits, b["labels"])
 
-    params = jax.jit(lambda x: module.init(jax.random.PRNGKey(0), x))(x)["params"]
+    params = families._init(module, x)
     return families._train_step(loss_fn), families._state(params), {"pixel_values": x,
                                                                     "labels": y}
 
@@ -458,18 +458,7 @@ def _keras_causal(backbone: str, lm: str, **kw):
     keras.utils.set_random_seed(0)  # Keras initializes variables eagerly, from its global seed
     model = getattr(keras_hub.models, lm)(
         backbone=getattr(keras_hub.models, backbone)(dtype="float32", **kw), preprocessor=None)
-    paths = [v.path for v in model.trainable_variables]
-    fixed = [v.value for v in model.non_trainable_variables]  # none trains: constants
-    batch = families._lm_batch(d)
-
-    def loss_fn(params, b):
-        logits, _ = model.stateless_call(
-            [params[p] for p in paths], fixed,
-            {"token_ids": b["input_ids"], "padding_mask": b["attention_mask"]}, training=False)
-        return families._token_loss(logits, b["targets"])
-
-    params = {p: jnp.asarray(v.value) for p, v in zip(paths, model.trainable_variables)}
-    return families._train_step(loss_fn), families._state(params), batch
+    return families.keras_lm_step(model, d)
 
 
 _KERAS = dict(vocabulary_size=d["vocab"], num_layers=2, hidden_dim=d["width"],
