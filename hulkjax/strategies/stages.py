@@ -116,7 +116,12 @@ from hulkjax.strategies.partition import (
 from hulkjax.strategies.realize import cost_model
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER, OpGraph
-from hulkjax.trace.microbatch import batch_size, microbatch_graph, planning_graph
+from hulkjax.trace.microbatch import (
+    batch_size,
+    broadcast_to_the_batch,
+    microbatch_graph,
+    planning_graph,
+)
 
 log = logging.getLogger("hulkjax.stages")
 
@@ -313,9 +318,20 @@ class _Context:
 
     def usable(self, M: int) -> bool:
         """Whether the step at ``1 / M`` of the batch has the full step's operators (a batch of
-        one may trace to other operators: size-1 dimensions broadcast differently)."""
+        one may trace to other operators: size-1 dimensions broadcast differently). A
+        microbatch of one example is not traced to find out where the step stretches a
+        dimension of size 1 to the batch (:func:`~hulkjax.trace.microbatch.broadcast_to_the_batch`:
+        ``jnp`` elides that broadcast at one example)."""
         if M == 1:
             return True
+        g = self.graph
+        if M == batch_size(g) and not any(M in g.memo.get(c, {}) for c in (
+                "microbatch_graphs", "planning_graphs")):
+            n = broadcast_to_the_batch(g)
+            if n is not None:
+                log.info("not tracing the step at one example per microbatch: %s stretches a "
+                         "dimension of size 1 to the batch, which jnp elides there", n.name)
+                return False
         try:
             m = self.micro(M)
         except UnsupportedStepError:

@@ -1,5 +1,5 @@
 """Models outside ``families.py``, as a new user would bring them
-(:mod:`tests.realmodels.unseen_models`; ``benchmarks/unseen.py`` runs all fifteen), here the ones
+(:mod:`tests.realmodels.unseen_models`; ``benchmarks/unseen.py`` runs them all), here the ones
 whose code found a bug:
 
 * transformers' Flax CLIP vision tower: its class token is ``jnp.tile``, a JAX 0.10 primitive
@@ -7,7 +7,11 @@ whose code found a bug:
   zero out of ``hj.plan``;
 * RoFormer: its rotary helper stacks along a new axis, which the microbatch analysis could not
   read, and a pad after it raised a ``TypeError`` out of ``hj.plan`` where the staged search ran
-  (two DGX nodes); GPT-J's helper is the same.
+  (two DGX nodes); GPT-J's helper is the same;
+* CLIP with its contrastive loss: every text is scored against every image of the batch, where
+  the microbatch analysis loses the batch dimension (examples paired with examples); the gather
+  that picks each row's label then indexed its slice sizes with ``None``, a ``TypeError`` out of
+  ``hj.plan`` on two DGX nodes.
 
 Each step is planned with every hulkjax warning an error, emitted, and compared with the
 unsharded step.
@@ -36,6 +40,7 @@ TWO_NODES = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
     ("clip_vision", MESHES["2x4"], "dp"),
     ("clip_vision", MESHES["2x4"], "auto"),
     ("roformer", TWO_NODES, "auto"),
+    ("clip", TWO_NODES, "auto"),
 ])
 def test_plans_without_warnings_and_computes_the_unsharded_step(model, topology, strategy):
     step, state, batch = unseen_models.MODELS[model]()
@@ -47,5 +52,12 @@ def test_plans_without_warnings_and_computes_the_unsharded_step(model, topology,
     if model == "roformer":  # staged over the two nodes, the microbatch analysis exact
         assert plan.stages is not None
         assert not any("one microbatch only" in n for n in plan.notes), plan.notes
+    if model == "clip":  # the in-batch negatives couple the examples: one microbatch, and why
+        from hulkjax.strategies.partition import partition
+
+        assert plan.microbatches == 1
+        split = partition(hj.trace(step, state, batch)).split
+        assert not split.exact
+        assert any("pairs examples with other examples" in p for p in split.problems)
     got = hj.emit(step, plan)(state, batch)
     assert_trees_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,7 @@
 """Third-party models that no test, family or rule of hulkjax was written for, as steps.
 
-Fifteen of transformers' Flax modules and eight of keras-hub's causal LMs (Keras 3 on JAX;
-``kh-*``), tiny, random-initialized, nothing downloaded, built the way
+Twenty-six of transformers' Flax modules (fifteen, then eleven more once those were clean) and
+eight of keras-hub's causal LMs (Keras 3 on JAX; ``kh-*``), tiny, random-initialized, nothing downloaded, built the way
 :mod:`tests.realmodels.families` builds its families (value_and_grad of a loss, AdamW):
 ``MODELS[name]() -> (step, state, batch)``. ``benchmarks/unseen.py`` plans, emits and checks
 every one of them (``benchmarks/UNSEEN.md``); ``tests/realmodels/test_unseen_families.py`` runs
@@ -117,23 +117,9 @@ def gptj():
     return families._causal_lm(FlaxGPTJForCausalLMModule(cfg), d)
 
 
-def bart():
-    from transformers import BartConfig
-    from transformers.models.bart.modeling_flax_bart import FlaxBartForConditionalGenerationModule
-
-    cfg = BartConfig(
-        vocab_size=d["vocab"],
-        d_model=d["width"],
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=d["heads"],
-        decoder_attention_heads=d["heads"],
-        encoder_ffn_dim=d["ff"],
-        decoder_ffn_dim=d["ff"],
-        max_position_embeddings=64,
-        dropout=0.0,
-    )
-    module = FlaxBartForConditionalGenerationModule(cfg)
+def _seq2seq(module):
+    """A step for a BART-style encoder-decoder module (``input_ids, attention_mask,
+    decoder_input_ids, decoder_attention_mask, position_ids, decoder_position_ids``)."""
     rng = np.random.default_rng(0)
     ids = jnp.asarray(families._tokens(rng, d))
     dec = jnp.asarray(families._tokens(rng, d))
@@ -159,20 +145,74 @@ def bart():
     return families._train_step(loss_fn), families._state(params), batch
 
 
-def resnet():
-    from transformers import ResNetConfig
-    from transformers.models.resnet.modeling_flax_resnet import (
-        FlaxResNetForImageClassificationModule,
+def _seq2seq_config(config_cls, **kw):
+    return config_cls(vocab_size=d["vocab"], d_model=d["width"], encoder_layers=1,
+                      decoder_layers=1, encoder_attention_heads=d["heads"],
+                      decoder_attention_heads=d["heads"], encoder_ffn_dim=d["ff"],
+                      decoder_ffn_dim=d["ff"], max_position_embeddings=64, dropout=0.0, **kw)
+
+
+def bart():
+    from transformers import BartConfig
+    from transformers.models.bart.modeling_flax_bart import FlaxBartForConditionalGenerationModule
+
+    return _seq2seq(FlaxBartForConditionalGenerationModule(_seq2seq_config(BartConfig)))
+
+
+def marian():
+    from transformers import MarianConfig
+    from transformers.models.marian.modeling_flax_marian import FlaxMarianMTModule
+
+    # sinusoidal positions, a final logits bias
+    return _seq2seq(FlaxMarianMTModule(_seq2seq_config(
+        MarianConfig, decoder_vocab_size=d["vocab"], pad_token_id=0)))
+
+
+def mbart():
+    from transformers import MBartConfig
+    from transformers.models.mbart.modeling_flax_mbart import (
+        FlaxMBartForConditionalGenerationModule,
     )
 
-    cfg = ResNetConfig(
-        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", num_labels=10
+    return _seq2seq(FlaxMBartForConditionalGenerationModule(_seq2seq_config(MBartConfig)))
+
+
+def pegasus():
+    from transformers import PegasusConfig
+    from transformers.models.pegasus.modeling_flax_pegasus import (
+        FlaxPegasusForConditionalGenerationModule,
     )
-    module = FlaxResNetForImageClassificationModule(cfg)
+
+    return _seq2seq(FlaxPegasusForConditionalGenerationModule(_seq2seq_config(PegasusConfig)))
+
+
+def blenderbot_small():
+    from transformers import BlenderbotSmallConfig
+    from transformers.models.blenderbot_small.modeling_flax_blenderbot_small import (
+        FlaxBlenderbotSmallForConditionalGenerationModule,
+    )
+
+    return _seq2seq(FlaxBlenderbotSmallForConditionalGenerationModule(
+        _seq2seq_config(BlenderbotSmallConfig)))
+
+
+def xglm():
+    from transformers import XGLMConfig
+    from transformers.models.xglm.modeling_flax_xglm import FlaxXGLMForCausalLMModule
+
+    cfg = XGLMConfig(vocab_size=d["vocab"], d_model=d["width"], ffn_dim=d["ff"], num_layers=2,
+                     attention_heads=d["heads"], max_position_embeddings=64, dropout=0.0,
+                     attention_dropout=0.0, activation_dropout=0.0)
+    return families._causal_lm(FlaxXGLMForCausalLMModule(cfg), d)
+
+
+def _batch_stats_classifier(module, **train):
+    """A step for an image classifier with BatchNorm (its statistics carried in the state),
+    called as ``(pixel_values, **train)`` in training."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((8, 32, 32, 3)), jnp.float32)
     y = jnp.asarray(rng.integers(0, 10, (8,)), jnp.int32)
-    variables = jax.jit(lambda x: module.init(jax.random.PRNGKey(0), x, deterministic=True))(x)
+    variables = jax.jit(lambda x: module.init(jax.random.PRNGKey(0), x))(x)
     tx = families._optimizer()
 
     def step(state, batch):
@@ -180,8 +220,8 @@ def resnet():
             out, upd = module.apply(
                 {"params": params, "batch_stats": state["batch_stats"]},
                 batch["pixel_values"],
-                deterministic=False,
                 mutable=["batch_stats"],
+                **train,
             )
             return families._token_loss(out.logits, batch["labels"]), upd["batch_stats"]
 
@@ -200,6 +240,32 @@ def resnet():
         "batch_stats": variables["batch_stats"],
     }
     return step, state, {"pixel_values": x, "labels": y}
+
+
+def resnet():
+    from transformers import ResNetConfig
+    from transformers.models.resnet.modeling_flax_resnet import (
+        FlaxResNetForImageClassificationModule,
+    )
+
+    cfg = ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", num_labels=10
+    )
+    return _batch_stats_classifier(FlaxResNetForImageClassificationModule(cfg),
+                                   deterministic=False)
+
+
+def regnet():
+    from transformers import RegNetConfig
+    from transformers.models.regnet.modeling_flax_regnet import (
+        FlaxRegNetForImageClassificationModule,
+    )
+
+    # grouped convolutions, squeeze-and-excitation
+    cfg = RegNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8,
+                       num_labels=10)
+    return _batch_stats_classifier(FlaxRegNetForImageClassificationModule(cfg),
+                                   deterministic=False)
 
 
 def wav2vec2():
@@ -431,6 +497,143 @@ def dinov2():
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return _image_classifier(FlaxDinov2ForImageClassificationModule(cfg), _pixels(True))
 
+
+def clip():
+    """CLIP with its contrastive loss: every text scored against every image of the batch (in-batch
+    negatives: the loss couples the examples, so the step cannot be microbatched)."""
+    from transformers import CLIPConfig
+    from transformers.models.clip.modeling_flax_clip import FlaxCLIPModule
+
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=d["vocab"], hidden_size=d["width"], intermediate_size=d["ff"],
+                         num_hidden_layers=1, num_attention_heads=d["heads"],
+                         max_position_embeddings=32),
+        vision_config=dict(hidden_size=d["width"], intermediate_size=d["ff"], num_hidden_layers=1,
+                           num_attention_heads=d["heads"], image_size=16, patch_size=4),
+        projection_dim=32)
+    module = FlaxCLIPModule(cfg)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(families._tokens(rng, d))
+    px = jnp.asarray(rng.standard_normal((d["batch"], 3, 16, 16)), jnp.float32)
+    mask = jnp.ones_like(ids)
+
+    def loss_fn(params, b):
+        out = module.apply({"params": params}, b["input_ids"], b["pixel_values"],
+                           b["attention_mask"], families._positions(b["input_ids"]),
+                           deterministic=True)
+        logits = out.logits_per_text.astype(jnp.float32)
+        labels = jnp.arange(logits.shape[0])
+        ce = optax.softmax_cross_entropy_with_integer_labels
+        return (ce(logits, labels).mean() + ce(logits.T, labels).mean()) / 2
+
+    params = families._init(module, ids, px, mask, families._positions(ids))
+    return families._train_step(loss_fn), families._state(params), {
+        "input_ids": ids, "pixel_values": px, "attention_mask": mask}
+
+
+def _encoder_config(config_cls, **kw):
+    return config_cls(vocab_size=d["vocab"], hidden_size=d["width"], num_hidden_layers=2,
+                      num_attention_heads=d["heads"], intermediate_size=d["ff"],
+                      max_position_embeddings=64, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0, **kw)
+
+
+def _encoder_args(ids):
+    """BERT-style modules' inputs: ids, attention mask, token types, positions, head mask."""
+    return ids, jnp.ones_like(ids), jnp.zeros_like(ids), \
+        jnp.broadcast_to(jnp.arange(2, 2 + ids.shape[-1]), ids.shape), None
+
+
+def xlm_roberta_mc():
+    """Multiple choice: (batch, choices, sequence), flattened to (batch x choices, sequence) and
+    back inside the module."""
+    from transformers import XLMRobertaConfig
+    from transformers.models.xlm_roberta.modeling_flax_xlm_roberta import (
+        FlaxXLMRobertaForMultipleChoiceModule,
+    )
+
+    module = FlaxXLMRobertaForMultipleChoiceModule(_encoder_config(XLMRobertaConfig))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, d["vocab"], (d["batch"], 4, d["seq"]), dtype=np.int32))
+    labels = jnp.asarray(rng.integers(0, 4, (d["batch"],), dtype=np.int32))
+
+    def loss_fn(params, b):
+        logits = module.apply({"params": params}, *_encoder_args(b["input_ids"]),
+                              deterministic=True).logits
+        return families._token_loss(logits, b["labels"])
+
+    params = families._init(module, *_encoder_args(ids))
+    return families._train_step(loss_fn), families._state(params), {"input_ids": ids,
+                                                                    "labels": labels}
+
+
+def electra():
+    """ELECTRA's discriminator: a per-token replaced-or-not logit (sigmoid cross-entropy)."""
+    from transformers import ElectraConfig
+    from transformers.models.electra.modeling_flax_electra import FlaxElectraForPreTrainingModule
+
+    module = FlaxElectraForPreTrainingModule(_encoder_config(ElectraConfig, embedding_size=32))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(families._tokens(rng, d))
+    labels = jnp.asarray(rng.integers(0, 2, ids.shape), jnp.float32)
+
+    def loss_fn(params, b):
+        logits = module.apply({"params": params}, *_encoder_args(b["input_ids"]),
+                              deterministic=True).logits
+        return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), b["labels"]).mean()
+
+    params = families._init(module, *_encoder_args(ids))
+    return families._train_step(loss_fn), families._state(params), {"input_ids": ids,
+                                                                    "labels": labels}
+
+
+def bert_pretraining():
+    """BERT's two pre-training heads: masked-LM logits and next-sentence prediction."""
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_flax_bert import FlaxBertForPreTrainingModule
+
+    module = FlaxBertForPreTrainingModule(_encoder_config(BertConfig))
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(families._tokens(rng, d))
+    nsp = jnp.asarray(rng.integers(0, 2, (d["batch"],)), jnp.int32)
+
+    def loss_fn(params, b):
+        out = module.apply({"params": params}, *_encoder_args(b["input_ids"]),
+                           deterministic=True)
+        return families._token_loss(out.prediction_logits, b["input_ids"]) + \
+            families._token_loss(out.seq_relationship_logits, b["nsp"])
+
+    params = families._init(module, *_encoder_args(ids))
+    return families._train_step(loss_fn), families._state(params), {"input_ids": ids, "nsp": nsp}
+
+
+def distilbert_qa():
+    """Extractive question answering: start and end logits split off one projection."""
+    from transformers import DistilBertConfig
+    from transformers.models.distilbert.modeling_flax_distilbert import (
+        FlaxDistilBertForQuestionAnsweringModule,
+    )
+
+    cfg = DistilBertConfig(vocab_size=d["vocab"], dim=d["width"], n_layers=2, n_heads=d["heads"],
+                           hidden_dim=d["ff"], max_position_embeddings=64, dropout=0.0,
+                           attention_dropout=0.0, qa_dropout=0.0)
+    module = FlaxDistilBertForQuestionAnsweringModule(cfg)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(families._tokens(rng, d))
+    start, end = (jnp.asarray(rng.integers(0, d["seq"], (d["batch"],)), jnp.int32)
+                  for _ in range(2))
+
+    def loss_fn(params, b):
+        out = module.apply({"params": params}, b["input_ids"], jnp.ones_like(b["input_ids"]),
+                           deterministic=True)
+        return (families._token_loss(out.start_logits, b["start"])
+                + families._token_loss(out.end_logits, b["end"])) / 2
+
+    params = families._init(module, ids, jnp.ones_like(ids))
+    return families._train_step(loss_fn), families._state(params), {
+        "input_ids": ids, "start": start, "end": end}
+
+
 MODELS = dict(
     opt=opt,
     gptneo=gptneo,
@@ -447,6 +650,18 @@ MODELS = dict(
     whisper=whisper,
     beit=beit,
     dinov2=dinov2,
+    # A second set, brought in after the first was clean (stop 42):
+    marian=marian,
+    mbart=mbart,
+    pegasus=pegasus,
+    blenderbot_small=blenderbot_small,
+    xglm=xglm,
+    regnet=regnet,
+    clip=clip,
+    xlm_roberta_mc=xlm_roberta_mc,
+    electra=electra,
+    bert_pretraining=bert_pretraining,
+    distilbert_qa=distilbert_qa,
 )
 
 

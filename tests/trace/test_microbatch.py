@@ -284,3 +284,67 @@ def test_a_pad_of_a_value_whose_batch_dimension_is_unknown_is_refused_not_raised
     _, split = _split(_sgd(loss), W, X)
     assert not split.exact
     assert split.problems
+
+
+def test_an_in_batch_contrastive_loss_is_refused_not_raised():
+    """CLIP's loss: every example is scored against every other (a B x B similarity matrix), and
+    the label of each row is picked with a gather. The analysis loses the batch dimension at
+    the similarity (examples paired with examples) and used to index the gather's slice sizes
+    with ``None`` (transformers' ``FlaxCLIPModule`` under ``auto`` on two DGX nodes)."""
+    def loss(w, x):
+        a, b = jnp.tanh(x @ w), jnp.tanh(x @ w.T)
+        sim = jax.nn.log_softmax(a @ b.T, axis=1)
+        labels = jnp.arange(x.shape[0])
+        return -jnp.mean(jnp.take_along_axis(sim, labels[:, None], axis=1))
+
+    g, split = _split(_sgd(loss), W, X)
+    assert not split.exact
+    assert "pairs examples with other examples" in split.problems[0]
+    gathers = [n for n in g.nodes if n.name == "gather" and not n.backward]
+    assert gathers and all(split.flows[n.outputs[0]].exp is None for n in gathers)
+
+
+@pytest.mark.parametrize("reps,exact", [((1, 2), True), ((2, 1), False)])
+def test_a_tile_keeps_the_batch_unless_it_repeats_it(reps, exact):
+    """``jnp.tile`` of a per-example value: repeating other dimensions keeps each example's rows
+    its own (exact); repeating the batch dimension mixes copies of the batch (refused)."""
+    _, split = _split(_sgd(lambda w, x: jnp.mean(jnp.tile(jnp.tanh(x @ w), reps) ** 2)), W, X)
+    assert split.exact is exact
+    if not exact:
+        assert "repeats the batch dimension" in split.problems[0]
+
+
+def _masked(w, x):
+    """An additive mask of shape (1, 4) stretched to the batch explicitly (as attention masks
+    are): ``jnp.broadcast_to`` elides the broadcast where the shapes are equal."""
+    mask = jnp.broadcast_to(jnp.arange(4.0)[None], x.shape)
+    return jnp.mean(jnp.tanh(x @ w + mask) ** 2)
+
+
+def test_a_broadcast_of_a_size_one_dimension_to_the_batch_is_found():
+    from hulkjax.trace.microbatch import broadcast_to_the_batch
+
+    g, _ = _split(_sgd(_masked), W, X)
+    n = broadcast_to_the_batch(g)
+    assert n is not None and n.name == "broadcast_in_dim"
+    # It is why the step traces to other operators at one example per microbatch.
+    one = microbatch_graph(g, 8)
+    assert [m.name for m in one.nodes].count("broadcast_in_dim") < \
+        [m.name for m in g.nodes].count("broadcast_in_dim")
+    plain, _ = _split(_sgd(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)), W, X)
+    assert broadcast_to_the_batch(plain) is None
+
+
+def test_the_staged_search_does_not_trace_one_example_where_the_batch_is_broadcast_to():
+    """A microbatch of one example is refused without a trace where a size-1 dimension is
+    stretched to the batch; traced (and found to differ or not) elsewhere."""
+    from hulkjax.strategies.stages import _context
+
+    topo = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+    for loss, traced in ((_masked, False), (lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2), True)):
+        g = hj.trace(_sgd(loss), W, X)
+        ctx = _context(g, topo)
+        assert ctx.usable(2)
+        usable = ctx.usable(8)
+        assert (8 in g.memo.get("microbatch_graphs", {})) is traced
+        assert usable is (traced and len(microbatch_graph(g, 8).nodes) == len(g.nodes))
