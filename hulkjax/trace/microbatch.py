@@ -238,39 +238,36 @@ def planning_graph(graph: OpGraph, microbatches: int) -> OpGraph:
 
 def broadcast_to_the_batch(graph: OpGraph):
     """A ``broadcast_in_dim`` of ``graph`` that stretches a dimension of size 1 to the batch's
-    size (an attention mask of shape ``(1, 1, T, T)`` added to ``(B, H, T, T)`` scores), or
-    ``None``; read off the graph traced at a microbatch (the partition's), where the stretched
-    dimension has the microbatch's size: ``None`` where there is none.
+    size (transformers' causal masks: ``jnp.broadcast_to(mask, (batch,) + mask.shape[1:])``),
+    or ``None``; read off a graph of the step traced at a microbatch (the partition's), where
+    the stretched dimension has the microbatch's size (``None`` until there is one).
 
-    ``jnp`` elides a broadcast between equal shapes (``jnp.broadcast_to`` and the implicit
-    broadcasting of its operators), so at a microbatch of one example such a step traces to
-    other operators, and its per-node plans do not apply to it. Tracing it to find that out took
-    the staged search as long as a trace of the step (2 s for an 8B LLaMA); of 26 third-party and
-    zoo models checked, every one traced differently at one example, and 17 have such a
-    broadcast (``tests/trace/test_microbatch.py``)."""
+    ``jnp.broadcast_to`` returns its operand where the shapes are equal, so at a microbatch of
+    one example such a step traces to other operators, and its per-node plans do not apply
+    there. Tracing the step to find that out cost the staged search as much as a trace (2 s
+    for an 8B LLaMA). ``benchmarks/UNSEEN.md`` counts, of its third-party models, those that
+    trace to other operators at one example and those this finds."""
     hit = graph.memo.get("broadcast to the batch", False)
     if hit is not False:
         return hit
-    traced = graph.memo.get("microbatch_graphs", {})
     b = batch_size(graph)
-    found = None
-    for k, m in sorted(traced.items()):
+    for k, m in sorted(graph.memo.get("microbatch_graphs", {}).items()):
         if b is None or k < 2 or len(m.nodes) != len(graph.nodes):
             continue
+        found = None
         for n, c in zip(graph.nodes, m.nodes):
             if n.name != "broadcast_in_dim" or n.inputs[0] is None or c.name != n.name:
                 continue
             src, out, mout = (graph.values[n.inputs[0]].shape, graph.values[n.outputs[0]].shape,
                               m.values[c.outputs[0]].shape)
-            if len(out) != len(mout):
-                continue
-            if any(src[i] == 1 and out[d] == b and mout[d] == b // k
-                   for i, d in enumerate(n.params["broadcast_dimensions"])):
+            if len(out) == len(mout) and any(
+                    src[i] == 1 and out[d] == b and mout[d] == b // k
+                    for i, d in enumerate(n.params["broadcast_dimensions"])):
                 found = n
                 break
-        break
-    graph.memo["broadcast to the batch"] = found
-    return found
+        graph.memo["broadcast to the batch"] = found
+        return found
+    return None
 
 
 class _NotScalable(Exception):
