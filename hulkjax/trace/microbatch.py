@@ -48,7 +48,7 @@ batch size. Staged plans of such steps use one microbatch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -83,6 +83,12 @@ class Flow:
       zero: an independent value known to be all zeros (gradient accumulators start so).  # bool
       varies: an independent value that differs along a batch-sized dimension (``iota`` along the
         batch, random bits): per-example computation reading it differs by microbatch.  # bool
+      position: of a varying value, the dimension along which it is each example's position in
+        the batch (``jnp.arange(B)``; ``None`` otherwise).  # int | None
+      position_column: of a per-example index array, ``(axis, column)`` where the column along
+        ``axis`` is each example's position (``x[jnp.arange(B), idx]`` stacks the two index
+        columns): a gather or scatter through it reads or writes each example's own row.
+        # tuple | None
     """
 
     kind: str
@@ -90,6 +96,8 @@ class Flow:
     exp: int | None = 0
     zero: bool = False
     varies: bool = False
+    position: int | None = None
+    position_column: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -698,6 +706,9 @@ class _Analysis:
         if RED in kinds:
             return [Flow(RED, exp=self.red_exp(node, ins))] * n_out
         if EX in kinds:
+            stacked = self.index_columns(node, ins)
+            if stacked is not None:
+                return stacked
             for f in ins:
                 if f.kind == IND and f.varies:
                     self.problem(node, "per-example computation reads values that vary along "
@@ -725,8 +736,74 @@ class _Analysis:
             zero = bool(ins) and prim in _ZERO_PRESERVING and ins[0].zero
             if prim is P.mul_p:
                 zero = any(f.zero for f in ins)
-            outs.append(Flow(IND, exp=e, zero=zero, varies=v))
+            pos = self.position(node, ins, dd) if v else None
+            if pos is not None and node.name == "select_n":
+                e = ins[1].exp  # x itself (the wrapped x + n is never selected)
+            outs.append(Flow(IND, exp=e, zero=zero, varies=v, position=pos))
         return outs
+
+    def position(self, node, ins: list[Flow], dd: list[int]) -> int | None:
+        """The dimension along which ``node``'s (varying) result is each example's position in
+        the batch: an ``iota`` along the batch, carried through broadcasts and casts, and
+        through the negative-index fix-up ``jnp`` indexing applies (``select_n(x < 0, x,
+        x + n)``, which keeps ``x``: a position is never negative)."""
+        name = node.name
+        if name == "iota":
+            d = node.params.get("dimension")
+            return d if dd == [d] else None
+        if name == "select_n":
+            src = ins[1].position if len(ins) == 3 and self._keeps_position(node) else None
+            return src if src is not None and dd == [src] else None
+        src = ins[0].position if ins else None
+        if src is None:
+            return None
+        if name == "broadcast_in_dim":
+            d = node.params["broadcast_dimensions"][src]
+            return d if dd == [d] else None
+        if name in ("convert_element_type", "copy", "copy_p"):
+            return src if dd == [src] else None
+        return None
+
+    def _keeps_position(self, node) -> bool:
+        """``select_n(x < 0, x, x + n)``: ``x`` wherever ``x`` is not negative."""
+        g = self.g
+        pred, x, wrapped = node.inputs
+        if pred is None or x is None or wrapped is None:
+            return False
+        lt, add = g.values[pred].producer, g.values[wrapped].producer
+        if lt is None or add is None:
+            return False
+        lt, add = g.nodes[lt], g.nodes[add]
+        zero = self.literals.get((lt.id, 1))
+        return lt.name == "lt" and lt.inputs[0] == x and lt.inputs[1] is None and \
+            zero is not None and _is_zero(zero) and add.name == "add" and x in add.inputs
+
+    def index_columns(self, node, ins: list[Flow]) -> list[Flow] | None:
+        """Index columns stacked for ``x[jnp.arange(B), idx]``: a concatenation, along a
+        dimension other than the batch's, of per-example columns and one column of each
+        example's position (along the same batch dimension); ``None`` for anything else."""
+        if node.name != "concatenate":
+            return None
+        axis = node.params["dimension"]
+        ex = {f.dim for f in ins if f.kind == EX}
+        if len(ex) != 1 or None in ex or axis in ex:
+            return None
+        d = ex.pop()
+        at, cols = 0, []
+        for v, f in zip(node.inputs, ins):
+            if v is None or f.kind == RED or f.position_column is not None:
+                return None
+            if f.kind == IND and f.varies:
+                if f.position != d or self.g.values[v].shape[axis] != 1:
+                    return None
+                cols.append(at)
+            at += self.g.values[v].shape[axis]
+        if len(cols) != 1:
+            return None
+        out = self.ex_out(node, _arith_exp(node.primitive, node, ins))
+        if out[0].dim != d:
+            return None
+        return [replace(out[0], position_column=(axis, cols[0]))]
 
     def red_exp(self, node, ins: list[Flow]) -> int | None:
         """Exponent of an aggregate (only loop carries need it: accumulators add aggregates)."""
@@ -854,19 +931,34 @@ class _Analysis:
             shape = self.g.values[node.inputs[0]].shape
             kept = d not in dn.start_index_map and d not in dn.collapsed_slice_dims and \
                 node.params["slice_sizes"][d] == shape[d]
-            if not (d in dn.operand_batching_dims or kept):
+            own = self._own_rows(node, ins[1], dn.start_index_map, d) and \
+                node.params["slice_sizes"][d] == 1
+            if not (d in dn.operand_batching_dims or kept or own):
                 self.problem(node, "gather indexes across examples of the batch")
                 return [Flow(EX, exp=None)]
         return self.ex_out(node, _arith_exp(node.primitive, node, ins))
+
+    def _own_rows(self, node, idx: Flow, index_map, d: int) -> bool:
+        """Whether indices ``idx`` (of ``node``, operand 1) pick each example's own row along
+        operand dimension ``d``: their column mapped to ``d`` is each example's position, and
+        the examples run along the same dimension of the indices as of the result."""
+        if idx.kind != EX or idx.position_column is None:
+            return False
+        axis, col = idx.position_column
+        rank = len(self.g.values[node.inputs[1]].shape)
+        return axis == rank - 1 and col < len(index_map) and index_map[col] == d
 
     def scatter(self, node, ins) -> list[Flow]:
         dn = node.params["dimension_numbers"]
         op, upd = ins[0], ins[2]
         out = node.outputs[0]
         if self.diff_dims(out):
-            if op.kind == EX:
-                d = op.dim
-                ok = d in dn.operand_batching_dims or (
+            dd = self.diff_dims(out)
+            d = op.dim if op.kind == EX else (dd[0] if len(dd) == 1 else None)
+            own = d is not None and self._own_rows(node, ins[1],
+                                                   dn.scatter_dims_to_operand_dims, d)
+            if op.kind == EX or (upd.kind == EX and d is not None):
+                ok = own or d in dn.operand_batching_dims or (
                     d not in dn.scatter_dims_to_operand_dims and d not in dn.inserted_window_dims)
                 if not ok:
                     self.problem(node, "scatter writes across examples of the batch")

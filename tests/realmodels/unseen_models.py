@@ -1,9 +1,9 @@
 """Third-party models that no test, family or rule of hulkjax was written for, as steps.
 
-Twenty-six of transformers' Flax modules (fifteen, then eleven more once those were clean) and
-eight of keras-hub's causal LMs (Keras 3 on JAX; ``kh-*``), tiny, random-initialized, nothing downloaded, built the way
-:mod:`tests.realmodels.families` builds its families (value_and_grad of a loss, AdamW):
-``MODELS[name]() -> (step, state, batch)``. ``benchmarks/unseen.py`` plans, emits and checks
+Twenty-seven of transformers' Flax modules (fifteen, then twelve more once those were clean) and
+eight of keras-hub's causal LMs (Keras 3 on JAX; ``kh-*``), tiny, random-initialized, nothing
+downloaded, built the way :mod:`tests.realmodels.families` builds its families (value_and_grad
+of a loss, AdamW): ``MODELS[name]() -> (step, state, batch)``. ``benchmarks/unseen.py`` plans, emits and checks
 every one of them (``benchmarks/UNSEEN.md``); ``tests/realmodels/test_unseen_families.py`` runs
 the ones whose code found a bug.
 """
@@ -531,6 +531,28 @@ def clip():
         "input_ids": ids, "pixel_values": px, "attention_mask": mask}
 
 
+
+def clip_text():
+    """CLIP's text tower: its pooler reads each example's end-of-text token,
+    ``last_hidden_state[jnp.arange(B), input_ids.argmax(-1)]``."""
+    from transformers import CLIPTextConfig
+    from transformers.models.clip.modeling_flax_clip import FlaxCLIPTextModule
+
+    cfg = CLIPTextConfig(vocab_size=d["vocab"], hidden_size=d["width"], intermediate_size=d["ff"],
+                         num_hidden_layers=2, num_attention_heads=d["heads"],
+                         max_position_embeddings=32)
+    module = FlaxCLIPTextModule(cfg)
+    ids = jnp.asarray(families._tokens(np.random.default_rng(0), d))
+
+    def loss_fn(params, b):
+        i = b["input_ids"]
+        out = module.apply({"params": params}, i, jnp.ones_like(i), families._positions(i),
+                           deterministic=True)
+        return (out.pooler_output.astype(jnp.float32) ** 2).mean()
+
+    params = families._init(module, ids, jnp.ones_like(ids), families._positions(ids))
+    return families._train_step(loss_fn), families._state(params), {"input_ids": ids}
+
 def _encoder_config(config_cls, **kw):
     return config_cls(vocab_size=d["vocab"], hidden_size=d["width"], num_hidden_layers=2,
                       num_attention_heads=d["heads"], intermediate_size=d["ff"],
@@ -658,6 +680,7 @@ MODELS = dict(
     xglm=xglm,
     regnet=regnet,
     clip=clip,
+    clip_text=clip_text,
     xlm_roberta_mc=xlm_roberta_mc,
     electra=electra,
     bert_pretraining=bert_pretraining,

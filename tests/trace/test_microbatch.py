@@ -348,3 +348,64 @@ def test_the_staged_search_does_not_trace_one_example_where_the_batch_is_broadca
         usable = ctx.usable(8)
         assert (8 in g.memo.get("microbatch_graphs", {})) is traced
         assert usable is (traced and len(microbatch_graph(g, 8).nodes) == len(g.nodes))
+
+
+def _pool(order):
+    """A pooler that reads, for each example, the row at one token (``x[rows, idx]``); ``order``
+    says which example's row each reads."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = jnp.tanh(nn.Dense(4)(nn.Dense(4)(x)))  # (B, T, 4)
+            idx = jnp.argmax(x[..., 0], axis=-1)  # a per-example token
+            return h[order(h.shape[0]), idx]
+
+    return Net()
+
+
+@pytest.mark.parametrize("order,exact", [
+    (jnp.arange, True),  # each example's own row: CLIP's text pooler
+    (lambda b: jnp.arange(b)[::-1], False),  # other examples' rows
+    (lambda b: (jnp.arange(b) + 1) % b, False),
+    (lambda b: jnp.arange(b) * 0, False),  # the first example's row for every example
+])
+def test_indexing_each_example_s_own_row_microbatches_exactly(order, exact):
+    """``x[jnp.arange(B), idx]`` reads each example's own row: its positions (an iota along the
+    batch, through jnp's negative-index fix-up) index the batch dimension of the same example,
+    and the gradient's scatter writes each example's own row. It used to be refused (an iota
+    read by per-example computation), so such steps were staged with one microbatch. Any other
+    order of rows still is."""
+    net = _pool(order)
+    x = jnp.linspace(-1.0, 1.0, 16 * 5 * 4).reshape(16, 5, 4)
+    params = net.init(jax.random.key(0), x)
+
+    def step(p, x):
+        value, grad = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x) ** 2))(p)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), {"loss": value}
+
+    _, split = _split(step, params, x)
+    assert split.exact is exact, split.problems
+    if not exact:
+        return
+    two = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+    plan = hj.plan(step, params, x, topology=two, strategy="pipeline", microbatches=4)
+    assert plan.microbatches == 4 and len(plan.stages) == 2
+    got = hj.emit(step, plan, donate=False)(params, x)
+    want = jax.jit(step)(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scatter_of_examples_into_rows_the_data_chooses_is_refused():
+    """A per-example update written into a batch-sized buffer at rows the data picks moves
+    examples across the batch (it used to pass: only a per-example buffer was checked)."""
+    def loss(w, x):
+        y = jnp.tanh(x @ w)  # (B, 4)
+        rows = jnp.argmax(x, axis=1) % x.shape[0]
+        return jnp.mean(jnp.zeros_like(y).at[rows].add(y) ** 2)
+
+    _, split = _split(_sgd(loss), W, X)
+    assert not split.exact
+    assert any("scatter writes across examples" in p for p in split.problems)
