@@ -31,8 +31,12 @@ normalized by a data-dependent count such as ``sum(weights)``; an aggregate of t
 be computed outside the step and passed in, as its message says); reductions over the batch that
 are not sums (``max``, a product, a sort or cumulative sum along the batch); a batch-size constant
 that is not a power of the batch size (``B - 1``); random numbers or ``iota`` that vary along the
-batch dimension (dropout masks would differ by microbatch); a step whose structure depends on the
-batch size. Staged plans of such steps use one microbatch.
+batch dimension (dropout masks would differ by microbatch); examples paired with other examples
+(CLIP's in-batch similarities); a gather or scatter that moves rows across examples; a step whose
+structure depends on the batch size. Staged plans of such steps use one microbatch. An ``iota``
+along the batch that only indexes each example's own row (``x[jnp.arange(B), idx]``: a gather
+or scatter whose index column for the batch dimension is that position) is per example: each
+microbatch indexes its own rows.
 
 >>> import jax, jax.numpy as jnp
 >>> import hulkjax as hj

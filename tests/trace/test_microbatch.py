@@ -23,6 +23,25 @@ def _sgd(loss):
 W, X = jnp.ones((4, 4)), jnp.ones((8, 4))
 
 
+def _descent(net):
+    """A gradient step on the mean square of a Flax module's output."""
+    def step(p, x):
+        value, grad = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x) ** 2))(p)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), {"loss": value}
+    return step
+
+
+def _assert_pipeline_computes_the_step(step, params, x, *, microbatches):
+    """Two stages (the DGX nodes) x ``microbatches``, emitted, equal the unsharded step."""
+    two = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
+    plan = hj.plan(step, params, x, topology=two, strategy="pipeline", microbatches=microbatches)
+    assert plan.microbatches == microbatches and len(plan.stages) == 2
+    got = hj.emit(step, plan, donate=False)(params, x)
+    want = jax.jit(step)(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_mean_loss_gradients_combine_as_the_mean():
     g, split = _split(_sgd(lambda w, x: jnp.mean(jnp.tanh(x @ w) ** 2)), W, X)
     assert split.exact and split.batch == 8 and split.split_inputs == (1,)
@@ -253,20 +272,11 @@ def test_a_rotary_stack_and_its_unstack_microbatch_exactly():
     net = Net()
     x = jnp.linspace(-1.0, 1.0, 16 * 8).reshape(16, 8)
     params = net.init(jax.random.key(0), x)
-    def step(p, x):
-        value, grad = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x) ** 2))(p)
-        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), {"loss": value}
-
+    step = _descent(net)
     _, split = _split(step, params, x)
     assert split.exact, split.problems
     # ... as staged emission over two microbatches computes it
-    two = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
-    plan = hj.plan(step, params, x, topology=two, strategy="pipeline", microbatches=2)
-    assert plan.microbatches == 2 and len(plan.stages) == 2
-    got = hj.emit(step, plan, donate=False)(params, x)
-    want = jax.jit(step)(params, x)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_pipeline_computes_the_step(step, params, x, microbatches=2)
     # An unstack of the batch dimension itself (one result per example: the step's structure
     # depends on the batch) is refused.
     _, split = _split(_sgd(lambda w, x: sum(jnp.unstack(x @ w, axis=0)).sum()), W, X)
@@ -380,22 +390,11 @@ def test_indexing_each_example_s_own_row_microbatches_exactly(order, exact):
     net = _pool(order)
     x = jnp.linspace(-1.0, 1.0, 16 * 5 * 4).reshape(16, 5, 4)
     params = net.init(jax.random.key(0), x)
-
-    def step(p, x):
-        value, grad = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x) ** 2))(p)
-        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grad), {"loss": value}
-
+    step = _descent(net)
     _, split = _split(step, params, x)
     assert split.exact is exact, split.problems
-    if not exact:
-        return
-    two = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
-    plan = hj.plan(step, params, x, topology=two, strategy="pipeline", microbatches=4)
-    assert plan.microbatches == 4 and len(plan.stages) == 2
-    got = hj.emit(step, plan, donate=False)(params, x)
-    want = jax.jit(step)(params, x)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+    if exact:
+        _assert_pipeline_computes_the_step(step, params, x, microbatches=4)
 
 
 def test_a_scatter_of_examples_into_rows_the_data_chooses_is_refused():
