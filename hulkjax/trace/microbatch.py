@@ -586,6 +586,10 @@ def _boundary(g: OpGraph, flows, per: set[int], problems: list[str]) -> dict[int
                                 f"but it is not a power of the batch size times a sum over "
                                 f"examples, so microbatches cannot be combined into it")
                 continue
+            if f.position_column is not None:
+                problems.append(f"{_where(n)}: its result (holding the examples' positions in "
+                                f"the batch, which differ by microbatch) is returned")
+                continue
             if f.kind == RED:
                 out[o] = Combine("sum", f.exp)
             elif f.kind == EX:
@@ -713,6 +717,13 @@ class _Analysis:
             stacked = self.index_columns(node, ins)
             if stacked is not None:
                 return stacked
+            if any(f.position_column is not None for k, f in enumerate(ins)
+                   if not (k == 1 and node.name in _INDEXED)):
+                # The positions are each microbatch's own (0 .. B / M - 1): only a gather or
+                # scatter through them (checked there) reads the same rows at every size.
+                self.problem(node, f"{node.name} reads the examples' positions in the batch (an "
+                                   f"iota along the batch) as data: they differ by microbatch")
+                return [Flow(EX, exp=None)] * n_out
             for f in ins:
                 if f.kind == IND and f.varies:
                     self.problem(node, "per-example computation reads values that vary along "
@@ -940,6 +951,10 @@ class _Analysis:
             if not (d in dn.operand_batching_dims or kept or own):
                 self.problem(node, "gather indexes across examples of the batch")
                 return [Flow(EX, exp=None)]
+        if ins[1].position_column is not None and not (op.kind == EX and own):
+            self.problem(node, "gather indexes by the examples' positions in the batch into "
+                               "something other than each example's own row")
+            return [Flow(EX, exp=None)]
         return self.ex_out(node, _arith_exp(node.primitive, node, ins))
 
     def _own_rows(self, node, idx: Flow, index_map, d: int) -> bool:
@@ -967,7 +982,15 @@ class _Analysis:
                 if not ok:
                     self.problem(node, "scatter writes across examples of the batch")
                     return [Flow(EX, exp=None)]
+            if ins[1].position_column is not None and not own:
+                self.problem(node, "scatter writes by the examples' positions in the batch into "
+                                   "something other than each example's own row")
+                return [Flow(EX, exp=None)]
             return self.ex_out(node, _arith_exp(node.primitive, node, ins))
+        if ins[1].position_column is not None:
+            self.problem(node, "scatter writes by the examples' positions in the batch into a "
+                               "table without a batch dimension")
+            return [Flow(RED, exp=None)]
         if node.name == "scatter" or not (op.kind == IND and op.zero):
             self.problem(node, f"{node.name} of per-example updates into a table that is not "
                                f"zero is not a sum over examples")
@@ -1086,6 +1109,7 @@ _SUMS = frozenset({P.add_p, P.sub_p, P.add_jaxvals_p})
 _ZERO_PRESERVING = frozenset({P.broadcast_in_dim_p, P.reshape_p, P.transpose_p, P.squeeze_p,
                               P.convert_element_type_p, P.neg_p, P.slice_p, P.reduce_sum_p,
                               P.copy_p, P.rev_p, P.pad_p})
+_INDEXED = frozenset({"gather", "scatter", "scatter-add", "scatter_add"})  # operand 1: indices
 _VARYING_SOURCES = frozenset({"iota", "random_bits", "threefry2x32", "rng_bit_generator",
                               "rng_uniform", "random_seed", "random_wrap"})
 _STRUCTURAL = frozenset({"broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy",

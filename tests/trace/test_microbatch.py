@@ -408,3 +408,18 @@ def test_a_scatter_of_examples_into_rows_the_data_chooses_is_refused():
     _, split = _split(_sgd(loss), W, X)
     assert not split.exact
     assert any("scatter writes across examples" in p for p in split.problems)
+
+
+@pytest.mark.parametrize("loss,why", [
+    # the stacked positions fed to a matmul as data (each microbatch's are 0 .. B / M - 1)
+    (lambda w, x: jnp.mean(jnp.concatenate(
+        [jnp.arange(x.shape[0])[:, None], jnp.argmax(x, 1)[:, None]], 1).astype(x.dtype) @ w[:2]),
+     "as data"),
+    # a table indexed by the positions: rows of the table, not of each example
+    (lambda w, x: jnp.mean(jnp.tile(w, (2, 1))[jnp.arange(x.shape[0]), jnp.argmax(x, 1)] * x[:, 0]),
+     "something other than each example's own row"),
+])
+def test_the_examples_positions_are_refused_outside_their_own_rows(loss, why):
+    _, split = _split(_sgd(loss), W, X)
+    assert not split.exact
+    assert any(why in p for p in split.problems), split.problems
