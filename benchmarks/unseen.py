@@ -1,7 +1,7 @@
 """hulkjax on third-party models that no test, family or rule was written for.
 
 ``benchmarks/realmodels.py`` checks eight families the rules were tuned on. This one takes
-twenty-six more of the library's Flax modules, as a new user would bring them (tiny
+twenty-seven more of the library's Flax modules, as a new user would bring them (tiny
 random-initialized configurations, nothing downloaded): OPT, GPT-Neo (local attention), BLOOM
 (ALiBi), Mistral (sliding window, grouped-query), GPT-J (partial rotary), BART
 (encoder-decoder), ResNet (its batch statistics carried in the state), Wav2Vec2 (convolutional
@@ -11,7 +11,8 @@ attention), ALBERT (one layer's weights shared by every layer), RoFormer (rotary
 (position embeddings interpolated with ``jax.image.resize``); then, once those were clean,
 Marian (sinusoidal positions, a final logits bias), mBART, Pegasus, BlenderbotSmall, XGLM,
 RegNet (grouped convolutions, squeeze-and-excitation, batch statistics), CLIP with its
-contrastive loss (in-batch negatives: the examples are coupled), XLM-RoBERTa for multiple
+contrastive loss (in-batch negatives: the examples are coupled), CLIP's text tower (its pooler
+reads each example's last token, ``x[jnp.arange(B), idx]``), XLM-RoBERTa for multiple
 choice (batch x choices flattened inside), ELECTRA's discriminator, BERT's two pre-training heads
 and DistilBERT for question answering. LongT5 is left out: its Flax module calls
 ``jnp.clip(a_max=...)``, which JAX 0.10 removed, so it fails without hulkjax. And eight of
@@ -26,7 +27,7 @@ warning (a primitive without a rule) is recorded, and ``auto``'s predicted step 
 
 Results go to ``benchmarks/results/unseen.json`` and ``benchmarks/UNSEEN.md``::
 
-    python benchmarks/unseen.py                      # every model (about 30-45 minutes on 2 cores)
+    python benchmarks/unseen.py                      # every model (about 35-50 minutes on 2 cores)
     python benchmarks/unseen.py --models clip_vision bigbird
     python benchmarks/unseen.py --merge --models clip regnet   # the rest kept from the JSON
     python benchmarks/unseen.py --report-only
