@@ -692,6 +692,14 @@ class _Analysis:
     def transfer(self, node, ins: list[Flow]) -> list[Flow]:
         kinds = {f.kind for f in ins}
         n_out = len(node.outputs)
+        if any(f.position_column is not None for k, f in enumerate(ins)
+               if not (k == 1 and node.name in _INDEXED)):
+            # The positions are each microbatch's own (0 .. B / M - 1): only a gather or scatter
+            # through them (checked there) reads the same rows at every size; a loop's body
+            # would see them as plain per-example values.
+            self.problem(node, f"{node.name} reads the examples' positions in the batch (an "
+                               f"iota along the batch) as data: they differ by microbatch")
+            return [Flow(EX, exp=None)] * n_out
         if node.primitive in LOOPS:
             return self.loop(node, ins)
         if EX in kinds and RED in kinds:
@@ -717,13 +725,6 @@ class _Analysis:
             stacked = self.index_columns(node, ins)
             if stacked is not None:
                 return stacked
-            if any(f.position_column is not None for k, f in enumerate(ins)
-                   if not (k == 1 and node.name in _INDEXED)):
-                # The positions are each microbatch's own (0 .. B / M - 1): only a gather or
-                # scatter through them (checked there) reads the same rows at every size.
-                self.problem(node, f"{node.name} reads the examples' positions in the batch (an "
-                                   f"iota along the batch) as data: they differ by microbatch")
-                return [Flow(EX, exp=None)] * n_out
             for f in ins:
                 if f.kind == IND and f.varies:
                     self.problem(node, "per-example computation reads values that vary along "

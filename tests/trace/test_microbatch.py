@@ -415,6 +415,11 @@ def test_a_scatter_of_examples_into_rows_the_data_chooses_is_refused():
     (lambda w, x: jnp.mean(jnp.concatenate(
         [jnp.arange(x.shape[0])[:, None], jnp.argmax(x, 1)[:, None]], 1).astype(x.dtype) @ w[:2]),
      "as data"),
+    # ... or carried into a loop, whose body would see them as plain per-example values
+    (lambda w, x: jnp.mean(jax.lax.scan(
+        lambda c, r: (c + r.astype(x.dtype).sum(), None), 0.0, jnp.concatenate(
+            [jnp.arange(x.shape[0])[:, None], jnp.argmax(x, 1)[:, None]], 1))[0] * (x @ w)),
+     "as data"),
     # a table indexed by the positions: rows of the table, not of each example
     (lambda w, x: jnp.mean(jnp.tile(w, (2, 1))[jnp.arange(x.shape[0]), jnp.argmax(x, 1)] * x[:, 0]),
      "something other than each example's own row"),
