@@ -130,22 +130,23 @@ def one_example(graph) -> dict:
     (:func:`hulkjax.trace.microbatch.broadcast_to_the_batch`) tells the staged search so without
     that trace."""
     from hulkjax.errors import UnsupportedStepError
-    from hulkjax.trace.microbatch import batch_size, broadcast_to_the_batch, microbatch_graph
+    from hulkjax.strategies.partition import partition
+    from hulkjax.trace.microbatch import (
+        batch_size,
+        broadcast_to_the_batch,
+        microbatch_graph,
+        structure_mismatch,
+    )
 
     b = batch_size(graph)
-    if b is None or b < 2:
+    if b is None or b < 2 or partition(graph).split is None:  # (the partition's trace)
         return {}
     try:
-        microbatch_graph(graph, next(k for k in range(2, b + 1) if b % k == 0))
         one = microbatch_graph(graph, b)
     except UnsupportedStepError:
         return {}
-    differs = len(one.nodes) != len(graph.nodes) or any(
-        a.primitive is not c.primitive or a.inputs != c.inputs
-        for a, c in zip(one.nodes, graph.nodes))
-    return {"one_example_differs": differs,
+    return {"one_example_differs": bool(structure_mismatch(graph, one)),
             "broadcast_to_batch": broadcast_to_the_batch(graph) is not None}
-
 
 def report(doc: dict) -> str:
     rows = doc["rows"]

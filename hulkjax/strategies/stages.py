@@ -121,6 +121,7 @@ from hulkjax.trace.microbatch import (
     broadcast_to_the_batch,
     microbatch_graph,
     planning_graph,
+    structure_mismatch,
 )
 
 log = logging.getLogger("hulkjax.stages")
@@ -336,9 +337,7 @@ class _Context:
             m = self.micro(M)
         except UnsupportedStepError:
             return False
-        return len(m.nodes) == len(self.graph.nodes) and all(
-            a.primitive is b.primitive and a.inputs == b.inputs
-            for a, b in zip(m.nodes, self.graph.nodes))
+        return not structure_mismatch(self.graph, m)
 
     def assignments(self, M: int, sub, names=INTRA_PLANS) -> dict[str, list[int]]:
         g = self.micro(M)

@@ -464,7 +464,7 @@ def analyze(graph: OpGraph, micro: OpGraph) -> BatchSplit:
     split = split_inputs(graph)
     for i in split:
         flows[graph.inputs[i]] = Flow(EX, dim=0)
-    mismatch = _structure_mismatch(graph, micro)
+    mismatch = structure_mismatch(graph, micro)
     if mismatch:
         problems.append(mismatch)
         return BatchSplit(batch=b, flows=flows, per_microbatch=frozenset(), boundary={},
@@ -545,7 +545,9 @@ def sum_over_examples(graph: OpGraph, node, flows: list[Flow]) -> dict[int, int]
     return None
 
 
-def _structure_mismatch(g: OpGraph, m: OpGraph) -> str:
+def structure_mismatch(g: OpGraph, m: OpGraph) -> str:
+    """Why ``m`` (the step traced at another batch size) is not ``g``'s operators on other
+    shapes, or ``""`` where it is (the same operators, reading and making the same values)."""
     if len(g.nodes) != len(m.nodes) or len(g.values) != len(m.values):
         return (f"the step's structure depends on the batch size ({len(g.nodes)} operators at the "
                 f"full batch, {len(m.nodes)} at a microbatch)")
@@ -863,7 +865,7 @@ class _Analysis:
             return self.conv(node, ins, e)
         if name == "gather":
             return self.gather(node, ins)
-        if name in ("scatter-add", "scatter_add", "scatter"):
+        if name in _SCATTERS:
             return self.scatter(node, ins)
         if prim in CUMULATIVE or name in ("sort", "cumsum"):
             axis = node.params.get("axis", node.params.get("dimension"))
@@ -973,8 +975,8 @@ class _Analysis:
         dn = node.params["dimension_numbers"]
         op, upd = ins[0], ins[2]
         out = node.outputs[0]
-        if self.diff_dims(out):
-            dd = self.diff_dims(out)
+        dd = self.diff_dims(out)
+        if dd:
             d = op.dim if op.kind == EX else (dd[0] if len(dd) == 1 else None)
             own = d is not None and self._own_rows(node, ins[1],
                                                    dn.scatter_dims_to_operand_dims, d)
@@ -1111,7 +1113,8 @@ _SUMS = frozenset({P.add_p, P.sub_p, P.add_jaxvals_p})
 _ZERO_PRESERVING = frozenset({P.broadcast_in_dim_p, P.reshape_p, P.transpose_p, P.squeeze_p,
                               P.convert_element_type_p, P.neg_p, P.slice_p, P.reduce_sum_p,
                               P.copy_p, P.rev_p, P.pad_p})
-_INDEXED = frozenset({"gather", "scatter", "scatter-add", "scatter_add"})  # operand 1: indices
+_SCATTERS = frozenset({"scatter", "scatter-add", "scatter_add"})
+_INDEXED = _SCATTERS | {"gather"}  # operand 1: the indices
 _VARYING_SOURCES = frozenset({"iota", "random_bits", "threefry2x32", "rng_bit_generator",
                               "rng_uniform", "random_seed", "random_wrap"})
 _STRUCTURAL = frozenset({"broadcast_in_dim", "transpose", "squeeze", "expand_dims", "copy",
