@@ -468,16 +468,12 @@ def markdown(res: dict, command: str) -> str:
         "",
         "- Communication and its overlap with compute: one GPU. The collective terms stay the "
         "alpha-beta model of `hulkjax/cost/comm.py`. XLA:GPU's own program for 8 GPUs (its "
-        "combiners, async collectives and latency-hiding schedule) can be compiled on one GPU "
-        "with JAX's `jax_mock_gpu_topology`: `benchmarks/gpu_sharded.py export` serializes "
-        "hulkjax's sharded programs and `benchmarks/gpu_sharded_measure.py` compiles and runs "
-        "them there. Tried on 2026-11-27 (one H200, jax 0.11.2, "
-        "`benchmarks/results/gpu_sharded/`): the mocked client reported 8 devices (1 local), "
-        "but nothing finished: the first attempt waited 480 s in its first program (one "
-        "all-reduce: placing, compiling or running it), the second compiled no program in "
-        "165 s. Nothing was measured. A guess at the wait, not checked: XLA's sharded "
-        "autotuning, which waits for the other (mocked) processes' results; the script now "
-        "turns it off.",
+        "combiners, async collectives and latency-hiding schedule) is compiled on one GPU with "
+        "JAX's `jax_mock_gpu_topology` and compared with the cost model in "
+        "`benchmarks/GPU_SHARDED.md` (`benchmarks/gpu_sharded.py`). The 2026-11-27 attempts "
+        "compiled nothing: with XLA's defaults the compiler waits forever for the mocked "
+        "processes' autotuning results (seen in its native stack on 2026-11-28); "
+        "`--xla_gpu_shard_autotuning=false` compiles every program.",
         "- A100, V100 and T4 take the H100's efficiencies and kernel overhead (assumed: the "
         "same compiler; their datasheet ratios are kept); the H200 carries its own measured "
         "efficiencies (below). TPU and CPU specs are unchanged.",

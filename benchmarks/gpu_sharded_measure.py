@@ -15,11 +15,12 @@ order. Running it times the local device's compute; what a mocked collective cos
 too (``mock_collectives``), so that the timing can be read.
 
 Each half runs in a child process with a timeout, so that a wait that never ends loses nothing
-already written: first every program is compiled from abstract arguments (no buffer made), then
-each is run. On 2026-11-27 (one H200, jax 0.11.2) the client came up with 8 devices, 1 local, and
-no program finished compiling in 165 s, in either of two attempts (``benchmarks/GPU.md``). XLA's
-sharded autotuning, which exchanges results with the job's other processes through the
-distributed key-value store, is the likely wait, and is now turned off; untested on a GPU since.
+already written: first a probe (:data:`PROBES`: a tiny sharded program under each XLA flag set,
+native stacks dumped where one hangs), then every program is compiled from abstract arguments
+(no buffer made) with the first flag set that compiled, then each is run. With XLA's defaults
+the compile never ends (2026-11-27: nothing compiled in 165 s; 2026-11-28, the probe's native
+stack: ``xla::InMemoryKeyValueStore::Get`` in ``xla::gpu::ConfigAssignerPass``, sharded
+autotuning waiting for the 7 mocked processes); ``--xla_gpu_shard_autotuning=false`` compiles.
 
 For every program it records: compile time, ``compiled.as_text()`` (the scheduled HLO, gzipped in
 the output tar), ``memory_analysis``, the median step time after warm-up, and one profiled step's
@@ -47,12 +48,8 @@ import traceback
 
 
 def _setup(cpu: bool):
-    if not cpu:
-        # Sharded autotuning (on by default) splits autotuning among a job's processes and
-        # exchanges the results through the distributed key-value store, where 7 of the 8
-        # processes are mocked: a guess at what the 2026-11-27 attempts waited for, unconfirmed.
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_gpu_shard_autotuning=false").strip()
+    """JAX with 8 CPU devices (``cpu``) or the mocked 8-GPU client. ``XLA_FLAGS`` is the
+    parent's choice (``PROBES``), set in this child's environment before JAX starts."""
     import jax
 
     if cpu:
@@ -61,6 +58,64 @@ def _setup(cpu: bool):
     else:
         jax.config.update("jax_mock_gpu_topology", "1x8x1")
     return jax
+
+
+PROBES = (
+    # Sharded autotuning (on by default) splits autotuning among a job's processes and
+    # exchanges the results through the distributed key-value store, where 7 of the 8
+    # processes are mocked: the first guess at what the 2026-11-27 attempts waited for.
+    ("shard-autotuning-off", "--xla_gpu_shard_autotuning=false"),
+    ("default", ""),
+    ("autotuning-off", "--xla_gpu_shard_autotuning=false --xla_gpu_autotune_level=0"),
+)
+"""XLA flag sets tried, in order, on a tiny sharded program (a matmul whose batch is split over
+the 8 devices, then a sum: one GEMM, one all-reduce) before any of hulkjax's programs: each in a
+child process with a timeout, which records how far it got (client, lower, compile, run) and,
+where it times out, its threads' native stacks (``py-spy dump --native``, where py-spy is
+installed). The programs are compiled with the first set whose tiny program compiled; they are
+run only if its tiny program also ran."""
+
+
+def _probe_child(args, jax, work: str) -> None:
+    """Client, lower, compile and run a tiny sharded program, writing each phase's time as it
+    ends (a child stopped at its timeout keeps how far it got)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    row = {"probe": args.probe, "xla_flags": os.environ.get("XLA_FLAGS", ""), "phases": {}}
+    path = os.path.join(work, f"probe-{args.probe}.json")
+
+    def phase(name, t0):
+        row["phases"][name] = time.perf_counter() - t0
+        with open(path, "w") as f:
+            json.dump(row, f)
+        print(f"probe {args.probe}: {name} in {row['phases'][name]:.1f} s", flush=True)
+
+    t0 = time.perf_counter()
+    devices = jax.devices()
+    row["devices"], row["local_devices"] = len(devices), jax.local_device_count()
+    phase("client", t0)
+    mesh = Mesh(np.array(devices[:8]), ("d",))
+    x_sharding, w_sharding = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+    f = jax.jit(lambda x, w: jnp.sum(jnp.tanh(x @ w)), in_shardings=(x_sharding, w_sharding),
+                out_shardings=NamedSharding(mesh, P()))
+    shapes = ((8 * 256, 512), (512, 512))
+    t0 = time.perf_counter()
+    lowered = f.lower(*(jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=sh)
+                        for s, sh in zip(shapes, (x_sharding, w_sharding))))
+    phase("lower", t0)
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    phase("compile", t0)
+    row["collectives"] = sorted({m for m in ("all-reduce-start", "all-reduce", "all-gather")
+                                 if m in compiled.as_text()})
+    t0 = time.perf_counter()
+    arrays = [jax.make_array_from_callback(s, sh, lambda idx, s=s: np.ones(s, jnp.bfloat16)[idx])
+              for s, sh in zip(shapes, (x_sharding, w_sharding))]
+    jax.block_until_ready(compiled(*arrays))
+    phase("run", t0)
 
 
 def profile_events(fn, args, steps: int = 1) -> list[dict]:
@@ -144,10 +199,8 @@ def _compile_child(args, jax, manifest, work: str) -> None:
     """Compile every program (the scheduled HLO and memory analysis into ``work``)."""
     mesh = _mesh(jax, manifest)
     began = time.perf_counter()
-    for entry in manifest["programs"]:
+    for entry in _selected(manifest, args.only):
         name = entry["name"]
-        if args.only and name not in args.only:
-            continue
         if time.perf_counter() - began > args.budget:
             print(f"{name}: skipped (over the --budget of {args.budget:.0f} s)", flush=True)
             continue
@@ -175,6 +228,15 @@ def _compile_child(args, jax, manifest, work: str) -> None:
             traceback.print_exc()
         with open(os.path.join(work, f"{name}.compile.json"), "w") as f:
             json.dump(row, f)
+
+
+def _selected(manifest: dict, only) -> list[dict]:
+    """The manifest's programs named in ``only``, in its order (all, in the manifest's order,
+    when ``only`` is empty): the first named are compiled first."""
+    if not only:
+        return list(manifest["programs"])
+    by_name = {e["name"]: e for e in manifest["programs"]}
+    return [by_name[n] for n in only if n in by_name]
 
 
 def _run_child(args, jax, manifest, work: str) -> None:
@@ -237,13 +299,24 @@ def main(argv=None) -> None:
     ap.add_argument("--collective-mb", type=int, nargs="*", default=[1, 64],
                     help="sizes of the mocked collectives timed alone (MB)")
     ap.add_argument("--cpu", action="store_true", help="8 CPU devices: check the flow, no GPU")
-    ap.add_argument("--child", choices=("compile", "run"), help=argparse.SUPPRESS)
+    ap.add_argument("--probe-timeout", type=float, default=60,
+                    help="seconds each probe (a tiny sharded program) may take")
+    ap.add_argument("--child", choices=("probe", "compile", "run"), help=argparse.SUPPRESS)
+    ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     manifest = json.load(open(os.path.join(args.programs, "manifest.json")))
     if args.child:
-        print(f"{args.child}: starting JAX", flush=True)
+        import faulthandler
+
+        # A hang prints where Python waits (py-spy, in the parent, reads the native stacks).
+        faulthandler.dump_traceback_later(30, repeat=True)
+        print(f"{args.child}: starting JAX, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}",
+              flush=True)
         jax = _setup(args.cpu)
+        if args.child == "probe":
+            _probe_child(args, jax, args.work)
+            return
         jax.config.update("jax_compilation_cache_dir", os.path.join(args.work, "cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -254,32 +327,45 @@ def main(argv=None) -> None:
             json.dump(info, f)
         (_compile_child if args.child == "compile" else _run_child)(args, jax, manifest, args.work)
         return
-    # The parent runs each half in a child process with a timeout (a mocked collective that
-    # never completes must not lose what was compiled) and gathers what they wrote.
-    import subprocess
-
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu_sharded_")
     passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
-    status = {}
-    with open(os.path.join(args.out, "log.txt"), "w") as log:
-        for child, limit in (("compile", args.compile_timeout), ("run", args.run_timeout)):
-            t0 = time.perf_counter()
-            try:
-                p = subprocess.run([sys.executable, os.path.abspath(__file__), *passthrough,
-                                    "--child", child, "--work", work], stdout=log,
-                                   stderr=subprocess.STDOUT, timeout=limit)
-                status[child] = {"returncode": p.returncode}
-            except subprocess.TimeoutExpired:
-                status[child] = {"timed_out_after": limit}
-            status[child]["seconds"] = time.perf_counter() - t0
-            log.flush()
-            print(f"{child}: {status[child]}", flush=True)
+    base_flags = os.environ.get("XLA_FLAGS", "")
     result = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-              "mock_gpu_topology": None if args.cpu else "1x8x1", "children": status,
-              "programs": []}
-    for child in ("compile", "run"):
-        path = os.path.join(work, f"{child}.info.json")
+              "mock_gpu_topology": None if args.cpu else "1x8x1", "children": {},
+              "probes": [], "xla_flags": None, "programs": []}
+    with open(os.path.join(args.out, "log.txt"), "w") as log:
+        def child(kind, limit, flags, *extra):
+            env = dict(os.environ, XLA_FLAGS=(base_flags + " " + flags).strip(),
+                       PYTHONUNBUFFERED="1")
+            return _run_with_timeout([sys.executable, os.path.abspath(__file__), *passthrough,
+                                      "--child", kind, "--work", work, *extra], env, limit, log)
+
+        chosen = None
+        for i, (name, flags) in enumerate(PROBES[:1] if args.cpu else PROBES):
+            if chosen is not None and i >= 2:
+                break  # a set that works, and the default tried beside it
+            status = child("probe", args.probe_timeout, flags, "--probe", name)
+            path = os.path.join(work, f"probe-{name}.json")
+            row = json.load(open(path)) if os.path.exists(path) else {"probe": name}
+            row.update(status)
+            result["probes"].append(row)
+            print(f"probe {name}: {row.get('phases')} {status.get('timed_out_after', '')}",
+                  flush=True)
+            if chosen is None and "compile" in row.get("phases", {}):
+                chosen = row
+        if chosen is not None:
+            flags = chosen["xla_flags"][len(base_flags):].strip()
+            result["xla_flags"] = chosen["xla_flags"]
+            result["children"]["compile"] = child("compile", args.compile_timeout, flags)
+            if "run" in chosen["phases"]:
+                result["children"]["run"] = child("run", args.run_timeout, flags)
+            else:
+                result["children"]["run"] = {"skipped": "the probe's tiny program did not run"}
+        else:
+            result["children"]["compile"] = {"skipped": "no probe's tiny program compiled"}
+    for kind in ("compile", "run"):
+        path = os.path.join(work, f"{kind}.info.json")
         if os.path.exists(path):
             result.update(json.load(open(path)))
     path = os.path.join(work, "mock_collectives.json")
@@ -299,6 +385,41 @@ def main(argv=None) -> None:
     with open(os.path.join(args.out, "measured.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"{len(result['programs'])} programs: {os.path.join(args.out, 'measured.json')}")
+
+
+def _run_with_timeout(cmd, env, limit: float, log) -> dict:
+    """Run a child, its output into ``log``; past ``limit`` seconds, first write its threads'
+    native stacks into the log (``py-spy dump --native``, where py-spy is on the PATH or beside
+    this Python), then kill it. Returns ``{"returncode"}`` or ``{"timed_out_after"}``, with the
+    seconds it took."""
+    import shutil
+    import subprocess
+
+    t0 = time.perf_counter()
+    log.write(f"\n$ {' '.join(cmd[1:])}\n")
+    log.flush()
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        status = {"returncode": p.wait(timeout=limit)}
+    except subprocess.TimeoutExpired:
+        status = {"timed_out_after": limit}
+        spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+        spy = spy if os.path.exists(spy) else os.environ.get("PY_SPY")
+        if spy and os.path.exists(spy):
+            log.write(f"\n--- {spy} dump --native --pid {p.pid} ---\n")
+            log.flush()
+            try:
+                subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], stdout=log,
+                               stderr=subprocess.STDOUT, timeout=60)
+            except subprocess.TimeoutExpired:
+                log.write("(py-spy did not answer in 60 s)\n")
+        else:
+            log.write("\n(no py-spy: no native stacks)\n")
+        p.kill()
+        p.wait()
+    status["seconds"] = time.perf_counter() - t0
+    log.flush()
+    return status
 
 
 if __name__ == "__main__":

@@ -40,3 +40,20 @@ def test_exported_program_compiles_and_runs_for_eight_devices(tmp_path):
     with tarfile.open(out / "hlo.tar") as tar:
         text = gzip.decompress(tar.extractfile("gpt2-dp.hlo.txt.gz").read()).decode()
     assert "all-reduce" in text and "num_partitions=8" in text
+
+    # The probe ran first and its flag set was the one compiled with.
+    (probe,) = measured["probes"]  # --cpu tries the first set only
+    assert {"client", "lower", "compile", "run"} <= set(probe["phases"])
+    assert measured["xla_flags"] == probe["xla_flags"]
+
+    # The report half reads the collectives off the HLO and sets them beside the prediction.
+    record = gpu_sharded.digest([str(out)], str(programs))
+    (prog,) = record["programs"]
+    assert prog["name"] == "gpt2-dp" and prog["predicted"] == predicted
+    assert prog["collectives"] and all(c["kind"] == "all-reduce" for c in prog["collectives"])
+    assert all(not c["asynchronous"] and c["overlapped"] == 0 for c in prog["collectives"])
+    cmp = gpu_sharded.compare(prog)
+    assert [(c["kind"], c["axes"]) for c in cmp["cells"]] == [("all-reduce", ["data", "model"])]
+    assert cmp["xla_sync"] == len(prog["collectives"])  # XLA:CPU: all synchronous
+    text = gpu_sharded.markdown([record], "test")
+    assert "| gpt2-dp | all-reduce | data,model |" in text

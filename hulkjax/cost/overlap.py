@@ -89,6 +89,7 @@ from dataclasses import dataclass
 from hulkjax.cost.backends import BACKENDS, Backend
 from hulkjax.errors import InvalidPlanError
 from hulkjax.rules.loops import LoopResolution, boundary
+from hulkjax.trace.primitives import FUSIBLE, handles
 
 _COMPUTE = None  # the compute stream's key in the schedule
 
@@ -250,6 +251,7 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     prio = [0] * m
     for pos, x in enumerate(prog.order):
         prio[x] = pos
+    _fold_fused(g, n, dur, prog.operands, prio)
     start, hidden, makespan = _schedule(dur, stream, prog.operands, prio)
     busy = sum(d for d, s in zip(dur, stream) if s is _COMPUTE)
     exposed = (makespan - busy) + exposed_inline
@@ -268,6 +270,69 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
                    additive_time=additive,
                    reused_comm_time=additive - compute - comm,
                    collectives=tuple(own + inner), backend=be.name)
+
+
+_TRANSPOSE = handles("transpose")
+_DOT = handles("dot_general")
+_FOLDED = (FUSIBLE - _TRANSPOSE) | handles("iota")
+"""Operators XLA:GPU and TPU compile into the kernel that reads them (loop and input fusion of
+elementwise and shape operators: an iota, a mask's comparisons, a cast). They run when that
+kernel runs, not on their own. A transpose folds only into matmuls (:func:`_folds`)."""
+
+
+_EXPENSIVE = handles("exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "sqrt", "rsqrt",
+                     "cbrt", "pow", "div", "rem", "atan2", "erf", "erfc", "erf_inv", "lgamma",
+                     "digamma", "sin", "cos", "tan")
+"""Operators XLA does not duplicate into several readers' fusions (``IsExpensive`` in
+``xla/service/instruction_fusion.cc``: transcendentals, divisions): with several readers the
+result is written once, by a kernel of its own."""
+
+
+def _folds(g, node, readers: list[int]) -> bool:
+    """Whether ``node`` runs inside its readers' kernels: a fusible operator, or a transpose of
+    a matrix (or of its two minor dimensions) that only matmuls read (XLA's transpose folding:
+    the matmul takes the operand transposed). A transpose that moves a batch dimension (an
+    attention's heads) stays a kernel of its own (``input_transpose_fusion`` in XLA:GPU's
+    programs)."""
+    if node.primitive in _FOLDED:
+        return True
+    if node.primitive not in _TRANSPOSE:
+        return False
+    perm = tuple(node.params.get("permutation", ()))
+    minor = len(perm) <= 2 or perm[:-2] == tuple(range(len(perm) - 2))
+    return minor and all(g.nodes[r].primitive in _DOT for r in readers)
+
+
+def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: list[int]) -> None:
+    """Move each fusible operator's time to the kernel that reads it (with several readers,
+    the first in post-order: XLA duplicates a cheap operator into each reader's fusion).
+
+    The compiled program has no kernel of its own for an operator fused into its reader: a
+    causal mask's iota and comparisons run inside the attention softmax, a weight's transpose
+    inside the matmul. Scheduled on their own, they run as soon as their operands are ready,
+    and a collective before the reader seems to run during them (the forward tensor-parallel
+    all-reduces of a step, hidden under its masks and weight transposes; XLA:GPU schedules
+    none of them over compute, ``benchmarks/GPU_SHARDED.md``). Folded, that time runs with its
+    reader, after whatever the reader waits for. An expensive operator with several readers
+    (a tanh the backward reads again, :data:`_EXPENSIVE`), an operator a collective reads, or
+    one nothing reads (the step's results) keeps its time: XLA writes it out. Operators are
+    visited in graph order, so a chain of them folds into the last one's reader. Total compute
+    is unchanged."""
+    readers: list[list[int]] = [[] for _ in range(n)]
+    for x, ops in enumerate(operands):
+        for o in set(ops):
+            if o < n:
+                readers[o].append(x)  # collectives too: a value a collective reads is written
+    for x in range(n):
+        node = g.nodes[x]
+        rs = readers[x]
+        if dur[x] <= 0 or node.subgraphs or not rs or any(r >= n for r in rs):
+            continue
+        if not _folds(g, node, rs) or (len(rs) > 1 and node.primitive in _EXPENSIVE):
+            continue
+        first = min(rs, key=lambda r: prio[r])
+        dur[first] += dur[x]
+        dur[x] = 0.0
 
 
 def _loop_resolution(cm, assignment, nid: int) -> LoopResolution | None:

@@ -85,6 +85,16 @@ class Collective:
       in_loop: inside a while body or condition (or a computation they call): runs per iteration.
       trip_count: how many times it runs per step: the product of the known trip counts of the
         enclosing while loops (1 outside loops); None if an enclosing loop's count is unknown.
+      asynchronous: an async ``-start`` / ``-done`` pair (or a generic ``async-start``), not one
+        synchronous instruction. XLA:GPU makes every collective async, then turns back into a
+        synchronous one each pair its scheduler left nothing between
+        (``ConvertAsyncCollectivesToSync``).
+      overlapped: in a scheduled module (``is_scheduled=true``: each computation's text order is
+        its execution order), how many instructions that do work run between the start and its
+        done: what the collective is in flight during. Work is any instruction but parameters,
+        constants, tuples and their elements, bitcasts, scheduling markers and other async
+        starts, updates and dones. 0 for a synchronous collective, and for a pair with only
+        other collectives between.
     """
 
     kind: str
@@ -97,6 +107,8 @@ class Collective:
     name: str = ""
     in_loop: bool = False
     trip_count: int | None = 1
+    asynchronous: bool = False
+    overlapped: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -648,6 +660,24 @@ def _async_done(comp: _Computation, start: _Instr) -> _Instr | None:
     return None
 
 
+_NO_WORK = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                      "after-all", "add-dependency", "opt-barrier", "partition-id", "replica-id"})
+"""Opcodes that launch nothing: not counted as work a collective overlaps."""
+
+
+def _work_between(comp: _Computation, start: _Instr, done: _Instr | None) -> int:
+    """Instructions that do work between ``start`` and ``done`` in ``comp``'s text order."""
+    if done is None:
+        return 0
+    at = {i.name: k for k, i in enumerate(comp.instrs)}
+    lo, hi = at.get(start.name), at.get(done.name)
+    if lo is None or hi is None:
+        return 0
+    return sum(1 for i in comp.instrs[lo + 1 : hi]
+               if i.opcode not in _NO_WORK
+               and not i.opcode.endswith(("-start", "-update", "-done")))
+
+
 def _only_sliced(
     computations: dict[str, _Computation],
     comp: _Computation,
@@ -726,7 +756,10 @@ def _collective(
     mesh_shape: tuple[int, ...],
     axis_names: Sequence[str],
     loop: tuple[bool, int | None],
+    starter: tuple[_Computation, _Instr] | None = None,
 ) -> Collective:
+    """``starter``: the generic ``async-start`` (and its computation) that wraps ``comp``, if
+    one does."""
     kind, is_start = _kind(instr.opcode)
     if kind is None:
         raise TypeError(f"not a collective: {instr.opcode} %{instr.name}")
@@ -745,6 +778,14 @@ def _collective(
             result = instr.shape[1]
     else:
         result = instr.shape
+    # What runs while it is in flight: its own pair's span, or its async wrapper's.
+    if is_start:
+        overlapped = _work_between(comp, instr, value)
+    elif starter is not None:
+        caller, start = starter
+        overlapped = _work_between(caller, start, _async_done(caller, start))
+    else:
+        overlapped = 0
     result_leaves = _leaves(result)
 
     # Who talks to whom.
@@ -795,6 +836,8 @@ def _collective(
         name=instr.name,
         in_loop=loop[0],
         trip_count=loop[1],
+        asynchronous=is_start or starter is not None,
+        overlapped=overlapped,
     )
 
 
@@ -850,6 +893,15 @@ def collectives_from_hlo(
         for attr, callee in _callees(instr)
         if attr == "calls"
     }
+    # A computation a generic async-start wraps runs asynchronously in its caller.
+    wrapped = {
+        callee: (comp, instr)
+        for comp in computations.values()
+        for instr in comp.instrs
+        if instr.opcode == "async-start"
+        for attr, callee in _callees(instr)
+        if attr == "calls"
+    }
     out = []
     for comp in computations.values():
         if comp.name in counted_at_start:
@@ -857,7 +909,8 @@ def collectives_from_hlo(
         for instr in comp.instrs:
             if _kind(instr.opcode)[0] is not None:
                 loop = context.get(comp.name, (False, 1))
-                out.append(_collective(instr, comp, computations, mesh_shape, axis_names, loop))
+                out.append(_collective(instr, comp, computations, mesh_shape, axis_names, loop,
+                                       wrapped.get(comp.name)))
     return out
 
 

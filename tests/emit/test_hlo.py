@@ -335,6 +335,53 @@ def test_async_forms_counted_once():
     assert got["all-to-all"].bytes == 4 * 2 * 2 and got["all-to-all"].name == "a2a"
 
 
+SCHEDULED_HLO = """
+HloModule scheduled, is_scheduled=true, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%fused (a: f32[8,32]) -> f32[8,32] {
+  %a = f32[8,32]{1,0} parameter(0)
+  ROOT %n = f32[8,32]{1,0} negate(%a)
+}
+
+%wrapped (w: f32[8,32]) -> f32[8,32] {
+  %w = f32[8,32]{1,0} parameter(0)
+  ROOT %inner = f32[8,32]{1,0} all-reduce(%w), replica_groups=[2,4]<=[8], to_apply=%add
+}
+
+ENTRY %main (p: f32[8,32]) -> f32[8,32] {
+  %p = f32[8,32]{1,0} parameter(0)
+  %ag-start = (f32[8,32]{1,0}, f32[16,32]{1,0}) all-gather-start(%p), replica_groups=[4,2]<=[2,4]T(1,0), dimensions={0}
+  %f1 = f32[8,32]{1,0} fusion(%p), kind=kLoop, calls=%fused
+  %ar-start = f32[8,32]{1,0} all-reduce-start(%f1), replica_groups=[2,4]<=[8], to_apply=%add
+  %b = f32[8,32]{1,0} bitcast(%f1)
+  %t = (f32[8,32]{1,0}) tuple(%b)
+  %ar-done = f32[8,32]{1,0} all-reduce-done(%ar-start)
+  %gemm = f32[8,32]{1,0} custom-call(%f1, %b), custom_call_target="__cublas$gemm"
+  %ag-done = f32[16,32]{1,0} all-gather-done(%ag-start)
+  %sync = f32[8,32]{1,0} all-reduce(%gemm), replica_groups=[2,4]<=[8], to_apply=%add
+  %w-start = ((f32[8,32]{1,0}), f32[8,32]{1,0}) async-start(%sync), calls=%wrapped
+  %f2 = f32[8,32]{1,0} fusion(%sync), kind=kLoop, calls=%fused
+  %w-done = f32[8,32]{1,0} async-done(%w-start), calls=%wrapped
+  ROOT %out = f32[8,32]{1,0} add(%w-done, %f2)
+}
+"""
+
+
+def test_the_schedule_says_which_collectives_overlap_work():
+    got = {c.name: (c.asynchronous, c.overlapped) for c in read(SCHEDULED_HLO)}
+    # The gather is in flight over a fusion and a library call (the all-reduce pair between
+    # them, its bitcast and tuple, are no work); the all-reduce pair over nothing; the
+    # synchronous all-reduce is not async; the wrapped one runs during its caller's fusion.
+    assert got == {"ag-start": (True, 2), "ar-start": (True, 0), "sync": (False, 0),
+                   "inner": (True, 1)}
+
+
 def test_async_start_without_done():
     hlo = """
   %ag-start = (f32[8,32]{1,0}, f32[16,32]{1,0}) all-gather-start(%p), replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}
