@@ -301,6 +301,9 @@ def main(argv=None) -> None:
     ap.add_argument("--cpu", action="store_true", help="8 CPU devices: check the flow, no GPU")
     ap.add_argument("--probe-timeout", type=float, default=60,
                     help="seconds each probe (a tiny sharded program) may take")
+    ap.add_argument("--probes", nargs="*", choices=[name for name, _ in PROBES],
+                    help="the flag sets to probe, in order (default: all of PROBES)")
+    ap.add_argument("--no-run", action="store_true", help="compile only")
     ap.add_argument("--child", choices=("probe", "compile", "run"), help=argparse.SUPPRESS)
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -342,7 +345,8 @@ def main(argv=None) -> None:
                                       "--child", kind, "--work", work, *extra], env, limit, log)
 
         chosen = None
-        for i, (name, flags) in enumerate(PROBES[:1] if args.cpu else PROBES):
+        probes = [p for p in PROBES if p[0] in args.probes] if args.probes else PROBES
+        for i, (name, flags) in enumerate(probes[:1] if args.cpu else probes):
             if chosen is not None and i >= 2:
                 break  # a set that works, and the default tried beside it
             status = child("probe", args.probe_timeout, flags, "--probe", name)
@@ -358,7 +362,9 @@ def main(argv=None) -> None:
             flags = chosen["xla_flags"][len(base_flags):].strip()
             result["xla_flags"] = chosen["xla_flags"]
             result["children"]["compile"] = child("compile", args.compile_timeout, flags)
-            if "run" in chosen["phases"]:
+            if args.no_run:
+                result["children"]["run"] = {"skipped": "--no-run"}
+            elif "run" in chosen["phases"]:
                 result["children"]["run"] = child("run", args.run_timeout, flags)
             else:
                 result["children"]["run"] = {"skipped": "the probe's tiny program did not run"}
