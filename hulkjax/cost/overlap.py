@@ -35,7 +35,9 @@ operators and the collectives as XLA's combiners leave them (a combined collecti
 its members' operands and feeds all their users), with who reads whom. A list schedule runs it:
 
 * the compute stream runs operators one at a time, each for its roofline time (what
-  :meth:`~hulkjax.cost.CostModel.breakdown` charges it); a synchronous collective runs on it too;
+  :meth:`~hulkjax.cost.CostModel.breakdown` charges it); a synchronous collective runs on it too.
+  An operator XLA fuses into the kernel that reads it (elementwise and shape operators, iotas, a
+  transpose a matmul takes) runs inside that reader, not on its own (:func:`_fold_fused`);
 * each collective resource runs one asynchronous collective at a time, for the seconds the cost
   model charges its members (:meth:`~hulkjax.cost.CostModel.comm_time`, summed over the
   combined collective's members). Collectives in flight on different resources at once (TPU: an
@@ -312,7 +314,7 @@ def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: li
     inside the matmul. Scheduled on their own, they run as soon as their operands are ready,
     and a collective before the reader seems to run during them (the forward tensor-parallel
     all-reduces of a step, hidden under its masks and weight transposes; XLA:GPU schedules
-    none of them over compute, ``benchmarks/GPU_SHARDED.md``). Folded, that time runs with its
+    almost none of them over compute, ``benchmarks/GPU_SHARDED.md``). Folded, that time runs with its
     reader, after whatever the reader waits for. An expensive operator with several readers
     (a tanh the backward reads again, :data:`_EXPENSIVE`), an operator a collective reads, or
     one nothing reads (the step's results) keeps its time: XLA writes it out. Operators are

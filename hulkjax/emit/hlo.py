@@ -273,6 +273,7 @@ class _Computation:
     instrs: list[_Instr] = field(default_factory=list)
     by_name: dict[str, _Instr] = field(default_factory=dict)
     users: dict[str, list[tuple[_Instr, int]]] = field(default_factory=lambda: defaultdict(list))
+    positions: dict[str, int] = field(default_factory=dict)  # filled on first use
 
 
 _COMMENT_RE = re.compile(r"/\*.*?\*/", re.S)
@@ -669,7 +670,9 @@ def _work_between(comp: _Computation, start: _Instr, done: _Instr | None) -> int
     """Instructions that do work between ``start`` and ``done`` in ``comp``'s text order."""
     if done is None:
         return 0
-    at = {i.name: k for k, i in enumerate(comp.instrs)}
+    at = comp.positions
+    if not at:
+        at.update((i.name, k) for k, i in enumerate(comp.instrs))
     lo, hi = at.get(start.name), at.get(done.name)
     if lo is None or hi is None:
         return 0
