@@ -154,7 +154,8 @@ def digest(measured: list[str], programs: str) -> dict:
         out["runs"].append({k: m.get(k) for k in ("date", "device", "jax", "xla_flags",
                                                   "mock_gpu_topology", "children",
                                                   "mock_collectives")}
-                           | {"probes": m.get("probes", [])})
+                           | {"probes": m.get("probes", []),
+                              "stacks": _stacks(os.path.join(folder, "log.txt"))})
         hlo = {}
         with tarfile.open(os.path.join(folder, "hlo.tar")) as tar:
             for member in tar.getmembers():
@@ -177,6 +178,23 @@ def digest(measured: list[str], programs: str) -> dict:
                                  "overlapped": c.overlapped} for c in collectives],
                 "predicted": entry["predicted"]})
     return out
+
+
+def _stacks(log: str, keep: int = 40) -> list[str]:
+    """The native stacks ``gpu_sharded_measure.py`` dumped of children that hung (each
+    ``py-spy dump --native`` block of its log, its first ``keep`` lines)."""
+    if not os.path.exists(log):
+        return []
+    blocks, current = [], None
+    for line in open(log).read().splitlines():
+        if line.startswith("--- ") and "py-spy" in line:
+            current = []
+            blocks.append(current)
+        elif line.startswith("$ "):
+            current = None
+        elif current is not None and len(current) < keep and line.strip():
+            current.append(line)
+    return ["\n".join(b) for b in blocks]
 
 
 def _cells(collectives, hidden) -> dict:
@@ -296,19 +314,33 @@ def markdown(records: list[dict], command: str, experiments: list[dict] | None =
         fate = ("timed out after " + f"{pr['timed_out_after']:.0f} s"
                 if "timed_out_after" in pr else f"exit {pr.get('returncode')}")
         out.append(f"- XLA flags `{pr.get('xla_flags') or '(none)'}`: {phases}; {fate}.")
+    stacks = [st for run in runs for st in run.get("stacks", [])]
+    frames = [ln.strip().split(" (")[0] for ln in (stacks[0].splitlines() if stacks else [])
+              if "xla::" in ln][:6]
     out += [
         "",
         "With XLA's defaults the compile never ends: its native stack (`py-spy dump --native`, "
-        "in the log of `gpu_sharded_measure.py`) waits in `xla::InMemoryKeyValueStore::Get`, "
+        "kept in the record) waits in `xla::InMemoryKeyValueStore::Get`, "
         "called by `xla::ConfigAssigner::AssignConfigs` in `xla::gpu::ConfigAssignerPass`: "
         "sharded autotuning waits for the results of the 7 mocked processes, which never come. "
-        "`--xla_gpu_shard_autotuning=false` compiles every program (the 2026-11-27 attempts, "
-        "`results/gpu_sharded/h200-attempt-2026-11-27.json`, waited there). Mocked collectives "
-        "move nothing: an all-reduce of 64 MB over the 8 took "
+        "`--xla_gpu_shard_autotuning=false` compiles every program tried (the 2026-11-27 attempts, "
+        "`results/gpu_sharded/h200-attempt-2026-11-27.json`, ran with the defaults: most "
+        "likely they waited there). Mocked collectives move nothing: no profile of these "
+        "programs holds a communication kernel, and a program summing a 64 MB array over the "
+        "8 (a local reduction, then the all-reduce) took "
         + ", ".join(f"{r['seconds'] * 1e6:.0f} us" for run in runs
                     for r in (run.get("mock_collectives") or [])
                     if r.get("kind") == "all-reduce" and r.get("megabytes") == 64)
-        + " as a whole program, no more than a local copy of the same size.",
+        + " (one per run), a local copy of the same size "
+        + ", ".join(f"{r['seconds'] * 1e6:.0f} us" for run in runs
+                    for r in (run.get("mock_collectives") or [])
+                    if r.get("kind") == "local copy" and r.get("megabytes") == 64)
+        + ".",
+    ]
+    if frames:
+        out += ["", "The hung compile's innermost XLA frames, innermost first:", "",
+                *(f"    {f}" for f in frames)]
+    out += [
         "",
         "## The collectives: counts, bytes, and which run during compute",
         "",
