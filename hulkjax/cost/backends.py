@@ -21,6 +21,9 @@ platform:
   and 17.0 ms; one process, four devices, 64 KiB in all: 0.18, 0.42, 1.54 and 5.22 ms for
   ``k`` = 1, 4, 16 and 64. Combining saves XLA:CPU instructions, not latencies.
 * **Reduce-scatter.** XLA:CPU does not form reduce-scatters: it all-reduces and slices.
+* **Reassociation.** XLA:GPU all-reduces the sum of two all-reduced partial sums once
+  (``AllReduceReassociate``: a tied embedding's two gradients, Megatron's input gradients;
+  ``benchmarks/GPU_SHARDED.md``); XLA:CPU combines them into one tuple all-reduce of both.
 * **Narrow floats.** XLA:CPU has no bfloat16 / float16 arithmetic and no such collectives: it
   converts narrow floats to f32 around every operator and collective (all-reduce, all-gather,
   all-to-all, permute alike) and then removes the convert pairs between them, so collectives move
@@ -96,6 +99,13 @@ class Backend:
       call_per_operand: whether a combined collective runs one library call per operand (each
         paying the latency) rather than one call over all of them (see the module
         docstring).  # bool
+      reassociates_all_reduce: whether two all-reduced partial sums that are then added become
+        one all-reduce of their sum (XLA's ``AllReduceReassociate``: ``all-reduce(a) +
+        all-reduce(b)`` into ``all-reduce(a + b)``). XLA:GPU does: a tied embedding's two
+        gradient contributions, Megatron's input gradients (``benchmarks/GPU_SHARDED.md``: with
+        the pass disabled, its all-reduces equal the unreassociated prediction, count and
+        bytes). XLA:CPU does not (it combines the two into one tuple all-reduce, measured on
+        jax 0.10); TPUs are not known and left without.  # bool
       fresh_buffer_threshold: bytes above which a buffer a program allocates on each call (its
         temporaries, its results that are not donated arguments) is new memory every call, whose
         pages the device pays ``DeviceSpec.fresh_page_time`` for. XLA:CPU allocates with the
@@ -119,6 +129,7 @@ class Backend:
     hoists_argument_values: bool = False
     async_collectives: dict[str, str] = field(default_factory=dict)
     call_per_operand: bool = False
+    reassociates_all_reduce: bool = False
     fresh_buffer_threshold: float = math.inf
 
     def wire_dtype(self, dtype: str) -> str:
@@ -186,7 +197,8 @@ BACKENDS: dict[str, Backend] = {
                    call_per_operand=True, fresh_buffer_threshold=32 * _MIB),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB},
-                   async_collectives=dict.fromkeys(_KINDS, "collectives")),
+                   async_collectives=dict.fromkeys(_KINDS, "collectives"),
+                   reassociates_all_reduce=True),
     "tpu": Backend("tpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB},
                    async_collectives={k: k for k in _KINDS}),

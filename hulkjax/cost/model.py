@@ -171,6 +171,11 @@ class ProgramComm:
     readers: tuple[int, ...] = ()
 
 
+_COMMUTES_WITH_SUMS = ("transpose", "reshape", "squeeze", "copy")
+"""Layout-only operators an all-reduce commutes with: ``op(all-reduce(x)) == all-reduce(op(x))``
+(:meth:`CostModel._reassociated` looks through them)."""
+
+
 @dataclass(frozen=True)
 class CombinedCollective:
     """A collective of the compiled program after the backend's combiners: ``members`` are the
@@ -1841,6 +1846,74 @@ class CostModel:
             out[i] = replace(out[i], readers=tuple(rs))
         return out
 
+    def _reassociated(self, entries: list[ProgramComm], be: Backend) -> list[ProgramComm]:
+        """``entries`` as a backend that reassociates all-reduces leaves them
+        (``Backend.reassociates_all_reduce``): where an ``add`` reads two values that are each
+        their producer's one all-reduced partial sum (same mesh axes and bytes; directly or
+        through transposes and reshapes, which commute with a sum), read by nothing else and not
+        moved to another layout, the two all-reduces are one, of the sum, which the add makes
+        and its readers read. Visited in graph order, so a chain of adds (three
+        partial sums) reassociates into one. The cost model's additive cost still charges each
+        operator's own all-reduce (the saving depends on two operators' layouts at once): the
+        difference is in ``Overlap.reused_comm_time``."""
+        if not be.reassociates_all_reduce:
+            return entries
+        g = self.graph
+        outputs = {v for v in g.outputs if v is not None}
+        moved = {e.value for e in entries if e.value >= 0}
+        own: dict[int, list[int]] = defaultdict(list)
+        for i, e in enumerate(entries):
+            if e.value < 0:
+                own[e.source].append(i)
+        entries = list(entries)
+        dropped: set[int] = set()
+
+        def single_partial(v) -> tuple[int, int] | None:
+            """(entry, producer) of the one all-reduce that makes ``v``, through layout-only
+            operators it commutes with (a transpose of the reduced gradient), each read once."""
+            while v is not None:
+                if v in moved or v in outputs or len(g.consumers(v)) != 1:
+                    return None
+                p = g.values[v].producer
+                if p is None:
+                    return None
+                node = g.nodes[p]
+                if own.get(p):
+                    if len(own[p]) != 1 or len(node.outputs) != 1:
+                        return None
+                    i = own[p][0]
+                    return (i, p) if entries[i].comm.kind == "all-reduce" else None
+                if node.name not in _COMMUTES_WITH_SUMS or len(node.inputs) != 1:
+                    return None
+                v = node.inputs[0]
+            return None
+
+        for node in g.nodes:
+            if node.name not in ("add", "add_any") or len(node.inputs) != 2 or own.get(node.id):
+                continue
+            u, w = node.inputs
+            if u == w:
+                continue
+            pu, pw = single_partial(u), single_partial(w)
+            if pu is None or pw is None or pu[1] == pw[1]:
+                continue
+            (i, src_u), (j, src_w) = pu, pw
+            a, b = entries[i].comm, entries[j].comm
+            if a.axes != b.axes or a.bytes != b.bytes:
+                continue
+            entries[i] = replace(entries[i], source=node.id, user=node.id, after=-1)
+            dropped.add(j)
+            own[src_u], own[src_w] = [], []
+            own[node.id] = [i]
+        if not dropped:
+            return entries
+        index, kept = {}, []
+        for i, e in enumerate(entries):
+            if i not in dropped:
+                index[i] = len(kept)
+                kept.append(e)
+        return [replace(e, after=index[e.after]) if e.after >= 0 else e for e in kept]
+
     def _move_steps(self, vid: int, src: Spec | None, dst: Spec | None, nid: int, n: int
                     ) -> tuple[tuple, tuple[int, ...]]:
         """The layouts a layout change of ``vid`` to ``dst`` for node ``nid`` passes through (its
@@ -2052,7 +2125,7 @@ class CostModel:
         # A combiner merges collectives of one computation: the step's, and each loop body's per
         # iteration (its own program, its results' layout changes on exit included), repeated
         # trip_count times.
-        entries = self.program_entries(assignment, loops=False)
+        entries = self._reassociated(self.program_entries(assignment, loops=False), be)
         entries += self._exit_entries(assignment, exits or ())
         for kind, axes, nbytes in self._combine(entries, be):
             if nbytes <= min_bytes:
@@ -2083,7 +2156,7 @@ class CostModel:
 
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
-        entries = self.program_entries(assignment, loops=False)
+        entries = self._reassociated(self.program_entries(assignment, loops=False), be)
         on_exit = self._exit_entries(assignment, exits or ())
         entries += on_exit
         groups = tuple(CombinedCollective(kind, axes, nbytes, members)

@@ -72,6 +72,50 @@ def test_gpu_combines_deferred_collectives_up_to_30_mib():
         assert summary[("all-reduce", ("d",))] == {"count": count, "bytes": total}, backend
 
 
+def _two_partial_sums(step):
+    x = jnp.ones((64, 32))
+    plan = hj.plan(step, x, x, x, x, topology=D8, strategy="dp")
+    return plan, cost_model(plan.graph, D8)
+
+
+def test_gpu_reassociates_partial_sums_that_are_added_cpu_combines_them():
+    """``x^T y + w^T v`` with the batch split: two partial sums, then their sum. XLA:GPU
+    all-reduces the sum once (``AllReduceReassociate``; benchmarks/GPU_SHARDED.md: with that
+    pass disabled its all-reduces are each operator's own); XLA:CPU combines the two into one
+    tuple all-reduce of both (this test compiles it). Through a transpose (which commutes with
+    the sum) as well; the additive cost still charges both."""
+    def step(x, y, w, v):
+        return x.T @ y + w.T @ v
+
+    plan, cm = _two_partial_sums(step)
+    one = 32 * 32 * 4
+    assert cm.program_summary(plan.assignment, "gpu") == {("all-reduce", ("d",)): {
+        "count": 1, "bytes": one}}
+    assert cm.program_summary(plan.assignment, "cpu") == {("all-reduce", ("d",)): {
+        "count": 1, "bytes": 2 * one}}
+    x = jnp.ones((64, 32))
+    assert _compiled_summary(step, plan, x, x, x, x) == cm.program_summary(plan.assignment, "cpu")
+    o = cm.overlapped(plan.assignment, "gpu")
+    assert o.comm_time == pytest.approx(plan.cost.comm_time / 2, rel=1e-9)
+    assert o.reused_comm_time == pytest.approx(plan.cost.comm_time / 2, rel=1e-9)
+
+    def transposed(x, y, w, v):
+        return (y.T @ x).T + w.T @ v
+
+    plan, cm = _two_partial_sums(transposed)
+    assert cm.program_summary(plan.assignment, "gpu")[("all-reduce", ("d",))]["bytes"] == one
+
+
+def test_a_partial_sum_read_elsewhere_is_not_reassociated():
+    def step(x, y, w, v):
+        a = x.T @ y
+        return a + w.T @ v, a
+
+    plan, cm = _two_partial_sums(step)
+    assert cm.program_summary(plan.assignment, "gpu")[("all-reduce", ("d",))]["bytes"] == \
+        2 * 32 * 32 * 4
+
+
 def test_deferred_collectives_pay_their_share_of_latency():
     gpu, cpu = BACKENDS["gpu"], BACKENDS["cpu"]
     assert gpu.latency_share("all-reduce", 3 << 20) == pytest.approx(0.1)
