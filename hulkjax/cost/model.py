@@ -2126,7 +2126,7 @@ class CostModel:
         # iteration (its own program, its results' layout changes on exit included), repeated
         # trip_count times.
         entries = self._reassociated(self.program_entries(assignment, loops=False), be)
-        entries += self._exit_entries(assignment, exits or ())
+        entries += self._exit_entries(assignment, exits or (), len(entries))
         for kind, axes, nbytes in self._combine(entries, be):
             if nbytes <= min_bytes:
                 continue
@@ -2157,7 +2157,7 @@ class CostModel:
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
         entries = self._reassociated(self.program_entries(assignment, loops=False), be)
-        on_exit = self._exit_entries(assignment, exits or ())
+        on_exit = self._exit_entries(assignment, exits or (), len(entries))
         entries += on_exit
         groups = tuple(CombinedCollective(kind, axes, nbytes, members)
                        for kind, axes, nbytes, members in self._combine_groups(entries, be))
@@ -2190,10 +2190,11 @@ class CostModel:
 
         return overlap(self, assignment, backend)
 
-    def _exit_entries(self, assignment, exits) -> list[ProgramComm]:
+    def _exit_entries(self, assignment, exits, base: int = 0) -> list[ProgramComm]:
         """A loop body's results brought to their exit layouts (``exits``: per body result, the
         layout it leaves in, ``None``: as produced), as the body's last collectives; carried
-        results are changed by the body's carried edges already."""
+        results are changed by the body's carried edges already. ``base``: how many entries
+        come before them in the list they join (a step's ``after`` indexes that list)."""
         if not exits:
             return []
         g = self.graph
@@ -2208,7 +2209,7 @@ class CostModel:
             prev = -1
             for cm in self.reshard(vid, specs[vid], spec, direct=True):
                 out.append(ProgramComm(cm, src, len(g.nodes), prev, vid))
-                prev = len(out) - 1
+                prev = base + len(out) - 1
         return out
 
     def _move_target(self, loc: Local, mv: Move) -> Spec | None:
