@@ -207,6 +207,9 @@ class CombinedProgram:
       order: XLA's post-order of the instructions (``MakeInstructionPostOrder``).  # list of int
       exits: how many of ``entries`` (the last ones) are a loop body's results' layout changes
         on exit.  # int
+      reassociated: the all-reduces the backend merged into another, of a sum of partial sums
+        (:meth:`CostModel._reassociated`): charged by the cost, not in the program.  # tuple of
+        Comm
     """
 
     nodes: int
@@ -215,6 +218,7 @@ class CombinedProgram:
     operands: list[list[int]]
     order: list[int]
     exits: int = 0
+    reassociated: tuple[Comm, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1846,7 +1850,8 @@ class CostModel:
             out[i] = replace(out[i], readers=tuple(rs))
         return out
 
-    def _reassociated(self, entries: list[ProgramComm], be: Backend) -> list[ProgramComm]:
+    def _reassociated(self, entries: list[ProgramComm], be: Backend
+                      ) -> tuple[list[ProgramComm], tuple[Comm, ...]]:
         """``entries`` as a backend that reassociates all-reduces leaves them
         (``Backend.reassociates_all_reduce``): where an ``add`` reads two values that are each
         their producer's one all-reduced partial sum (same mesh axes and bytes; directly or
@@ -1855,9 +1860,9 @@ class CostModel:
         and its readers read. Visited in graph order, so a chain of adds (three
         partial sums) reassociates into one. The cost model's additive cost still charges each
         operator's own all-reduce (the saving depends on two operators' layouts at once): the
-        difference is in ``Overlap.reused_comm_time``."""
+        merged ones are returned beside the entries (``Overlap.reassociated_comm_time``)."""
         if not be.reassociates_all_reduce:
-            return entries
+            return entries, ()
         g = self.graph
         outputs = {v for v in g.outputs if v is not None}
         moved = {e.value for e in entries if e.value >= 0}
@@ -1906,13 +1911,14 @@ class CostModel:
             own[src_u], own[src_w] = [], []
             own[node.id] = [i]
         if not dropped:
-            return entries
+            return entries, ()
         index, kept = {}, []
         for i, e in enumerate(entries):
             if i not in dropped:
                 index[i] = len(kept)
                 kept.append(e)
-        return [replace(e, after=index[e.after]) if e.after >= 0 else e for e in kept]
+        return ([replace(e, after=index[e.after]) if e.after >= 0 else e for e in kept],
+                tuple(entries[j].comm for j in sorted(dropped)))
 
     def _move_steps(self, vid: int, src: Spec | None, dst: Spec | None, nid: int, n: int
                     ) -> tuple[tuple, tuple[int, ...]]:
@@ -2125,7 +2131,7 @@ class CostModel:
         # A combiner merges collectives of one computation: the step's, and each loop body's per
         # iteration (its own program, its results' layout changes on exit included), repeated
         # trip_count times.
-        entries = self._reassociated(self.program_entries(assignment, loops=False), be)
+        entries, _ = self._reassociated(self.program_entries(assignment, loops=False), be)
         entries += self._exit_entries(assignment, exits or (), len(entries))
         for kind, axes, nbytes in self._combine(entries, be):
             if nbytes <= min_bytes:
@@ -2156,7 +2162,7 @@ class CostModel:
 
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
-        entries = self._reassociated(self.program_entries(assignment, loops=False), be)
+        entries, merged = self._reassociated(self.program_entries(assignment, loops=False), be)
         on_exit = self._exit_entries(assignment, exits or (), len(entries))
         entries += on_exit
         groups = tuple(CombinedCollective(kind, axes, nbytes, members)
@@ -2180,7 +2186,7 @@ class CostModel:
         operands += [mapped([o for i in grp.members for o in base[n + i]]) for grp in groups]
         operands.append(mapped(base[-1]))
         order = self._post_order(operands, [True] * len(operands))
-        return CombinedProgram(n, entries, groups, operands, order, len(on_exit))
+        return CombinedProgram(n, entries, groups, operands, order, len(on_exit), merged)
 
     def overlapped(self, assignment, backend: str | Backend | None = None):
         """The step time with collectives overlapped with compute as XLA's latency-hiding

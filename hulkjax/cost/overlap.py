@@ -149,9 +149,13 @@ class Overlap:
       exposed_comm_time: collective time the compute stream waits for.  # float
       hidden_comm_time: ``comm_time - exposed_comm_time``: run under compute.  # float
       additive_time: the cost model's ``Cost.step_time`` (compute + comm, no overlap).  # float
-      reused_comm_time: what ``Cost.comm_time`` charges beyond ``comm_time``: a layout change
-        the cost prices twice that the program makes once (see above; ``>= 0`` up to
-        rounding).  # float
+      reused_comm_time: what ``Cost.comm_time`` charges beyond ``comm_time`` for layout
+        changes: one the cost prices twice that the program makes once (see above; ``>= 0`` up
+        to rounding).  # float
+      reassociated_comm_time: what ``Cost.comm_time`` charges for all-reduces the backend
+        merges into another, of a sum of partial sums (XLA:GPU's ``AllReduceReassociate``,
+        ``CostModel._reassociated``), which the program does not make; 0 where the backend
+        does not reassociate.  # float
       collectives: every collective, in the order the schedule starts them (loop bodies' after
         the step's, per loop).  # tuple of ScheduledCollective
       backend: the backend whose combiners and async resources were modelled.  # str
@@ -166,6 +170,7 @@ class Overlap:
     reused_comm_time: float
     collectives: tuple[ScheduledCollective, ...]
     backend: str
+    reassociated_comm_time: float = 0.0
 
     @property
     def hidden(self) -> tuple[ScheduledCollective, ...]:
@@ -221,6 +226,7 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     dur = [0.0] * m
     stream: list[object] = [_COMPUTE] * m
     compute = exposed_inline = comm = 0.0
+    merged = sum(cm.comm_time(c) for c in prog.reassociated)  # charged, not in the program
     inner: list[ScheduledCollective] = []
     for nid in range(n):
         r = _loop_resolution(cm, assignment, nid)
@@ -239,6 +245,7 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
         compute += trips * sum(o.compute_time for o in bodies)
         comm += trips * sum(o.comm_time for o in bodies)
         exposed_inline += trips * sum(o.exposed_comm_time for o in bodies)
+        merged += trips * sum(o.reassociated_comm_time for o in bodies)
         for o in bodies:
             inner.extend(_repeat(c, trips, nid if loop is None else loop) for c in o.collectives)
     for j, grp in enumerate(groups):
@@ -270,8 +277,9 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     return Overlap(step_time=makespan, compute_time=compute, comm_time=comm,
                    exposed_comm_time=exposed, hidden_comm_time=max(0.0, comm - exposed),
                    additive_time=additive,
-                   reused_comm_time=additive - compute - comm,
-                   collectives=tuple(own + inner), backend=be.name)
+                   reused_comm_time=additive - compute - comm - merged,
+                   collectives=tuple(own + inner), backend=be.name,
+                   reassociated_comm_time=merged)
 
 
 _TRANSPOSE = handles("transpose")

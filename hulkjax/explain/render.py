@@ -99,6 +99,10 @@ def _overlap_lines(e: Explanation, limit: int = 3) -> list[str]:
                      f"for layout changes than the program makes: XLA's partitioner makes a "
                      f"change once per value and layout, and shares a path's first steps with a "
                      f"direct change to them, which the cost model prices apart")
+    if o.reassociated_comm_time > 1e-3 * o.additive_time:
+        lines.append(f"  the predicted step above charges {format_time(o.reassociated_comm_time)} "
+                     f"for all-reduces {o.backend} does not make: where two partial sums are "
+                     f"added, XLA all-reduces their sum once, which the cost model prices apart")
     waits = sorted(o.exposed, key=lambda c: -c.exposed_seconds * c.trips)[:limit]
     for c in waits:
         where = f" in loop {c.loop}'s body (x{c.trips})" if c.loop is not None else ""
