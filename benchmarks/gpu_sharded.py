@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -121,11 +120,12 @@ def export(out: str, families=FAMILIES, strategies=STRATEGIES, size: str = "base
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_sharded")
-_GEMM = re.compile(r"gemm|xmma|cutlass|cublas|sm\d\d_", re.I)  # as benchmarks/gpu.py reads it
 
 
 def _profile(events: list[dict]) -> dict | None:
     """GPU time of one profiled step: all kernels, matmul kernels, and how many kernels."""
+    from gpu import _GEMM  # this directory: the matmul kernels as the unsharded report reads them
+
     if not events:
         return None
     busy = sum(e["dur_ns"] for e in events) / 1e9
@@ -268,10 +268,6 @@ def _experiments(records: list[dict], experiments: list[dict]) -> list[str]:
     return out
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f}"
-
-
 def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f}"
 
@@ -282,6 +278,8 @@ def _cell(c: list) -> str:
 
 def markdown(records: list[dict], command: str, experiments: list[dict] | None = None) -> str:
     import statistics
+
+    from gpu import _ms  # this directory
 
     progs = [p for r in records for p in r["programs"]]
     runs = [run for r in records for run in r["runs"]]

@@ -359,7 +359,7 @@ def main(argv=None) -> None:
             if chosen is None and "compile" in row.get("phases", {}):
                 chosen = row
         if chosen is not None:
-            flags = chosen["xla_flags"][len(base_flags):].strip()
+            flags = dict(PROBES)[chosen["probe"]]
             result["xla_flags"] = chosen["xla_flags"]
             result["children"]["compile"] = child("compile", args.compile_timeout, flags)
             if args.no_run:

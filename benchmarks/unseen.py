@@ -148,6 +148,7 @@ def one_example(graph) -> dict:
     return {"one_example_differs": bool(structure_mismatch(graph, one)),
             "broadcast_to_batch": broadcast_to_the_batch(graph) is not None}
 
+
 def report(doc: dict) -> str:
     rows = doc["rows"]
     ok = [r for r in rows if r["status"] == "ok"]

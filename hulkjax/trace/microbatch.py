@@ -257,9 +257,10 @@ def broadcast_to_the_batch(graph: OpGraph):
     ``jnp.broadcast_to`` returns its operand where the shapes are equal, so at a microbatch of
     one example such a step traces to other operators, and its per-node plans do not apply
     there (a step that calls ``lax.broadcast_in_dim`` itself keeps the operator, and the staged
-    search then leaves out a count it could have used). Tracing the step to find that out cost the staged search as much as a trace (2 s
-    for an 8B LLaMA). ``benchmarks/UNSEEN.md`` counts, of its third-party models, those that
-    trace to other operators at one example and those this finds."""
+    search then leaves out a count it could have used). Tracing the step to find that out cost
+    the staged search as much as a trace (2 s for an 8B LLaMA). ``benchmarks/UNSEEN.md``
+    counts, of its third-party models, those that trace to other operators at one example and
+    those this finds."""
     hit = graph.memo.get("broadcast to the batch", False)
     if hit is not False:
         return hit
