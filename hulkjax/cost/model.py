@@ -177,6 +177,32 @@ _COMMUTES_WITH_SUMS = ("transpose", "reshape", "squeeze", "copy")
 
 
 @dataclass(frozen=True)
+class SumSite:
+    """Two partial sums added, where the objective prices a backend's reassociation
+    (:meth:`CostModel.sum_sites`): ``add`` reads operand ``k`` (``value``) across the edge from
+    group ``src``, made by ``far`` (that group's leader) through layout-only operators, and its
+    other operand from its own group ``dst``, made likewise by ``near`` (``dst``'s leader).
+
+    ``far_ids`` and ``near_ids`` are ``(producer, nodes after it up to the add, values from the
+    producer's result to the add's operand)`` in the ids of ``src``'s and ``dst``'s tables
+    (:meth:`CostModel.table`); ``near_ids``'s nodes include the add. ``drops_far``: the
+    all-reduce the merge leaves out is ``far``'s (the add's second operand is ``value``), as
+    :meth:`CostModel._reassociated` drops the second operand's.
+    """
+
+    add: int
+    k: int
+    value: int
+    src: int
+    dst: int
+    far: int
+    near: int
+    far_ids: tuple
+    near_ids: tuple
+    drops_far: bool
+
+
+@dataclass(frozen=True)
 class CombinedCollective:
     """A collective of the compiled program after the backend's combiners: ``members`` are the
     indices of the :class:`ProgramComm` entries merged into it (one: left alone); ``bytes`` is
@@ -269,8 +295,8 @@ class Breakdown:
     """Where an assignment's time and memory go, operator by operator (:meth:`CostModel.breakdown`).
 
     The sums equal :meth:`CostModel.evaluate`: compute adds up to ``compute_time``, the collectives
-    of ``own`` and of the ``moves`` that are not a ``repeat`` to the communication, ``memory`` to
-    ``peak_memory``.
+    of ``own`` but those ``merged`` and of the ``moves`` that are not a ``repeat`` to the
+    communication, ``memory`` to ``peak_memory``.
 
     Attributes:
       assignment: the candidate per group it describes.  # list of int
@@ -280,6 +306,9 @@ class Breakdown:
       moves: layout changes of operands (inside groups and on edges between groups).
       memory: the buffers live at the peak of memory, node by node (they add up to
         ``peak_memory``; see :func:`hulkjax.cost.memory.liveness`).  # list of MemoryUse
+      merged: of ``own``, the all-reduces the step does not make, merged into another's of a
+        sum of partial sums (:meth:`CostModel.sum_sites`): the communication leaves them out.
+        # dict[int, tuple of Comm]
     """
 
     assignment: list[int]
@@ -288,6 +317,7 @@ class Breakdown:
     own: dict[int, tuple[Comm, ...]]
     moves: list[Move]
     memory: list[MemoryUse]
+    merged: dict[int, tuple[Comm, ...]] = field(default_factory=dict)
 
 
 _BREAKDOWNS_KEPT = 8  # assignments whose breakdown a cost model keeps (CostModel.breakdown)
@@ -373,6 +403,8 @@ class CostModel:
         self.program_runs: dict | None = None  # program -> runs per step (None: once each)
         self.split = None  # by_programs: the microbatch analysis (sums left unreduced)
         self._sum_producers: frozenset[int] = frozenset()
+        self._sum_sites: dict | None = None  # sum_sites, made when first asked for
+        self._finishing_memo: dict[tuple, Comm | None] = {}
         self._share_readers()
 
     def by_programs(self, program_of, runs=None, split=None) -> CostModel:
@@ -412,6 +444,7 @@ class CostModel:
         view.program_runs = None if runs is None else {p: float(n) for p, n in runs.items()}
         view.split = split if runs is not None else None
         view._sum_producers = sum_producers(self.graph, view.split)
+        view._sum_sites = {}  # a program's merges are its own (sum_sites)
         view._edge_cache = {}
         view._edge_classes = {}
         view._breakdowns = {}
@@ -1486,7 +1519,7 @@ class CostModel:
                 items = self._edge_list(gp, gc, shared)
                 if self.program_runs is None:
                     t = sum(self.comm_time(cm) for cm in self._edge_changes(
-                        gp, cp, gc, cc, items))
+                        gp, cp, gc, cc, items)) - self._credit_time(gp, cp, gc, cc)
                 else:
                     t = sum(self.runs(it[1]) * self.comm_time(cm) for it in items
                             for cm in self._edge_changes(gp, cp, gc, cc, (it,)))
@@ -1553,6 +1586,12 @@ class CostModel:
             val = g.values[v]
             out.append((src, dst, val.shape, val.dtype, self._deferred_at(nid), nid < 0,
                         self.runs(nid)))
+        for site in self.sum_sites().get((gp, gc), ()):
+            # a merge reads each side's finishing all-reduce (the side without a candidate in
+            # its table's ids, which all its candidates read alike)
+            out.append(("sum", site.k, site.drops_far,
+                        site.far_ids if cp is None else self._finishing(gp, cp, site.far_ids),
+                        site.near_ids if cc is None else self._finishing(gc, cc, site.near_ids)))
         return tuple(out)
 
     def edge_class(self, gp: int, gc: int, shared: bool = True) -> int | None:
@@ -1606,6 +1645,9 @@ class CostModel:
             us, ui = _unique_index(srcs)
             ud, di = _unique_index(dsts)
             m += self.reading_matrix(v, nid, us, ud)[np.ix_(ui, di)]
+        credit = self._credit_matrix(gp, gc, list(cps), list(ccs))
+        if credit is not None:
+            m -= credit
         if key is not None:
             self._matrix_cache[key] = m.copy()
         return m
@@ -1645,6 +1687,10 @@ class CostModel:
             if v2 is None or n2 is None:
                 return None
             out.append((v2, n2, k))
+        sites = self.sum_sites().get((gp, gc), ())
+        if sites:  # its merges (in the tables' ids: alike across the class)
+            return (rp, rc, tuple(out), tuple((s.k, s.far_ids, s.near_ids, s.drops_far)
+                                              for s in sites))
         return (rp, rc, tuple(out))
 
     def move_time(self, vid: int, src: Spec, dst: Spec, nid: int) -> float:
@@ -1702,6 +1748,8 @@ class CostModel:
             loc = self.local(gid, c)
             compute += loc.compute
             comms.extend(loc.comms)
+        for _, merged in self.credited_sums(assignment):  # an add's sum all-reduced once
+            comms.remove(merged)
         comms.extend(self._edge_charges(assignment))
         by_axis: dict[str, float] = defaultdict(float)
         bytes_axis: dict[str, float] = defaultdict(float)
@@ -1850,7 +1898,7 @@ class CostModel:
             out[i] = replace(out[i], readers=tuple(rs))
         return out
 
-    def _reassociated(self, entries: list[ProgramComm], be: Backend
+    def _reassociated(self, entries: list[ProgramComm], be: Backend, credited=frozenset()
                       ) -> tuple[list[ProgramComm], tuple[Comm, ...]]:
         """``entries`` as a backend that reassociates all-reduces leaves them
         (``Backend.reassociates_all_reduce``): where an ``add`` reads two values that are each
@@ -1858,9 +1906,10 @@ class CostModel:
         through transposes and reshapes, which commute with a sum), read by nothing else and not
         moved to another layout, the two all-reduces are one, of the sum, which the add makes
         and its readers read. Visited in graph order, so a chain of adds (three
-        partial sums) reassociates into one. The cost model's additive cost still charges each
-        operator's own all-reduce (the saving depends on two operators' layouts at once): the
-        merged ones are returned beside the entries (``Overlap.reassociated_comm_time``)."""
+        partial sums) reassociates into one. The merged all-reduces the objective does not
+        already leave out are returned beside the entries (``Overlap.reassociated_comm_time``):
+        ``credited`` names the adds whose merge it prices (:meth:`sum_sites`); a chain's later
+        adds, whose saving depends on more than two groups' layouts, it charges."""
         if not be.reassociates_all_reduce:
             return entries, ()
         g = self.graph
@@ -1872,6 +1921,7 @@ class CostModel:
                 own[e.source].append(i)
         entries = list(entries)
         dropped: set[int] = set()
+        priced: set[int] = set()  # merges the objective already leaves out
 
         def single_partial(v) -> tuple[int, int] | None:
             """(entry, producer) of the one all-reduce that makes ``v``, through layout-only
@@ -1908,6 +1958,8 @@ class CostModel:
                 continue
             entries[i] = replace(entries[i], source=node.id, user=node.id, after=-1)
             dropped.add(j)
+            if node.id in credited:
+                priced.add(j)
             own[src_u], own[src_w] = [], []
             own[node.id] = [i]
         if not dropped:
@@ -1918,7 +1970,174 @@ class CostModel:
                 index[i] = len(kept)
                 kept.append(e)
         return ([replace(e, after=index[e.after]) if e.after >= 0 else e for e in kept],
-                tuple(entries[j].comm for j in sorted(dropped)))
+                tuple(entries[j].comm for j in sorted(dropped - priced)))
+
+    # ---- partial sums added: the all-reduces a backend merges, in the objective ----------------
+    def sum_sites(self) -> dict[tuple[int, int], tuple[SumSite, ...]]:
+        """``{(source group, add's group): (SumSite, ...)}``: where two partial sums are added
+        and whether their all-reduces merge depends on two groups' candidates only, so the
+        objective prices the merge (``Backend.reassociates_all_reduce``; :meth:`_reassociated`
+        finds every merge of the program an assignment makes).
+
+        An ``add`` of two values, each one leader's result through layout-only operators it
+        commutes with (transposes, reshapes: ``_COMMUTES_WITH_SUMS``), every value on the way
+        read once and none a step's output, where one producer and the path from it are the
+        add's own group (the add follows that operand) and the other's are one other group,
+        whose result reaches the add over an edge. Under one candidate of each group the merge
+        is made when each producer finishes its sum with one all-reduce, over the same axes and
+        of the same bytes, and no value on either path is moved (:meth:`sum_credit`); the edge's
+        time then leaves out the all-reduce the merge drops (:meth:`edge_time`,
+        :meth:`edge_matrix`), and so do :meth:`evaluate` and :meth:`breakdown`. A chain of adds
+        (three partial sums) depends on three groups: the objective prices its first merge,
+        and the program's further ones are :meth:`combined_program`'s ``reassociated``.
+
+        Empty where the backend does not reassociate, and for a step run as several programs
+        (:meth:`by_programs`: a pipeline stage's; its merges are its programs' own)."""
+        if self._sum_sites is not None:
+            return self._sum_sites
+        out: dict[tuple[int, int], list[SumSite]] = defaultdict(list)
+        if not self.backend.reassociates_all_reduce or self.program_of is not None:
+            self._sum_sites = {}
+            return self._sum_sites
+        g = self.graph
+        outputs = {v for v in g.outputs if v is not None}
+
+        def path(v):
+            """(producer, nodes after it, values from its result to ``v``), or None."""
+            nodes, values = [], []
+            while True:
+                if v in outputs or len(g.consumers(v)) != 1:
+                    return None
+                values.append(v)
+                p = g.values[v].producer
+                if p is None:
+                    return None
+                node = g.nodes[p]
+                gid = self.group_of_node[p]
+                grp = self.groups[gid]
+                if grp.kind == LEADER and grp.leader == p:
+                    if len(node.outputs) != 1 or node.subgraphs:
+                        return None
+                    return p, nodes[::-1], values[::-1]
+                if node.name not in _COMMUTES_WITH_SUMS or len(node.inputs) != 1:
+                    return None
+                nodes.append(p)
+                v = node.inputs[0]
+
+        for node in g.nodes:
+            if node.name not in ("add", "add_any") or len(node.inputs) != 2:
+                continue
+            u, w = node.inputs
+            if u is None or w is None or u == w:
+                continue
+            ga = self.group_of_node[node.id]
+            paths = [path(u), path(w)]
+            if paths[0] is None or paths[1] is None:
+                continue
+            groups = [self.group_of_node[p[0]] for p in paths]
+            if groups.count(ga) != 1:
+                continue
+            j = 0 if groups[0] != ga else 1  # the operand from across the edge
+            far, near = paths[j], paths[1 - j]
+            gf = groups[j]
+            if any(self.group_of_node[n] != gf for n in far[1]) or \
+                    any(self.group_of_node[n] != ga for n in near[1]):
+                continue
+            value = node.inputs[j]
+            if (value, node.id, j) not in self._edges.get((gf, ga), ()):
+                continue
+            ids = []
+            for gid, (p, nodes, values), extra in ((gf, far, ()), (ga, near, (node.id,))):
+                nmap, vmap = (None, None) if self.table_rep[gid] == gid else self._rep_ids(gid)
+                ns = [p, *nodes, *extra]
+                if nmap is not None:
+                    ns = [nmap.get(n) for n in ns]
+                    values = [vmap.get(v) for v in values]
+                if None in ns or None in values:
+                    break
+                ids.append((ns[0], tuple(ns[1:]), frozenset(values)))
+            else:
+                out[(gf, ga)].append(SumSite(
+                    add=node.id, k=j, value=value, src=gf, dst=ga, far=far[0], near=near[0],
+                    far_ids=ids[0], near_ids=ids[1], drops_far=j == 1))
+        self._sum_sites = {k: tuple(v) for k, v in out.items()}
+        return self._sum_sites
+
+    def _finishing(self, gid: int, c: int, ids: tuple) -> Comm | None:
+        """The one all-reduce group ``gid``'s candidate ``c`` finishes a :class:`SumSite`
+        producer's sum with (``ids``: its ``far_ids`` or ``near_ids``), or None: another
+        collective, none, one on the way, or a value on the way moved inside the group."""
+        key = (self.table_rep[gid], c, ids)
+        hit = self._finishing_memo.get(key, False)
+        if hit is not False:
+            return hit
+        loc = self.table(gid, c)
+        producer, nodes, values = ids
+        cms = loc.node_comms.get(producer, ())
+        out = None
+        if len(cms) == 1 and cms[0].kind == "all-reduce" and \
+                not any(loc.node_comms.get(n) for n in nodes) and \
+                not any(mv.value in values for mv in loc.moves):
+            out = cms[0]
+        self._finishing_memo[key] = out
+        return out
+
+    def sum_credit(self, site: SumSite, cp: int, cc: int) -> Comm | None:
+        """The all-reduce the merge at ``site`` leaves out with its source group on candidate
+        ``cp`` and the add's on ``cc`` (:meth:`sum_sites`), or None where there is no merge."""
+        a = self._finishing(site.src, cp, site.far_ids)
+        if a is None:
+            return None
+        b = self._finishing(site.dst, cc, site.near_ids)
+        if b is None or a.axes != b.axes or a.bytes != b.bytes:
+            return None
+        src = self.spec(site.src, cp, site.value)
+        dst = self.required(site.dst, cc, site.add, site.k)
+        if src is not None and dst is not None and src != dst and self._defer_shared(
+                self.reshard(site.value, src, dst), site.add):
+            return None  # the operand is moved: no merge
+        return a if site.drops_far else b
+
+    def _credit_time(self, gp: int, cp: int, gc: int, cc: int) -> float:
+        """Seconds of the all-reduces merged on edge ``(gp, gc)`` (:meth:`sum_sites`)."""
+        t = 0.0
+        for site in self.sum_sites().get((gp, gc), ()):
+            cm = self.sum_credit(site, cp, cc)
+            if cm is not None:
+                t += self.comm_time(cm)
+        return t
+
+    def _credit_matrix(self, gp: int, gc: int, cps, ccs) -> np.ndarray | None:
+        """``[[_credit_time(gp, p, gc, c) for c in ccs] for p in cps]``, or None: no site."""
+        sites = self.sum_sites().get((gp, gc), ())
+        if not sites:
+            return None
+        m = np.zeros((len(cps), len(ccs)))
+        for site in sites:
+            fs = [self._finishing(gp, p, site.far_ids) for p in cps]
+            if not any(fs):
+                continue
+            ns = [self._finishing(gc, c, site.near_ids) for c in ccs]
+            for a, f in enumerate(fs):
+                if f is None:
+                    continue
+                for b, n in enumerate(ns):
+                    if n is not None and n.axes == f.axes and n.bytes == f.bytes:
+                        cm = self.sum_credit(site, cps[a], ccs[b])
+                        if cm is not None:
+                            m[a, b] += self.comm_time(cm)
+        return m
+
+    def credited_sums(self, assignment) -> list[tuple[SumSite, Comm]]:
+        """The merges :meth:`sum_sites` prices under ``assignment``, each with the all-reduce
+        it leaves out (that producer's: ``site.far`` if ``site.drops_far``, else ``site.near``)."""
+        out = []
+        for (gp, gc), sites in self.sum_sites().items():
+            for site in sites:
+                cm = self.sum_credit(site, assignment[gp], assignment[gc])
+                if cm is not None:
+                    out.append((site, cm))
+        return out
 
     def _move_steps(self, vid: int, src: Spec | None, dst: Spec | None, nid: int, n: int
                     ) -> tuple[tuple, tuple[int, ...]]:
@@ -2162,7 +2381,10 @@ class CostModel:
 
         be = self.backend if backend is None else (
             BACKENDS[backend] if isinstance(backend, str) else backend)
-        entries, merged = self._reassociated(self.program_entries(assignment, loops=False), be)
+        credited = frozenset(s.add for s, _ in self.credited_sums(assignment)) \
+            if be == self.backend else frozenset()
+        entries, merged = self._reassociated(self.program_entries(assignment, loops=False), be,
+                                             credited)
         on_exit = self._exit_entries(assignment, exits or (), len(entries))
         entries += on_exit
         groups = tuple(CombinedCollective(kind, axes, nbytes, members)
@@ -2290,7 +2512,11 @@ class CostModel:
         specs, compute, own, moves = hit
         # Copies: a caller may change its record; the kept parts stay as computed.
         uses: list[MemoryUse] = []
-        b = Breakdown(list(assignment), dict(specs), list(compute), dict(own), list(moves), uses)
+        merged: dict[int, tuple[Comm, ...]] = defaultdict(tuple)
+        for site, cm in self.credited_sums(assignment):
+            merged[site.far if site.drops_far else site.near] += (cm,)
+        b = Breakdown(list(assignment), dict(specs), list(compute), dict(own), list(moves), uses,
+                      dict(merged))
         if memory:
             for buf in liveness(self, assignment, breakdown=b).live:  # the buffers at the peak
                 gid = (self.group_of_value[buf.value] if buf.value is not None

@@ -154,8 +154,10 @@ class Overlap:
         to rounding).  # float
       reassociated_comm_time: what ``Cost.comm_time`` charges for all-reduces the backend
         merges into another, of a sum of partial sums (XLA:GPU's ``AllReduceReassociate``,
-        ``CostModel._reassociated``), which the program does not make; 0 where the backend
-        does not reassociate.  # float
+        ``CostModel._reassociated``), which the program does not make: the merges the
+        objective does not price itself (``CostModel.sum_sites`` prices those two groups'
+        layouts decide; a chain's later adds depend on three); 0 where the backend does not
+        reassociate.  # float
       collectives: every collective, in the order the schedule starts them (loop bodies' after
         the step's, per loop).  # tuple of ScheduledCollective
       backend: the backend whose combiners and async resources were modelled.  # str

@@ -190,7 +190,12 @@ def shared_excess(nc: NodeCosts, nodes) -> float:
 
 
 def node_costs(cm: CostModel, assignment) -> NodeCosts:
-    """Per-node costs of ``assignment`` under ``cm`` (memoized on the cost model's graph)."""
+    """Per-node costs of ``assignment`` under ``cm`` (memoized on the cost model's graph).
+
+    Every operator's own collectives are charged, those a GPU merges into the all-reduce of a
+    sum of partial sums (``Breakdown.merged``) too: a stage's programs are planned without
+    that merge (:meth:`~hulkjax.cost.model.CostModel.sum_sites` of a :meth:`by_programs`
+    view), and they are costed alike."""
     key = ("node_costs", id(cm), tuple(assignment))
     memo = cm.graph.memo
     hit = memo.get(key)

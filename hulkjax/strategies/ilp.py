@@ -423,8 +423,10 @@ class _Program:
         self.node_mem = node_mem
         self.position = [{k: i for i, k in enumerate(kc)} for kc in keep]
         self.min_memory = float(sum(float(m.min()) for m in node_mem))
-        # Edge costs are non-negative: every class's cheapest own time bounds the optimum.
-        self.trivial_bound = float(sum(float(t.min()) for t in node_cost))
+        # Every class's cheapest own time and every pair's cheapest edge bound the optimum (an
+        # edge is negative only where it leaves out an all-reduce a merge drops: sum_sites).
+        self.trivial_bound = float(sum(float(t.min()) for t in node_cost)) + float(sum(
+            min(0.0, float(m.min())) for m in edge_cost.values() if np.size(m)))
 
         # Variables: x blocks (one per class), then y blocks (one per joined pair of classes).
         # A y block couples parts of the two classes' candidates, not candidates: candidates

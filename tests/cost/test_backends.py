@@ -117,6 +117,88 @@ def test_a_partial_sum_read_elsewhere_is_not_reassociated():
         2 * 32 * 32 * 4
 
 
+def test_the_objective_prices_the_merge_where_two_groups_layouts_decide_it():
+    """On a GPU the merge of two added partial sums is in the objective (not only in the
+    predicted program): ``x^T y + w^T v`` under ``dp`` is charged one all-reduce, and the ILP,
+    ``evaluate``, the breakdown and the edge tables agree; a layout that finishes one sum
+    otherwise (no all-reduce to merge) gets no credit. On a CPU both are charged."""
+    import random
+
+    import numpy as np
+
+    from hulkjax.topology.specs import DEVICE_SPECS
+
+    def step(x, y, w, v):
+        return x.T @ y + w.T @ v
+
+    x = jnp.ones((64, 32))
+    one = 32 * 32 * 4
+    gpu = hj.Topology.grid((8,), ("d",), device=DEVICE_SPECS["H100"])
+    for topo, charged in ((gpu, one), (D8, 2 * one)):
+        plan = hj.plan(step, x, x, x, x, topology=topo, strategy="dp")
+        cm = cost_model(plan.graph, topo)
+        assert plan.cost.comm_bytes == {"d": pytest.approx(2 * 7 / 8 * charged)}  # ring
+        assert [c.bytes for c in plan.cost.collectives] == [charged]
+        assert cm.objective(plan.assignment) == pytest.approx(plan.cost.step_time, rel=1e-12)
+    # where the merge is priced: one site, an edge whose matrix agrees with edge_time
+    cm = cost_model(plan.graph, gpu)
+    (edge, (site,)), = cm.sum_sites().items()
+    gp, gc = edge
+    m = cm.edge_matrix(gp, gc)
+    credited = [(p_, c_) for p_ in range(m.shape[0]) for c_ in range(m.shape[1])
+                if cm.sum_credit(site, p_, c_) is not None]
+    assert credited and len(credited) < m.size
+    for p_ in range(m.shape[0]):
+        for c_ in range(m.shape[1]):
+            assert m[p_, c_] == pytest.approx(cm.edge_time(gp, p_, gc, c_), abs=1e-15)
+    # a layout whose far sum is finished by a reduce-scatter: nothing merged, nothing credited
+    far = cm.groups[gp]
+    rs = next(k for k, r in enumerate(far.candidates)
+              if [c.kind for c in r.comms] == ["reduce-scatter"])
+    assert all(cm.sum_credit(site, rs, c_) is None for c_ in range(m.shape[1]))
+    # the ILP's optimum, and random layouts: the objective is evaluate's step, and the
+    # breakdown's collectives (less the merged) add up to its communication
+    rng = random.Random(0)
+    ilp = hj.plan(step, x, x, x, x, topology=gpu, strategy="ilp")
+    for a in [ilp.assignment, plan.assignment] + [
+            [rng.randrange(len(g_.candidates)) for g_ in cm.groups] for _ in range(20)]:
+        ev = cm.evaluate(a)
+        assert cm.objective(a) == pytest.approx(ev.step_time, rel=1e-12)
+        b = cm.breakdown(a, memory=False)
+        made = [c for n, cs in b.own.items() for c in cs]
+        for cs in b.merged.values():
+            for c in cs:
+                made.remove(c)
+        comm = sum(map(cm.comm_time, made)) + sum(cm.comm_time(mv.comm) for mv in b.moves
+                                                   if not mv.repeat)
+        assert comm == pytest.approx(ev.comm_time, rel=1e-12, abs=1e-18)
+        assert len(b.merged) == len(cm.credited_sums(a)) <= 1
+    assert np.isfinite(ilp.cost.step_time) and ilp.cost.step_time <= plan.cost.step_time
+
+
+def test_a_chain_of_partial_sums_is_priced_at_its_first_merge_on_real_models():
+    """LLaMA's attention input gradient (q, k and v's partial sums added in turn) under
+    Megatron on two DGX nodes: the objective prices each first merge (two groups decide it),
+    the program makes the rest too, and the two agree on what is left: the program's merges
+    the objective does not price are ``combined_program``'s ``reassociated``."""
+    from hulkjax import zoo
+
+    m = zoo.get("llama", size="tiny")
+    topo = hj.Topology.preset("dgx-h100", nodes=2)
+    plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy="megatron")
+    cm = cost_model(plan.graph, topo)
+    credited = cm.credited_sums(plan.assignment)
+    prog = cm.combined_program(plan.assignment)
+    entries = cm.program_entries(plan.assignment, loops=False)
+    _, every = cm._reassociated(entries, cm.backend)
+    assert credited and prog.reassociated
+    assert len(every) == len(credited) + len(prog.reassociated)
+    assert cm.objective(plan.assignment) == pytest.approx(plan.cost.step_time, rel=1e-12)
+    o = cm.overlapped(plan.assignment)
+    assert o.reassociated_comm_time == pytest.approx(
+        sum(cm.comm_time(c) for c in prog.reassociated), rel=1e-12)
+
+
 def test_deferred_collectives_pay_their_share_of_latency():
     gpu, cpu = BACKENDS["gpu"], BACKENDS["cpu"]
     assert gpu.latency_share("all-reduce", 3 << 20) == pytest.approx(0.1)

@@ -150,7 +150,7 @@ def test_stage_nodes_are_each_stage_and_phases_nodes():
 
 def _plain_edge_matrix(cm, gp, gc, cps, ccs, shared):
     """CostModel.edge_matrix as it was: every item's (source, target) pair priced with
-    reading_time one by one, items added in order."""
+    reading_time one by one, items added in order; then each merge it prices, pair by pair."""
     m = np.zeros((len(cps), len(ccs)))
     items = (cm._edges if shared else cm._pair_edges).get((gp, gc), ())
     for v, nid, k in items:
@@ -162,7 +162,14 @@ def _plain_edge_matrix(cm, gp, gc, cps, ccs, shared):
                 if s is not None and d is not None and s != d:
                     t[i, j] = cm.reading_time(v, s, d, nid)
         m += t
-    return m
+    credit = np.zeros((len(cps), len(ccs)))  # the merges of partial sums it prices (GPU)
+    for site in cm.sum_sites().get((gp, gc), ()):
+        for i, cp in enumerate(cps):
+            for j, cc in enumerate(ccs):
+                merged = cm.sum_credit(site, cp, cc)
+                if merged is not None:
+                    credit[i, j] += cm.comm_time(merged)
+    return m - credit if cm.sum_sites().get((gp, gc)) else m
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
