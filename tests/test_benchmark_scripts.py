@@ -57,3 +57,21 @@ def test_planning_third_party_cases_are_abstract_library_models():
         assert {x.dtype for x in leaves} == {jnp.dtype(dtype)}
     with pytest.raises(ValueError, match="no dtype option"):
         families.build("gpt2", "tiny", dtype=jnp.bfloat16)
+
+
+def test_merges_benchmark_finds_priced_merges_and_agreement_on_a_held_out_model():
+    """``benchmarks/merges.py`` on OPT (transformers' Flax module, tiny): the objective prices
+    merges under tensor parallelism, and the objective, ``evaluate``, the plan's cost and the
+    breakdown agree; its summary says so."""
+    pytest.importorskip("transformers")
+    from tests.realmodels import families, unseen_models
+
+    families._quiet_transformers()
+    merges = _script("merges")
+    rows = merges.measure("opt", unseen_models.MODELS["opt"])
+    spmd = [r for r in rows if "error" not in r and not r["staged"]]
+    assert {r["strategy"] for r in spmd} >= {"dp", "dp_tp", "megatron"}
+    assert all(r["agrees"] for r in spmd)
+    assert any(r["merges_priced"] and r["priced_share"] > 0 for r in spmd)
+    md = merges.markdown({"date": "2026-11-28", "commit": "abc", "wall_s": 60.0, "rows": rows})
+    assert f"- {len(spmd)} SPMD plans of 1 models; 0 where the objective" in md
