@@ -391,8 +391,9 @@ def markdown(records: list[dict], command: str, experiments: list[dict] | None =
         "operator's partial sum where it is made, which is what the cost model predicted until "
         "2026-11-28. The GPU backend now reassociates in the program it predicts "
         "(`Backend.reassociates_all_reduce`, `CostModel._reassociated`: counts, bytes, overlap); "
-        "the planners' additive cost still charges both all-reduces (the saving depends on two "
-        f"operators' layouts at once). All-reduce cells where the model moves over 5% more "
+        "the planners' objective prices each merge two groups' layouts decide "
+        "(`CostModel.sum_sites`; a chain's later adds, which three groups decide, it still "
+        f"charges). All-reduce cells where the model moves over 5% more "
         f"bytes than XLA: {len(ar)}"
         + (f", {extra / 1e6:.0f} MB." if ar else "."),
         "- **Forward tensor-parallel all-reduces.** XLA:GPU runs almost all of them "

@@ -83,7 +83,8 @@ def test_gpu_reassociates_partial_sums_that_are_added_cpu_combines_them():
     all-reduces the sum once (``AllReduceReassociate``; benchmarks/GPU_SHARDED.md: with that
     pass disabled its all-reduces are each operator's own); XLA:CPU combines the two into one
     tuple all-reduce of both (this test compiles it). Through a transpose (which commutes with
-    the sum) as well; the additive cost still charges both."""
+    the sum) as well. (The plan is on a CPU mesh, whose objective charges both; on a GPU one
+    the objective prices the merge too: the next test.)"""
     def step(x, y, w, v):
         return x.T @ y + w.T @ v
 
