@@ -65,10 +65,7 @@ def measure(name: str, build) -> list[dict]:
             credited = cm.credited_sums(p.assignment)
             credit = sum(cm.comm_time(c) for _, c in credited)
             b = cm.breakdown(p.assignment, memory=False)
-            made = [c for cs in b.own.values() for c in cs]
-            for cs in b.merged.values():
-                for c in cs:
-                    made.remove(c)
+            made = [c for cs in b.made().values() for c in cs]
             comm = sum(map(cm.comm_time, made)) + sum(cm.comm_time(m.comm) for m in b.moves
                                                       if not m.repeat)
             left = cm.overlapped(p.assignment).reassociated_comm_time

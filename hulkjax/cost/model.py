@@ -319,6 +319,16 @@ class Breakdown:
     memory: list[MemoryUse]
     merged: dict[int, tuple[Comm, ...]] = field(default_factory=dict)
 
+    def made(self) -> dict[int, tuple[Comm, ...]]:
+        """``own`` less ``merged``: the collectives each operator's program makes."""
+        out = {}
+        for nid, comms in self.own.items():
+            mine = list(comms)
+            for c in self.merged.get(nid, ()):
+                mine.remove(c)
+            out[nid] = tuple(mine)
+        return out
+
 
 _BREAKDOWNS_KEPT = 8  # assignments whose breakdown a cost model keeps (CostModel.breakdown)
 _COMBINER_ORDER = ("all-gather", "all-reduce", "reduce-scatter")

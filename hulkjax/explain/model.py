@@ -303,21 +303,12 @@ def attribute(plan, depth: int | None = None) -> Attribution:
         return Charge(c.kind, tuple(sorted(c.axes, key=order.index)), c.bytes, cm.comm_time(c))
 
     b = cm.breakdown(a)
-    own = {nid: [charge(c) for c in _made(comms, b.merged.get(nid, ()))]
-           for nid, comms in b.own.items()}
+    own = {nid: [charge(c) for c in comms] for nid, comms in b.made().items()}
     moves = [(m.value, m.node, m.group, charge(m.comm)) for m in b.moves if not m.repeat]
     memory = [(u.node, u.group, u.kind, u.bytes) for u in b.memory]
     return Attribution(graph=g, topology=topo, cm=cm, assignment=a, group_layer=group_layer,
                        node_layer=node_layer, specs=b.specs, compute=b.compute, own=own,
                        moves=moves, memory=memory)
-
-
-def _made(comms, merged) -> list:
-    """``comms`` less one of each of ``merged`` (all-reduces merged into another's)."""
-    out = list(comms)
-    for c in merged:
-        out.remove(c)
-    return out
 
 
 def _layer_accumulators(plan, depth, at: Attribution | None = None):

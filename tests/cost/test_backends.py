@@ -166,10 +166,7 @@ def test_the_objective_prices_the_merge_where_two_groups_layouts_decide_it():
         ev = cm.evaluate(a)
         assert cm.objective(a) == pytest.approx(ev.step_time, rel=1e-12)
         b = cm.breakdown(a, memory=False)
-        made = [c for n, cs in b.own.items() for c in cs]
-        for cs in b.merged.values():
-            for c in cs:
-                made.remove(c)
+        made = [c for cs in b.made().values() for c in cs]
         comm = sum(map(cm.comm_time, made)) + sum(cm.comm_time(mv.comm) for mv in b.moves
                                                    if not mv.repeat)
         assert comm == pytest.approx(ev.comm_time, rel=1e-12, abs=1e-18)
