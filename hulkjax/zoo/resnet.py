@@ -4,6 +4,11 @@ Stem (7x7/2 conv + 3x3/2 max pool, or one 3x3/1 conv with ``small_stem`` for sma
 stages of bottleneck blocks (1x1 -> 3x3 (stride here, v1.5) -> 1x1 x4, projection shortcut where
 the shape changes), global average pool, Dense head. Convolutions have no bias.
 
+Wide-ResNet (``width_factor``): the bottleneck's 3x3 convolution is ``width_factor`` times as
+wide (1x1 -> 3x3 x ``width_factor`` -> 1x1 x4), as Alpa's ``wide_resnet.py`` widens it for its
+benchmark suite (e.g. its "250M": ResNet-50 layout, width 160, width factor 2). ``remat``
+rematerializes each bottleneck block (``nn.remat``), as Alpa's suite runs it.
+
 Normalisation (``norm``): ``"batch"`` (default, as in ResNet-50) uses the batch's statistics in the
 step and keeps running averages in ``state["batch_stats"]``, which the step updates (momentum 0.9);
 under SPMD the statistics are over the global batch, so a sharded step matches the serial one.
@@ -46,15 +51,17 @@ class ResNetConfig(TrainConfig):
     size: str = "50"  # preset the other fields started from: tiny | 50
     stage_sizes: tuple[int, ...] = (3, 4, 6, 3)  # bottleneck blocks per stage
     width: int = 64  # bottleneck width of the first stage (doubles each stage; outputs x4)
+    width_factor: int = 1  # the bottleneck's 3x3 convolution is this many times wider (WRN)
     image_size: int = 224
     channels: int = 3
     num_classes: int = 1000
     small_stem: bool = False  # 3x3 stride-1 stem conv, no max pool (for 32x32 images)
     norm: str = "batch"  # "batch" (BatchNorm, state["batch_stats"]) | "group" (GroupNorm)
     batch: int = 32
+    remat: bool = False  # nn.remat (gradient checkpointing) on each bottleneck block
 
     def _check(self) -> None:
-        positive(self, "width", "image_size", "channels", "num_classes", "batch")
+        positive(self, "width", "width_factor", "image_size", "channels", "num_classes", "batch")
         one_of(self, "norm", ("batch", "group"))
         if not self.stage_sizes or any(not isinstance(n, int) or n < 1 for n in self.stage_sizes):
             raise InvalidModelConfigError(
@@ -82,14 +89,16 @@ class Bottleneck(nn.Module):
     strides: int
     norm: Any  # (channels, name, zero_init) -> normalisation module
     dtype: Any = jnp.float32
+    width_factor: int = 1  # the 3x3 convolution's width, times ``filters``
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype, param_dtype=self.dtype)
         s = (self.strides, self.strides)
         y = nn.relu(self.norm(self.filters, "norm_1")(conv(self.filters, (1, 1), name="conv_1")(x)))
-        y = conv(self.filters, (3, 3), strides=s, name="conv_2")(y)
-        y = nn.relu(self.norm(self.filters, "norm_2")(y))
+        wide = self.filters * self.width_factor
+        y = conv(wide, (3, 3), strides=s, name="conv_2")(y)
+        y = nn.relu(self.norm(wide, "norm_2")(y))
         y = conv(4 * self.filters, (1, 1), name="conv_3")(y)
         # Zero-init the last norm's scale so each block starts as the identity (Goyal et al.).
         y = self.norm(4 * self.filters, "norm_3", zero_init=True)(y)
@@ -137,12 +146,12 @@ class ResNet(nn.Module):
             )
             x = nn.relu(norm(cfg.width, "stem_norm")(x))
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        block = nn.remat(Bottleneck, static_argnums=()) if cfg.remat else Bottleneck
         for i, n_blocks in enumerate(cfg.stage_sizes):
             for j in range(n_blocks):
                 strides = 2 if i > 0 and j == 0 else 1
-                x = Bottleneck(
-                    cfg.width * 2**i, strides, norm, dtype=dt, name=f"stage_{i}_block_{j}"
-                )(x)
+                x = block(cfg.width * 2**i, strides, norm, dtype=dt,
+                          width_factor=cfg.width_factor, name=f"stage_{i}_block_{j}")(x)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(cfg.num_classes, dtype=dt, param_dtype=dt, name="head")(x)
 
