@@ -25,7 +25,10 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   first are searched;
 * inside a stage the SPMD layouts are one of a few whole-step plans on the group at microbatch size
   (the ILP's optimum without a memory limit, seeded with the baselines; ``fsdp``, the leanest in
-  memory; ``dp_tp``): a stage takes the fastest of them that fits its memory; repeated layers are
+  memory; ``dp_tp``; where memory is tight, the ILP under memory limits, :data:`LEAN_PLANS`): a
+  stage takes the fastest of them that fits its memory, by the unit tables' additive estimate
+  (a layout the exact cost finds over a stage's memory is searched again with that group's
+  share of its memory cut to estimate / peak: :data:`MEMORY_REPAIRS`); repeated layers are
   laid out alike. The ILP minimizes the step a stage runs (``CostModel.by_programs``: forward and
   backward ``M`` times, the update once, a layout change shared within each phase's program),
   for the whole model: one plan serves every layer range, so a change shared by readers that
@@ -100,7 +103,7 @@ from hulkjax.errors import (
     StrategyNotApplicableError,
     UnsupportedStepError,
 )
-from hulkjax.formatting import format_time
+from hulkjax.formatting import format_bytes, format_time
 from hulkjax.plan.records import Plan, TensorPlan
 from hulkjax.plan.specs import to_pspec
 from hulkjax.plan.stages import SCHEDULES, Stage, schedule_in_flight, schedule_times
@@ -129,6 +132,14 @@ log = logging.getLogger("hulkjax.stages")
 VIRTUAL_STAGES = (1, 2, 4)
 """Chunks of layers per device group the search tries (``v > 1``: the interleaved schedule)."""
 INTRA_PLANS = ("ilp", "fsdp", "dp_tp")
+# Where memory is tight (:meth:`_Context.tight`), the intra-stage ILP is also solved under
+# memory limits: the whole step's table memory on one group at most the level's G groups'
+# memory divided by 2, 4 and 8 ("ilp/2", "ilp/4", "ilp/8"; the ILP's own plan has no limit, as
+# a stage holds only some of the units). Each is a stage plan the dynamic program may choose
+# where the unlimited plan's parameters, optimizer state and float32 gradient accumulators do
+# not fit (Alpa's GPT-39B on 8 p3 nodes of 16 GB V100s: 53.3 s per half-batch step with them,
+# against 86.7 s with the stages' dp_tp plans, the only others that fit).
+LEAN_PLANS = {"ilp/2": 2, "ilp/4": 4, "ilp/8": 8}
 """The SPMD plans a stage may use inside its group (see the module docstring)."""
 MAX_NODE_GROUPS = 16  # the node level is searched on clusters of at most this many nodes
 
@@ -311,6 +322,7 @@ class _Context:
     plans: dict = field(default_factory=dict)  # (M, sub, name) -> assignment
     tables: dict = field(default_factory=dict)  # (M, sub, name) -> UnitTable
     floor: object = None  # _NodeFloor of staged_lower_bound, made on first use
+    lean_limits: dict = field(default_factory=dict)  # (M, sub, lean plan) -> memory limit
     link_floors: dict = field(default_factory=dict)  # groups -> _link_floor
     unit_values: list | None = None  # _unit_values, made on first use
 
@@ -343,10 +355,10 @@ class _Context:
         g = self.micro(M)
         cm = cost_model(g, sub)
         missing = [n for n in names if (M, sub, n) not in self.plans]
-        if any(n != "ilp" for n in missing):
+        wanted = [n for n in missing if n != "ilp" and n not in LEAN_PLANS]
+        if wanted:
             # Only the baselines kept below: building the others was the stage search's largest
             # cost after tracing (each is completed and costed in full).
-            wanted = [n for n in missing if n != "ilp"]
             if "dp_tp" in wanted and len(sub.axis_names) < 2:
                 wanted.append("megatron")
             base = baseline_assignments(g, sub, tuple(b for b in BASELINES if b in wanted))
@@ -356,7 +368,12 @@ class _Context:
                 elif n == "dp_tp" and "megatron" in base:
                     # One-axis groups: dp_tp's tensor parallelism on the only (fastest) axis.
                     self.plans[(M, sub, n)] = base["megatron"]
-        if "ilp" in missing and self.solver is not None:
+        for name in ("ilp", *LEAN_PLANS):
+            if name not in missing or self.solver is None:
+                continue
+            limit = self.lean_limits.get((M, sub, name), float("inf") if name == "ilp" else None)
+            if limit is None:
+                continue  # a lean plan asked for without plan_names: none
             seeds = [a for (m, s, n), a in self.plans.items() if m == M and s == sub]
             try:
                 # A stage runs a program per phase, each making a shared layout change once,
@@ -366,13 +383,34 @@ class _Context:
                 runs = {FORWARD: M, BACKWARD: M, UPDATE: 1}
                 view = cm.by_programs(self.part.phase, runs,
                                       split=self.part.split if M > 1 else None)
-                res = self.solver(view, seeds=seeds,
-                                  time_limit=self.time_limit,
-                                  memory_limit=float("inf"))
-                self.plans[(M, sub, "ilp")] = res.assignment
+                res = self.solver(view, seeds=seeds, time_limit=self.time_limit,
+                                  memory_limit=limit)
+                self.plans[(M, sub, name)] = res.assignment
             except Exception as e:  # noqa: BLE001 - a failed solve leaves the baselines
-                log.info("intra-stage ILP on %s failed: %s", sub.name, e)
+                log.info("intra-stage ILP (%s) on %s failed: %s", name, sub.name, e)
         return {n: self.plans[(M, sub, n)] for n in names if (M, sub, n) in self.plans}
+
+    def tight(self, M: int, sub, groups: int) -> bool:
+        """Whether memory is tight for the ILP's plan of group shape ``sub`` at ``M``
+        microbatches: its unit tables' parameters, optimizer state, accumulators and one
+        microbatch's activations, summed over every unit, exceed ``groups`` such groups'
+        memory (spread evenly over all of them, its stages could not fit)."""
+        t = self.table(M, sub, "ilp")
+        if t is None or M == 1:
+            return False
+        need = float((t.static + t.acc + t.act + t.data).sum())
+        return need > groups * t.capacity
+
+    def plan_names(self, M: int, sub, groups: int) -> tuple[str, ...]:
+        """The SPMD plans a stage of group shape ``sub`` chooses among at ``M`` microbatches
+        (``groups``: the level's): :data:`INTRA_PLANS`, and :data:`LEAN_PLANS` where memory is
+        tight (their memory limits: ``groups`` times the group's memory, divided)."""
+        if not self.tight(M, sub, groups):
+            return INTRA_PLANS
+        cap = self.table(M, sub, "ilp").capacity
+        for name, d in LEAN_PLANS.items():
+            self.lean_limits.setdefault((M, sub, name), groups * cap / d)
+        return INTRA_PLANS + tuple(LEAN_PLANS)
 
     def table(self, M: int, sub, name: str) -> UnitTable | None:
         key = (M, sub, name)
@@ -404,7 +442,8 @@ class StagedLayout:
       groups: device ids of each stage, in pipeline order (interleaved: of each chunk, so group
         ``j % (len(groups) // virtual_stages)`` repeats).  # tuple of tuples
       ranges: ``[start, end)`` unit range of each stage.  # tuple of (int, int)
-      plans: the SPMD plan inside each stage (a name of :data:`INTRA_PLANS`).  # tuple of str
+      plans: the SPMD plan inside each stage (a name of :data:`INTRA_PLANS`, or of
+        :data:`LEAN_PLANS`).  # tuple of str
       microbatches: ``M``.  # int
       schedule: ``"1f1b"``, ``"gpipe"`` or ``"interleaved"``.  # str
       virtual_stages: chunks per device group (``v``; 1 unless interleaved).  # int
@@ -1141,12 +1180,17 @@ class SearchResult:
       costs: the exact :class:`~hulkjax.plan.Cost` of each returned layout.  # dict
       beyond: the smallest lower bound of the microbatch counts and layouts the ``cutoff``
         left out (each at least the cutoff); ``inf`` where it left nothing out.  # float
+      unfit: the fastest layout costed exactly that does not fit the devices' memory, with
+        its fullest stage's peak and capacity per device, or ``None``.  # tuple | None
     """
 
     layouts: list[tuple[float, StagedLayout]]
     searched: int = 0
     costs: dict = field(default_factory=dict)
     beyond: float = math.inf  # the least lower bound of what the cutoff left out (inf: nothing)
+    # The fastest layout costed that does not fit, as (step, layout, fullest stage's peak bytes
+    # per device, that stage's capacity); None where every layout costed fits.
+    unfit: tuple | None = None
 
 
 def chains(topology, groups, *, limit: int = 3) -> list[tuple[int, ...]]:
@@ -1202,6 +1246,8 @@ def _held_karp(cost: np.ndarray) -> tuple[int, ...]:
 
 CROSS_COUNT_LAYOUTS = 2  # the best layouts :func:`search` also costs at the other counts
 PROPOSED_LAYOUTS = 2  # layouts along proposed orders :func:`search` costs (their best: at all)
+MEMORY_REPAIRS = 6  # rounds of solving again the programs of layouts over a stage's memory
+REPAIRED_LAYOUTS = 2  # the fastest such layouts :func:`search` repairs per round
 
 
 def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
@@ -1221,7 +1267,7 @@ def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
     for p, (a, b) in enumerate(ranges):
         sub = group_topology(ctx.topology, layout.groups[p])
         best = None
-        for name in INTRA_PLANS:
+        for name in (*INTRA_PLANS, *LEAN_PLANS):
             t = ctx.tables.get((M, sub, name))
             if t is None:
                 continue
@@ -1326,6 +1372,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         return SearchResult([])
     found: list[tuple[float, StagedLayout]] = []
     proposed: list[tuple[float, StagedLayout]] = []  # along the proposed orders only
+    origin: dict[StagedLayout, tuple] = {}  # layout -> what its dynamic program ran on
     searched = 0
     widened = False  # whether counts left out made the local search follow both ways
     beyond = math.inf  # the least lower bound of what the cutoff left out
@@ -1356,7 +1403,8 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 progress(f"{level} x M={M}")
             tables = {}
             for sub in dict.fromkeys(subs):
-                tables[sub] = [t for n in INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
+                tables[sub] = [t for n in ctx.plan_names(M, sub, len(groups))
+                               if (t := ctx.table(M, sub, n)) is not None]
             solved: dict = {}  # equivalent chains' dynamic programs, solved once
             for chain in [*orders, *extra]:
                 vs = virtual_stages if schedule == "1f1b" else (1,)
@@ -1376,6 +1424,12 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                                           microbatches=M,
                                           schedule=schedule if v == 1 else "interleaved",
                                           virtual_stages=v)
+                    # How to solve its program again with less memory (a layout that does
+                    # not fit, below): the program, the level's groups, the chain it ran on.
+                    origin.setdefault(layout, (
+                        (_dp, chain, ()) if v == 1 else
+                        (_dp_interleaved, chain[:len(sol[0]) // v], (v,)),
+                        groups, subs, tables, M, solved))
                     # Ranked by the tables' estimate of its exact cost (the program's own
                     # closed form is a lower bound the count's comparisons keep).
                     t = max(sol[3], _ranking_time(ctx, layout))
@@ -1446,6 +1500,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # cutoff would cost is then costed). A layout whose floor is already slower than the
     # keep-th best so far is not costed: it would not be returned.
     exact: list[tuple[float, StagedLayout, object]] = []
+    unfit: list[tuple[float, StagedLayout, object]] = []  # costed, over some stage's memory
 
     def cost_exactly(layout: StagedLayout) -> None:
         """Cost ``layout`` into ``exact``, unless its floor says it could not be returned."""
@@ -1461,6 +1516,8 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         if all(st.fits for st in c.stages):
             exact.append((c.step_time, layout, c))
             exact.sort(key=lambda t: t[0])
+        else:
+            unfit.append((c.step_time, layout, c))
 
     if shortlist is None:
         shortlist = max(keep * 3, 6)
@@ -1491,7 +1548,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # chunks the exact cost finds slower than equal ones. Each interleaved layout costed also
     # has its chunks' layers made equal and costed (regional-10g-2.7b: the program's best at 8
     # microbatches, chunks of 1, 1, 2, 2, 7, 7, 7 and 8 units, is 1,084 ms; equal ones 929).
-    costed = {lay for _, lay, _ in exact}
+    costed = {lay for _, lay, _ in (*exact, *unfit)}  # (a layout over memory: costed too)
     for _, layout, _ in list(exact):
         balanced = _balanced(ctx, layout) if layout.virtual_stages > 1 else None
         if balanced is not None and balanced not in costed:
@@ -1501,7 +1558,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # every chunk by tau / v, strict for unbalanced chunks), so a layout found for one count can
     # be faster at another than what that count's program found: the best layouts are costed at
     # every other count searched too (their stage plans exist there; no solve is added).
-    costed |= {lay for _, lay, _ in exact}
+    costed |= {lay for _, lay, _ in (*exact, *unfit)}
     for _, layout, _ in exact[:CROSS_COUNT_LAYOUTS]:
         for M in counts:
             other = replace(layout, microbatches=M)
@@ -1533,8 +1590,71 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         if other not in costed and _variant_ok(ctx, other):
             costed.add(other)
             cost_exactly(other)
+    # Layouts the dynamic programs chose that the exact cost finds over a stage's memory (its
+    # additive estimate of a range's memory is not the liveness peak): their programs are
+    # solved again with that much less memory per stage, and the result costed, while one
+    # of them could still be returned.
+    repaired: set[StagedLayout] = set()
+    cuts: dict[tuple, dict] = {}  # a program (what it ran on) -> its groups' memory shares
+    for _ in range(MEMORY_REPAIRS):
+        best_t = exact[keep - 1][0] if len(exact) >= keep else math.inf
+        if cutoff is not None:
+            best_t = min(best_t, cutoff)
+        over = sorted((u for u in unfit if u[0] < best_t and u[1] in origin
+                       and u[1] not in repaired), key=lambda u: u[0])[:REPAIRED_LAYOUTS]
+        if not over:
+            break
+        for _t, layout, c in over:
+            repaired.add(layout)
+            prog = origin[layout]
+            (dp, chain, args), groups, subs, tables, M, solved = prog
+            shares = cuts.setdefault((dp.__name__, tuple(chain), args, M,
+                                      tuple(map(tuple, groups))), {})
+            for grp, sh in _memory_share(ctx, layout, c, tuple(sorted(shares.items())) or 1.0):
+                shares[grp] = min(shares.get(grp, 1.0), sh)
+            sol = _dp_once(solved, dp, ctx, topology, groups, subs, chain, tables, M, *args,
+                           share=tuple(sorted(shares.items())))
+            searched += 1
+            if sol is None:
+                continue
+            fixed = replace(layout, groups=tuple(groups[g] for g in sol[0]),
+                            ranges=tuple(sol[1]), plans=tuple(sol[2]))
+            if fixed in costed:
+                continue
+            origin[fixed] = prog
+            costed.add(fixed)
+            cost_exactly(fixed)
+    worst = None
+    if unfit:
+        t, lay, c = min(unfit, key=lambda u: u[0])
+        st = max((st for st in c.stages if not st.fits),
+                 key=lambda st: st.peak_memory / st.memory_capacity)
+        worst = (t, lay, st.peak_memory, st.memory_capacity)
     return SearchResult([(t, lay) for t, lay, _ in exact[:keep]], searched,
-                        {lay: c for _, lay, c in exact[:keep]}, beyond)
+                        {lay: c for _, lay, c in exact[:keep]}, beyond, worst)
+
+
+def _memory_share(ctx: _Context, layout: StagedLayout, cost, share) -> tuple:
+    """Per group, the share of its memory a dynamic program must fit its ranges in (by the
+    unit tables' additive estimate) so that ``layout``'s stages over their memory (``cost``: its
+    exact cost, its program solved with ``share``) would fit at the same ratio of exact peak
+    to estimate: ``estimate / peak`` for a plain 1F1B stage (one range, ``in_flight``
+    microbatches), its share times ``capacity / peak`` otherwise; the other groups keep
+    their share. Returns ``((group, share), ...)`` (:func:`_share_of`)."""
+    out = {}
+    for st, grp, (a, b), name in zip(cost.stages, layout.groups, layout.ranges, layout.plans):
+        old = _share_of(share, grp)
+        if st.fits or st.peak_memory <= 0:
+            out.setdefault(tuple(grp), old)
+            continue
+        new = old * st.memory_capacity / st.peak_memory
+        t = ctx.tables.get((layout.microbatches, group_topology(ctx.topology, grp), name))
+        if layout.virtual_stages == 1 and t is not None:
+            est = float(np.sum(t.static[a:b] + t.acc[a:b]
+                               + st.in_flight * (t.act[a:b] + t.data[a:b])))
+            new = min(new, est / st.peak_memory)
+        out[tuple(grp)] = min(out.get(tuple(grp), old), new * (1 - 1e-3))
+    return tuple(sorted(out.items()))
 
 
 def _variant_ok(ctx: _Context, layout: StagedLayout) -> bool:
@@ -1560,15 +1680,16 @@ def _chain_signature(topology, groups, subs, chain) -> tuple:
     return tuple(subs[gi] for gi in chain), links
 
 
-def _dp_once(solved: dict, dp, ctx, topology, groups, subs, chain, tables, M: int, *args):
-    """``dp(ctx, topology, groups, subs, chain, tables, M, *args)`` (:func:`_dp` or
-    :func:`_dp_interleaved`), solved once per :func:`_chain_signature`: a chain equivalent to
+def _dp_once(solved: dict, dp, ctx, topology, groups, subs, chain, tables, M: int, *args,
+             share=1.0):
+    """``dp(ctx, topology, groups, subs, chain, tables, M, *args, share=share)`` (:func:`_dp`
+    or :func:`_dp_interleaved`), solved once per :func:`_chain_signature`: a chain equivalent to
     one solved before (identical groups and links, e.g. the nodes of a uniform cluster in
     another order) gets that solution with its own groups at the same positions."""
-    key = (dp.__name__, M, args, _chain_signature(topology, groups, subs, chain))
+    key = (dp.__name__, M, args, share, _chain_signature(topology, groups, subs, chain))
     hit = solved.get(key)
     if hit is None:
-        sol = dp(ctx, topology, groups, subs, chain, tables, M, *args)
+        sol = dp(ctx, topology, groups, subs, chain, tables, M, *args, share=share)
         if sol is None:
             solved[key] = (None, None)
             return None
@@ -1581,8 +1702,18 @@ def _dp_once(solved: dict, dp, ctx, topology, groups, subs, chain, tables, M: in
     return ([chain[pos[g]] for g in sol[0]], list(sol[1]), list(sol[2]), sol[3])
 
 
-def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
-    """Best ``(group order, ranges, plan names, predicted step)`` along ``chain``, or ``None``."""
+def _share_of(share, group) -> float:
+    """A group's share of its memory under a dynamic program's ``share``: one float for every
+    group, or ``((group, share), ...)`` per group (1 for a group not listed)."""
+    if isinstance(share, tuple):
+        return dict(share).get(tuple(group), 1.0)
+    return share
+
+
+def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int, *, share=1.0):
+    """Best ``(group order, ranges, plan names, predicted step)`` along ``chain``, or ``None``;
+    a stage's range fits its group's share of its memory (:func:`_share_of`) by the tables'
+    additive estimate."""
     U = len(ctx.part.units)
     G = len(chain)
     # Per chain position: the stage-work matrices W (f + b) and Z (f + b + u) for every unit range,
@@ -1590,7 +1721,7 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
     W, Z, P, cuts = [], [], [], []
     for pos, gi in enumerate(chain):
         inflight = min(M, G - pos)
-        w, z, p = _range_costs(tables[subs[gi]], U, inflight)
+        w, z, p = _range_costs(tables[subs[gi]], U, inflight, _share_of(share, groups[gi]))
         W.append(w)
         Z.append(z)
         P.append(p)
@@ -1632,7 +1763,8 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int):
     return best_sol
 
 
-def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int, v: int):
+def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int, v: int, *,
+                    share=1.0):
     """Best ``(group per chunk, ranges, plan names, predicted step)`` of the interleaved
     schedule with every group of ``chain`` hosting ``v`` chunks (chunk ``p`` on
     ``chain[p % len(chain)]``), or ``None``.
@@ -1654,7 +1786,8 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
     W, Z, A, cuts = [], [], [], []
     for p in range(P):
         gi = chain[p % S]
-        w, z, a = _range_costs(tables[subs[gi]], U, inflight[p], 1.0 / v)
+        w, z, a = _range_costs(tables[subs[gi]], U, inflight[p],
+                               _share_of(share, groups[gi]) / v)
         W.append(w)
         with np.errstate(invalid="ignore"):  # inf - inf where nothing fits: masked below
             Z.append(np.where(np.isfinite(w), w / v + (z - w), np.inf))  # fill / drain + update
@@ -1923,7 +2056,17 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         f"staged: searched with one microbatch only: {ctx.part.problems()[0]}"]
     notes = []
     if best is None and rival is None:
-        if math.isfinite(beyond):
+        unfit = res.unfit
+        if unfit is not None and (cutoff is None or unfit[0] < cutoff):
+            t, lay, peak, cap = unfit
+            left_out = (f"; the staged plans the search leaves out take at least "
+                        f"{format_time(beyond)}" if math.isfinite(beyond) else "")
+            notes.append(f"staged: the fastest staged plan found ({format_time(t)}, "
+                         f"{len(lay.groups)} stage(s) x {lay.microbatches} microbatch(es)) "
+                         f"needs {format_bytes(peak)} per device on its fullest stage, over "
+                         f"its {format_bytes(cap)}, after {MEMORY_REPAIRS} rounds of searching "
+                         f"again with less memory per stage{left_out}")
+        elif math.isfinite(beyond):
             notes.append(f"staged: no staged plan can be {STAGED_MIN_GAIN:.0%} faster than "
                          f"SPMD ({format_time(spmd_time)}): the staged plans the search "
                          f"leaves out take at least {format_time(beyond)}")
@@ -1998,7 +2141,7 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
             f"({plan.schedule}{chunks}) at {format_time(st.step_time)} vs {versus}: {parts}")
 
 
-__all__ = ["INTRA_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
+__all__ = ["INTRA_PLANS", "LEAN_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
            "build_plan", "plan_cost",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
            "pipeline", "search", "spmd_or_staged", "stage_works", "staged_lower_bound", "staged_note",
