@@ -77,6 +77,10 @@ RECIPES = (
     Recipe("Llama 3.1 8B, v6e-256", "llama3-8b", "tpu-v6e", {"shape": (16, 16)}, 4, 8192, 0.455,
            f"{MAXTEXT_CONFIGS} llama3_1_8b_8192: per_device_batch_size=4, ici_fsdp_parallelism=-1, "
            "flash attention", "custom: layer inputs and q/k/v/out projections offloaded to host"),
+    Recipe("Llama 3.1 70B, v6e-256", "llama3-70b", "tpu-v6e", {"shape": (16, 16)}, 5, 8192,
+           0.5033, f"{MAXTEXT_CONFIGS} llama3_1_70b_8192 (MFU from MaxText's "
+           "docs/reference/models/tiering.md): per_device_batch_size=5, ici_fsdp_parallelism=-1, "
+           "flash attention", "custom: layer inputs and q/k/v projections offloaded to host"),
 )
 
 
