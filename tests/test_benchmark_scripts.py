@@ -75,3 +75,18 @@ def test_merges_benchmark_finds_priced_merges_and_agreement_on_a_held_out_model(
     assert any(r["merges_priced"] and r["priced_share"] > 0 for r in spmd)
     md = merges.markdown({"date": "2026-11-28", "commit": "abc", "wall_s": 60.0, "rows": rows})
     assert f"- {len(spmd)} SPMD plans of 1 models; 0 where the objective" in md
+
+
+def test_gnn_eval_reports_the_ablations_time_from_its_own_runs():
+    """``benchmarks/gnn_eval.py``'s summary and table give the uniform prior's planning time
+    against ``auto``'s (the network's part in the time, not only in the plan), as the median of
+    the per-graph ratios."""
+    gnn_eval = _script("gnn_eval")
+    rows = [{"auto_ratio": 1.0, "search_ratio": 1.1, "uniform_ratio": 1.0, "ilp_s": 4.0,
+             "auto_s": 1.0, "uniform_s": u} for u in (1.5, 2.0, 3.0)]
+    s = gnn_eval.summary(rows)
+    assert s["uniform_time_median"] == 2.0 and s["speedup_median"] == 4.0
+    md = gnn_eval.render({"splits": {"held-out": {"summary": s, "rows": rows}}, "gpt2": []})
+    assert "uniform prior's time / auto time" in md.splitlines()[0]
+    assert md.splitlines()[2].endswith("| 4.0x | 2.0x |")
+
