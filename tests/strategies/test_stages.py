@@ -488,13 +488,9 @@ def test_ilp_staged_search_beats_every_uniform_layout(blocks8):
                 assert best <= layout_cost(ctx, layout).step_time * (1 + 1e-9)
 
 
-def _search_costing_everything(monkeypatch, **kw):
-    """``(costed, graph, topology, searched)``: the staged search of an 8-layer GPT-2 on four
-    regional sites of 2 devices (``kw``: the search's ``keep`` and ``shortlist``), with every
-    layout it costs exactly (``{layout: Cost}``) and the counts whose dynamic programs found
-    layouts; the search returned the fastest of them."""
+def _spy_exact_costs(monkeypatch) -> dict:
+    """``{layout: Cost}`` of every layout the staged search costs exactly from now on."""
     from hulkjax.strategies import stages as S
-    from hulkjax.strategies.ilp import solve
 
     costed = {}
     real = S.layout_cost
@@ -504,6 +500,18 @@ def _search_costing_everything(monkeypatch, **kw):
         return c
 
     monkeypatch.setattr(S, "layout_cost", spy)
+    return costed
+
+
+def _search_costing_everything(monkeypatch, **kw):
+    """``(costed, graph, topology, searched)``: the staged search of an 8-layer GPT-2 on four
+    regional sites of 2 devices (``kw``: the search's ``keep`` and ``shortlist``), with every
+    layout it costs exactly (``{layout: Cost}``) and the counts whose dynamic programs found
+    layouts; the search returned the fastest of them."""
+    from hulkjax.strategies import stages as S
+    from hulkjax.strategies.ilp import solve
+
+    costed = _spy_exact_costs(monkeypatch)
     searched = set()
     real_dp = S._dp_once
 
@@ -536,14 +544,7 @@ def test_a_layout_over_its_memory_is_searched_again_with_less(monkeypatch):
     from hulkjax.strategies import stages as S
     from hulkjax.strategies.ilp import solve
 
-    costed = {}
-    real = S.layout_cost
-
-    def spy(ctx, layout):
-        costed[layout] = c = real(ctx, layout)
-        return c
-
-    monkeypatch.setattr(S, "layout_cost", spy)
+    costed = _spy_exact_costs(monkeypatch)
     _, g = _graph("gpt2", size="tiny", n_layers=8, batch=32)
     small = dataclasses.replace(DEVICE_SPECS["A100"], kind="A100-10MB", memory=10.2e6)
     topo = hj.Topology.preset("regional", regions=2, gpus_per_node=2, device=small,
