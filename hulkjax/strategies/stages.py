@@ -2064,8 +2064,8 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
             notes.append(f"staged: the fastest staged plan found ({format_time(t)}, "
                          f"{len(lay.groups)} stage(s) x {lay.microbatches} microbatch(es)) "
                          f"needs {format_bytes(peak)} per device on its fullest stage, over "
-                         f"its {format_bytes(cap)}, after {MEMORY_REPAIRS} rounds of searching "
-                         f"again with less memory per stage{left_out}")
+                         f"its {format_bytes(cap)}, also when searched again with less memory "
+                         f"per stage{left_out}")
         elif math.isfinite(beyond):
             notes.append(f"staged: no staged plan can be {STAGED_MIN_GAIN:.0%} faster than "
                          f"SPMD ({format_time(spmd_time)}): the staged plans the search "
