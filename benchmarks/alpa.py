@@ -293,7 +293,7 @@ def worker(key: str, strategy: str, quick: bool) -> dict:
                 best = (k * p.cost.step_time, k, p, m, graph)
         # Halved until a plan fits, then once more: a plan that only just fits (its stages'
         # layouts bent to the memory) can be slower than two steps at half the batch.
-        if (fitted and best is not None) or micro % 2 or micro // 2 < 1:
+        if fitted or micro % 2 or micro // 2 < 1:
             break
         fitted = best is not None
         k *= 2
