@@ -1754,7 +1754,10 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int, *, share=1
         stage_w = [W[pos][a, b] for pos, a, b in picks]
         link_t = [max(links[(p0[0], p1[0])][0][p1[1]], links[(p0[0], p1[0])][1][p1[1]])
                   for p0, p1 in zip(picks, picks[1:])]
-        t = total + (M - 1) * max(stage_w + link_t)
+        # The program sums every stage's update; the stages update at once after the last
+        # backward (pipeline_cost charges the slowest group's): the sum is replaced by the max.
+        stage_u = [Z[pos][a, b] - W[pos][a, b] for pos, a, b in picks]
+        t = total - sum(stage_u) + max(stage_u) + (M - 1) * max(stage_w + link_t)
         if t < best_val:
             plans = [tables[subs[chain[pos]]][P[pos][a, b]].name for pos, a, b in picks]
             best_val = t
@@ -1777,7 +1780,8 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
     in-flight microbatches (:func:`~hulkjax.plan.stages.schedule_in_flight`) must fit ``1 / v``
     of its group's capacity (the group's chunks together then fit). The sum minimized is the fill
     and drain of :func:`~hulkjax.cost.pipeline.pipeline_cost`: chunk work ``/ v``, every chunk
-    boundary's transfers, every update.
+    boundary's transfers, every update (the prediction returned charges the slowest group's
+    updates instead of their sum, as :func:`~hulkjax.cost.pipeline.pipeline_cost` does).
     """
     U = len(ctx.part.units)
     S = len(chain)
@@ -1845,11 +1849,16 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
             # per direction between two groups: activations one way, gradients the other
             load.setdefault(((p - 1) % S, p % S), [0.0, 0.0])[0] += lf
             load.setdefault((p % S, (p - 1) % S), [0.0, 0.0])[1] += lb
-        rest = float(best[U]) - sum(W[p][a, b] / v for p, a, b in picks) - fill  # updates
+        # Each group updates its chunks in turn, the groups at once after the last backward
+        # (pipeline_cost charges the slowest group's): the program's sum of every chunk's
+        # update is replaced by that max.
+        u_group = [0.0] * S
+        for p, a, b in picks:
+            u_group[p % S] += float(Z[p][a, b]) - W[p][a, b] / v
         # The first and the last chunk's exchange, less what the chunks before the last hide.
         end_excess = max(end - sum(W[p][a, b] for p, a, b in picks[:-1]), 0.0)
-        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + rest + end_excess
-             + (M - 1) * max([max(w_group)] + [max(x) for x in load.values()]))
+        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + max(u_group)
+             + end_excess + (M - 1) * max([max(w_group)] + [max(x) for x in load.values()]))
         if t < best_val:
             best_val = t
             plans = [tables[subs[chain[p % S]]][A[p][a, b]].name for p, a, b in picks]

@@ -154,3 +154,39 @@ def test_the_program_with_no_exchange_is_the_plain_program(G):
         far = S._dp_tau(W, Z, links, G, U, tau, 1e6 * (1 - np.eye(G)))
         if far is not None and far[0] < 1e6:
             assert len(far[1]) == 1
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_programs_charge_the_slowest_groups_update_not_their_sum(name):
+    """The stages update at once after the last backward: ``pipeline_cost`` charges the slowest
+    group's update (its chunks' in turn). The dynamic programs' predictions (which rank their
+    layouts and compare microbatch counts) did charge the sum over every stage: on these steps
+    that put them 12-22% above the exact cost of their own layouts, and on LLaMA-8B shapes on
+    eight DGX nodes it hid a staged plan 2.6% faster than SPMD behind the cutoff. They are now
+    at most the exact cost, within 10% of it, plain and interleaved."""
+    from hulkjax.strategies.ilp import solve
+
+    topo = hj.Topology.preset("dgx-h100", nodes=4, gpus_per_node=2)
+    m = zoo.get(name, size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    ctx = S._context(g, topo)
+    ctx.solver = solve
+    groups = S.device_groups(topo)["node"]
+    subs = [S.group_topology(topo, grp) for grp in groups]
+    M = 4
+    tables = {sub: [t for n in S.INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
+              for sub in dict.fromkeys(subs)}
+    chain = tuple(range(len(groups)))
+    checked = 0
+    for v in (1, 2):
+        sol = (S._dp(ctx, topo, groups, subs, chain, tables, M) if v == 1 else
+               S._dp_interleaved(ctx, topo, groups, subs, chain, tables, M, v))
+        lay = S.StagedLayout(groups=tuple(groups[c] for c in sol[0]), ranges=tuple(sol[1]),
+                             plans=tuple(sol[2]), microbatches=M,
+                             schedule="1f1b" if v == 1 else "interleaved", virtual_stages=v)
+        cost = S.layout_cost(ctx, lay)
+        assert len(cost.stages) > 1 and max(st.update for st in cost.stages) > 0
+        assert 0.9 * cost.step_time <= sol[3] <= cost.step_time * (1 + 1e-9), (v, sol[3],
+                                                                              cost.step_time)
+        checked += 1
+    assert checked == 2

@@ -102,8 +102,10 @@ def _dp_interleaved_reference(ctx, topology, groups, subs, chain, tables, M, v):
             fill += lf + lb
             load.setdefault(((p - 1) % S, p % S), [0.0, 0.0])[0] += lf
             load.setdefault((p % S, (p - 1) % S), [0.0, 0.0])[1] += lb
-        rest = float(best[U]) - sum(W[p][a, b] / v for p, a, b in picks) - fill
-        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + rest
+        u_group = [0.0] * S  # the slowest group's updates, as pipeline_cost charges them
+        for p, a, b in picks:
+            u_group[p % S] += float(Z[p][a, b]) - W[p][a, b] / v
+        t = ((sum(w_group) - max(w_group)) / v + max(w_group) + fill + max(u_group)
              + (M - 1) * max([max(w_group)] + [max(x) for x in load.values()]))
         if t < best_val:
             best_val = t
