@@ -188,6 +188,8 @@ def test_the_programs_charge_the_slowest_groups_update_not_their_sum(name):
         assert len(cost.stages) > 1 and max(st.update for st in cost.stages) > 0
         assert 0.9 * cost.step_time <= sol[3] <= cost.step_time * (1 + 1e-9), (v, sol[3],
                                                                               cost.step_time)
+        # The counts' comparisons take the cutoff's bound as a lower bound on these predictions.
+        assert S.staged_lower_bound(ctx, groups, M) <= sol[3]
         checked += 1
     assert checked == 2
 
