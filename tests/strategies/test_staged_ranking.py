@@ -156,14 +156,9 @@ def test_the_program_with_no_exchange_is_the_plain_program(G):
             assert len(far[1]) == 1
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_the_programs_charge_the_slowest_groups_update_not_their_sum(name):
-    """The stages update at once after the last backward: ``pipeline_cost`` charges the slowest
-    group's update (its chunks' in turn). The dynamic programs' predictions (which rank their
-    layouts and compare microbatch counts) did charge the sum over every stage: on these steps
-    that put them 12-22% above the exact cost of their own layouts, and on LLaMA-8B shapes on
-    eight DGX nodes it hid a staged plan 2.6% faster than SPMD behind the cutoff. They are now
-    at most the exact cost, within 10% of it, plain and interleaved."""
+def _four_nodes(name: str, M: int):
+    """The zoo's tiny ``name`` on four DGX nodes of two GPUs: ``(topology, context, node groups,
+    their topologies, unit tables of the stage plans at M microbatches)``."""
     from hulkjax.strategies.ilp import solve
 
     topo = hj.Topology.preset("dgx-h100", nodes=4, gpus_per_node=2)
@@ -173,9 +168,21 @@ def test_the_programs_charge_the_slowest_groups_update_not_their_sum(name):
     ctx.solver = solve
     groups = S.device_groups(topo)["node"]
     subs = [S.group_topology(topo, grp) for grp in groups]
-    M = 4
     tables = {sub: [t for n in S.INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
               for sub in dict.fromkeys(subs)}
+    return topo, ctx, groups, subs, tables
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_programs_charge_the_slowest_groups_update_not_their_sum(name):
+    """The stages update at once after the last backward: ``pipeline_cost`` charges the slowest
+    group's update (its chunks' in turn). The dynamic programs' predictions (which rank their
+    layouts and compare microbatch counts) did charge the sum over every stage: on these steps
+    that put them 12-22% above the exact cost of their own layouts, and on LLaMA-8B shapes on
+    eight DGX nodes it hid a staged plan 2.6% faster than SPMD behind the cutoff. They are now
+    at most the exact cost, within 10% of it, plain and interleaved."""
+    M = 4
+    topo, ctx, groups, subs, tables = _four_nodes(name, M)
     chain = tuple(range(len(groups)))
     checked = 0
     for v in (1, 2):
@@ -213,18 +220,8 @@ def test_the_interleaved_program_judged_by_the_ranking_returns_faster_layouts(na
     of its bottleneck bounds' solutions, the one the ranking (within 3% of the exact cost)
     finds fastest is returned. Two groups of four chunks at 2 microbatches on four DGX nodes:
     exactly costed, the judged layout is 8-18% faster than the closed form's pick."""
-    from hulkjax.strategies.ilp import solve
-
-    topo = hj.Topology.preset("dgx-h100", nodes=4, gpus_per_node=2)
-    m = zoo.get(name, size="tiny")
-    g = hj.trace(m.step, *m.abstract())
-    ctx = S._context(g, topo)
-    ctx.solver = solve
-    groups = S.device_groups(topo)["node"]
-    subs = [S.group_topology(topo, grp) for grp in groups]
     M, v = 2, 4
-    tables = {sub: [t for n in S.INTRA_PLANS if (t := ctx.table(M, sub, n)) is not None]
-              for sub in dict.fromkeys(subs)}
+    topo, ctx, groups, subs, tables = _four_nodes(name, M)
 
     def exact(judge):
         sol = S._dp_interleaved(ctx, topo, groups, subs, (0, 1), tables, M, v, judge=judge)
