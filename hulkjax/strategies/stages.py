@@ -1798,8 +1798,8 @@ def _judged(found: dict, judge):
     :data:`JUDGED_SOLUTIONS` best by that prediction (ties: the prediction's order). The
     program's closed form is an estimate (it does not see per-step transfers, stalls, or how
     unequal chunks stretch the fill): on GPT-2 small on two DGX nodes at two microbatches its
-    best interleaved solution predicts 18.4 ms and costs 18.9 exactly, another bound's 18.5
-    and 18.0. The prediction returned is the solution's own."""
+    best interleaved solution predicts 18.400 ms and costs 18.87 exactly, another bound's
+    18.405 and 18.04. The prediction returned is the solution's own."""
     if not found:
         return None
     ranked = sorted(found.items(), key=lambda kv: kv[1])
