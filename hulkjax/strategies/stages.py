@@ -35,12 +35,15 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   land in different stages is counted once where each stage makes its own;
 * the dynamic program charges the link between consecutive stages with everything crossing the
   boundary between their layers (values skipping a stage are charged at each boundary they
-  cross), counts each stage's optimizer update in the sum (the exact cost takes the slowest),
-  bounds a stage's in-flight microbatches by the groups after it in the chain, and charges what
+  cross), counts each stage's optimizer update in the sum it minimizes (its prediction, and the
+  exact cost, take the slowest group's), bounds a stage's in-flight microbatches by the groups
+  after it in the chain, and charges what
   the first and the last unit exchange once per step (a tied embedding and its gradient,
   :func:`_end_exchange`) over the link between the first and the last stage's groups, less
   what the stages before the last can hide (it is solved once per possible first position);
-  other per-step values are left to the ranking below;
+  other per-step values are left to the ranking below; of its bottleneck bounds' distinct
+  solutions the :data:`JUDGED_SOLUTIONS` best by its prediction are ranked as below and the
+  fastest kept (:func:`_judged`);
 * the layouts the programs find are ranked by :func:`_ranking_time`, the exact cost's terms
   from the unit tables (the per-step transfers, 1F1B's stalls on its sends and the load a
   group's links share, which the programs' closed form leaves out), each also at every other
