@@ -1380,6 +1380,14 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     searched = 0
     widened = False  # whether counts left out made the local search follow both ways
     beyond = math.inf  # the least lower bound of what the cutoff left out
+    rankings: dict[StagedLayout, float] = {}  # _ranking_time per layout (the judges' too)
+
+    def ranking(layout: StagedLayout) -> float:
+        t = rankings.get(layout)
+        if t is None:
+            t = rankings[layout] = _ranking_time(ctx, layout)
+        return t
+
     for level, groups in levels.items():
         subs = [group_topology(topology, grp) for grp in groups]
         tried: dict[int, float] = {}
@@ -1413,7 +1421,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             for chain in [*orders, *extra]:
                 vs = virtual_stages if schedule == "1f1b" else (1,)
                 sols = [(1, _dp_once(solved, _dp, ctx, topology, groups, subs, chain, tables,
-                                     M, judge=_layout_judge(ctx, groups, M, schedule, 1)))
+                                     M, judge=_layout_judge(ranking, groups, M, schedule, 1)))
                         ] if 1 in vs else []
                 for v in vs:
                     for S in range(2, len(chain) + 1):
@@ -1421,7 +1429,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                             sols.append((v, _dp_once(
                                 solved, _dp_interleaved, ctx, topology, groups, subs, chain[:S],
                                 tables, M, v,
-                                judge=_layout_judge(ctx, groups, M, "interleaved", v))))
+                                judge=_layout_judge(ranking, groups, M, "interleaved", v))))
                 for v, sol in sols:
                     searched += 1
                     if sol is None:
@@ -1439,14 +1447,14 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                         groups, subs, tables, M, solved))
                     # Ranked by the tables' estimate of its exact cost (the program's own
                     # closed form is a lower bound the count's comparisons keep).
-                    t = max(sol[3], _ranking_time(ctx, layout))
+                    t = max(sol[3], ranking(layout))
                     ranked_here = [(t, layout)]
                     # The interleaved program's closed form does not see how unequal chunks
                     # stretch the fill and drain: its layout is also ranked with equal layers
                     # per chunk (:func:`_balanced`), for the count's comparisons too.
                     eq = _balanced(ctx, layout) if v > 1 else None
                     if eq is not None and eq != layout and _variant_ok(ctx, eq):
-                        te = _ranking_time(ctx, eq)
+                        te = ranking(eq)
                         if math.isfinite(te):
                             ranked_here.append((te, eq))
                     if chain in extra:  # a proposed order's: costed after the rest, below
@@ -1537,7 +1545,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
 
     def rank(lay: StagedLayout | None) -> None:
         if lay is not None and lay not in ranked and _variant_ok(ctx, lay):
-            t = _ranking_time(ctx, lay)
+            t = ranking(lay)
             if math.isfinite(t):
                 ranked[lay] = t
 
@@ -1584,7 +1592,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
             other = replace(layout, microbatches=M)
             if other in costed or other in ranked_proposed or not _variant_ok(ctx, other):
                 continue
-            r = t if M == layout.microbatches else _ranking_time(ctx, other)
+            r = t if M == layout.microbatches else ranking(other)
             if math.isfinite(r):
                 ranked_proposed[other] = r
     top = sorted(ranked_proposed, key=ranked_proposed.get)[:PROPOSED_LAYOUTS]
@@ -1621,7 +1629,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 shares[grp] = min(shares.get(grp, 1.0), sh)
             sol = _dp_once(solved, dp, ctx, topology, groups, subs, chain, tables, M, *args,
                            share=tuple(sorted(shares.items())),
-                           judge=_layout_judge(ctx, groups, M, layout.schedule,
+                           judge=_layout_judge(ranking, groups, M, layout.schedule,
                                                layout.virtual_stages))
             searched += 1
             if sol is None:
@@ -1643,11 +1651,11 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                         {lay: c for _, lay, c in exact[:keep]}, beyond, worst)
 
 
-def _layout_judge(ctx: _Context, groups, M: int, schedule: str, v: int):
-    """A dynamic program's ``judge`` (see :func:`_judged`): a solution's
-    :func:`_ranking_time` as a layout of ``groups`` at ``M`` microbatches."""
+def _layout_judge(ranking, groups, M: int, schedule: str, v: int):
+    """A dynamic program's ``judge`` (see :func:`_judged`): ``ranking`` (the search's memoized
+    :func:`_ranking_time`) of a solution as a layout of ``groups`` at ``M`` microbatches."""
     def judge(sol) -> float:
-        return _ranking_time(ctx, StagedLayout(
+        return ranking(StagedLayout(
             groups=tuple(groups[c] for c in sol[0]), ranges=tuple(sol[1]),
             plans=tuple(sol[2]), microbatches=M, schedule=schedule, virtual_stages=v))
     return judge
