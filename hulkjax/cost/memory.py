@@ -302,8 +302,11 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
     # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
     # ``sub`` of a gradient runs with the optimizer, not after the gradient's matmul).
+    # A stage's walks cover its own nodes only (a walk of the whole step per stage was most of
+    # an interleaved layout's exact cost: 32 stages of an 8B LLaMA's 16,609 nodes).
+    walked = g.nodes if mine is None else [g.nodes[i] for i in sorted(mine)]
     read_at = list(range(end))  # consumers come after their producers: one reverse pass
-    for n in reversed(g.nodes):
+    for n in reversed(walked):
         if not fusible[n.id]:
             continue
         for o in n.outputs:
@@ -313,9 +316,7 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
                         read_at[n.id] = max(read_at[n.id], read_at[c])
 
     buffers = []
-    for n in g.nodes:
-        if mine is not None and n.id not in mine:
-            continue
+    for n in walked:
         for o in n.outputs:
             if not g.values[o].shape or not materialized(n, o):
                 continue
@@ -330,12 +331,12 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
                             hoists and n.id in from_arguments))
     received_out = []
     if mine is not None:  # what other stages send: a buffer from its first use to its last here
-        produced = {o for n in g.nodes if n.id in mine for o in n.outputs}
+        produced = {o for n in walked for o in n.outputs}
         received: dict[int, list[int]] = {}
-        for nid in sorted(mine):
-            for v in g.nodes[nid].inputs:
+        for n in walked:
+            for v in n.inputs:
                 if v is not None and v not in produced and g.values[v].producer is not None:
-                    received.setdefault(v, []).append(nid)
+                    received.setdefault(v, []).append(n.id)
         for v, uses in received.items():
             if not g.values[v].shape:
                 continue
@@ -347,8 +348,8 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     # matmul reads transposed is live from then on. An operand nothing else reads is made in
     # the matmul's order directly: its copy is a transient at the matmul.
     relaid = []
-    for n in g.nodes:
-        if n.name != "dot_general" or (mine is not None and n.id not in mine):
+    for n in walked:
+        if n.name != "dot_general":
             continue
         (lc, rc), (lb, rb) = n.params["dimension_numbers"]
         for k, (contract, batch) in enumerate(((lc, lb), (rc, rb))):
