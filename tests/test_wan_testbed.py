@@ -259,3 +259,25 @@ def test_a_run_states_its_calibrated_call_cost_and_what_the_2x2_runs_really_meas
     old_text = testbed.markdown(old)
     assert "which is the latency the topology uses" in old_text
     assert "runs from 2026-11-28 on do" in old_text
+
+
+def test_replan_says_whether_the_measured_plans_are_still_the_ones_planned(testbed, tmp_path,
+                                                                         monkeypatch, capsys):
+    """``--replan`` plans a recorded run's strategies again on its recorded topology: the same
+    plans and predictions pass; a recorded prediction that the planner no longer makes, or a
+    plan it no longer chooses, is reported and fails."""
+    import json
+
+    res = json.loads((pathlib.Path(testbed.RESULTS_DIR) / "wan-3x1.json").read_text())
+    res["rows"] = [r for r in res["rows"] if r["strategy"] in ("dp", "pipeline")]
+    monkeypatch.setattr(testbed, "RESULTS_DIR", str(tmp_path))
+    (tmp_path / "wan-3x1.json").write_text(json.dumps(res))
+    assert testbed.replan() == 0
+    assert "every plan and prediction as measured" in capsys.readouterr().out
+    res["rows"][0]["predicted_step"] *= 1.01
+    res["rows"][1]["plan"] = "SPMD"
+    (tmp_path / "wan-3x1.json").write_text(json.dumps(res))
+    assert testbed.replan() == 1
+    out = capsys.readouterr().out
+    assert "2 plan(s) or prediction(s) differ" in out
+    assert "now: 3 stages x 3 mb (1f1b)" in out

@@ -221,10 +221,16 @@ def main(argv=None) -> int:
     ap.add_argument("--run-dir", default="/tmp/hulkjax-wan")
     ap.add_argument("--markdown-only", action="store_true",
                     help="re-render WAN.md from results/wan-*.json (no root, nothing run)")
+    ap.add_argument("--replan", action="store_true",
+                    help="plan every recorded run's strategies again with this checkout, on its "
+                         "recorded topology, and say whether the plans and predictions are still "
+                         "the ones measured (no root, nothing run; exit 1 if any differs)")
     args = ap.parse_args(argv)
     if args.markdown_only:
         write_markdown()
         return 0
+    if args.replan:
+        return replan()
     rates = args.rates or [100.0] * args.regions
     if len(rates) != args.regions:
         sys.exit(f"--rates has {len(rates)} values for {args.regions} regions.")
@@ -349,12 +355,7 @@ def main(argv=None) -> int:
                     [t for t in rs.get("transfers", []) if t["from_processes"] != t["to_processes"]]
                 rows.append({
                     "strategy": p.strategy,
-                    "plan": "SPMD" if not p.stages else
-                            f"{len(p.stages)} stage{'s' if len(p.stages) > 1 else ''} x "
-                            f"{p.microbatches} mb ({p.schedule})"
-                            + (f" on {len(used)} of {topo.num_devices} devices"
-                               if len(used := {d for st in p.stages for d in st.devices})
-                               < topo.num_devices else ""),
+                    "plan": plan_label(p, topo),
                     "predicted_step": p.cost.step_time,
                     # what the shaped links add to the step (exposed transfers and collectives
                     # between regions): step - step with free links, the same plan
@@ -397,6 +398,57 @@ def main(argv=None) -> int:
     return 0
 
 
+def plan_label(p, topo) -> str:
+    """How a results row names a plan: ``SPMD``, or its stages, microbatches and schedule (and
+    how many of the devices it uses, where not all)."""
+    if not p.stages:
+        return "SPMD"
+    used = {d for st in p.stages for d in st.devices}
+    return (f"{len(p.stages)} stage{'s' if len(p.stages) > 1 else ''} x {p.microbatches} mb "
+            f"({p.schedule})" + (f" on {len(used)} of {topo.num_devices} devices"
+                                 if len(used) < topo.num_devices else ""))
+
+
+def replan(rel: float = 1e-9) -> int:
+    """Plan every row of every ``results/wan-*.json`` again, with this checkout, on the run's
+    recorded (calibrated) topology, and print the recorded plan and predicted step beside the
+    new ones: whether the measurements still describe what hulkjax plans today (a change of the
+    cost model or of a planner can move them; the measurements themselves need root and an hour
+    to redo). Returns 1 if a plan or a prediction (relative ``rel``) differs."""
+    import hulkjax as hj
+    from hulkjax.formatting import format_time
+    from hulkjax.loading import load_step
+
+    changed = 0
+    for name in sorted(os.listdir(RESULTS_DIR)):
+        if not (name.startswith("wan-") and name.endswith(".json")):
+            continue
+        with open(os.path.join(RESULTS_DIR, name)) as f:
+            res = json.load(f)
+        topo = hj.Topology.from_dict(res["topology"])
+        if ".py:" in res["model"]:  # a user step, recorded relative to the repository
+            where, _, fn = res["model"].rpartition(":")
+            model, size, overrides = f"{os.path.join(os.path.dirname(BENCH), where)}:{fn}", None, None
+        else:
+            model, size = res["model"].split(":")
+            overrides = res.get("overrides")
+        loaded = load_step(model, size=size, overrides=overrides)
+        graph = hj.trace(loaded.step, *loaded.args)
+        for row in res["rows"]:
+            p = hj.plan(loaded.step, *loaded.args, topology=topo, strategy=row["strategy"],
+                        graph=graph)
+            label, t = plan_label(p, topo), p.cost.step_time
+            same = label == row["plan"] and abs(t / row["predicted_step"] - 1) <= rel
+            changed += not same
+            print(f"{name:26s} {row['strategy']:9s} measured: {row['plan']} "
+                  f"{format_time(row['predicted_step'])} | now: "
+                  f"{'the same' if same else f'{label} {format_time(t)}'}", flush=True)
+    print("every plan and prediction as measured" if not changed else
+          f"{changed} plan(s) or prediction(s) differ from the measured ones: rerun those "
+          "configurations' commands (results/wan-*.json 'command')")
+    return int(changed > 0)
+
+
 def write_markdown() -> None:
     """``benchmarks/WAN.md`` from every ``results/wan-*.json``."""
     runs = []
@@ -406,7 +458,9 @@ def write_markdown() -> None:
                 runs.append(json.load(f))
     parts = ["# Wide-area testbed: measured against predicted", "",
              "Each section: one command of `benchmarks/wan/testbed.py` (root). The numbers are "
-             "what it measured; nothing here is hand-edited.", ""]
+             "what it measured; nothing here is hand-edited. `python benchmarks/wan/testbed.py "
+             "--replan` (no root) says whether today's checkout still makes the plans and "
+             "predictions measured here.", ""]
     parts += summary(runs)
     parts += [markdown(r) for r in runs]
     with open(MARKDOWN, "w") as f:
