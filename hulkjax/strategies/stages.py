@@ -543,7 +543,6 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
         cm, sub = w.cost_model, w.cost_model.topology
         unreduced = unreduced_sums(cm, w.assignment, split, w.forward + w.backward)
         mine = (*w.forward, *w.backward, *w.update)
-        mine_set = set(mine)
         by_node = pins.get((id(cm), id(w.assignment)))
         if by_node is None:
             by_node = pins[(id(cm), id(w.assignment))] = _pins_by_node(cm, w.assignment)
@@ -552,10 +551,7 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             mesh_shape=tuple(sub.shape), forward=w.forward, backward=w.backward,
             update=w.update, inputs=w.inputs,
             value_specs={v: _pspec(specs[k].get(v)) for v in sorted(crossing[k])},
-            **{kind: {key: x for _, key, x in sorted(e for nid in mine for e in per.get(nid, ()))}
-               for kind, per in by_node.items() if kind != "bodies"},
-            bodies={nid: bp for nid, bp in by_node["bodies"].items() if nid in mine_set},
-            strategy=layout.plans[k],
+            **_stage_pins(by_node, mine), strategy=layout.plans[k],
             unreduced={v: x.axes for v, x in sorted(unreduced.items())}))
     inputs = []
     for i, (path, v, role) in enumerate(zip(g.input_paths, g.inputs, g.input_roles)):
@@ -593,13 +589,13 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
 
 def _pins_by_node(cm, assignment) -> dict[str, dict]:
     """What the emitter constrains under ``assignment`` (:meth:`CostModel.pinned_layouts`,
-    :meth:`CostModel.pinned_paths`, the loops' :func:`body_plans`), as :class:`Stage` fields,
-    each ``{node id: [(key, pspec), ...]}`` (``bodies``: ``{node id: body plans}``)."""
+    :meth:`CostModel.pinned_paths`, the loops' :func:`body_plans`), by :class:`Stage` field:
+    ``{node id: [(place, key, pspec), ...]}`` (``place``: the entry's in the whole's order),
+    and ``bodies``: ``{node id: body plans}``."""
     ops, res = cm.pinned_layouts(assignment)
     via = cm.pinned_paths(assignment, ops)
     out: dict[str, dict] = {"operand_specs": defaultdict(list), "result_specs": defaultdict(list),
                             "operand_paths": defaultdict(list)}
-    # (with each entry's place in the whole's order, which the stage's dicts keep)
     for i, (key, s) in enumerate(ops.items()):
         out["operand_specs"][key[0]].append((i, key, to_pspec(s)))
     for i, (key, s) in enumerate(res.items()):
@@ -607,6 +603,16 @@ def _pins_by_node(cm, assignment) -> dict[str, dict]:
     for i, (key, p) in enumerate(via.items()):
         out["operand_paths"][key[0]].append((i, key, tuple(to_pspec(s) for s in p)))
     out["bodies"] = body_plans(cm, assignment)
+    return out
+
+
+def _stage_pins(by_node: dict, nodes) -> dict:
+    """A stage's ``operand_specs``, ``result_specs``, ``operand_paths`` and ``bodies``: the
+    entries of ``by_node`` (:func:`_pins_by_node`) of its ``nodes``, in the whole's order."""
+    out = {field_: {key: x for _, key, x in sorted(e for nid in nodes for e in per.get(nid, ()))}
+           for field_, per in by_node.items() if field_ != "bodies"}
+    mine = set(nodes)
+    out["bodies"] = {nid: bp for nid, bp in by_node["bodies"].items() if nid in mine}
     return out
 
 
