@@ -420,11 +420,7 @@ def replan(rel: float = 1e-9) -> int:
     from hulkjax.loading import load_step
 
     changed = 0
-    for name in sorted(os.listdir(RESULTS_DIR)):
-        if not (name.startswith("wan-") and name.endswith(".json")):
-            continue
-        with open(os.path.join(RESULTS_DIR, name)) as f:
-            res = json.load(f)
+    for name, res in recorded_runs():
         topo = hj.Topology.from_dict(res["topology"])
         if ".py:" in res["model"]:  # a user step, recorded relative to the repository
             where, _, fn = res["model"].rpartition(":")
@@ -449,13 +445,19 @@ def replan(rel: float = 1e-9) -> int:
     return int(changed > 0)
 
 
-def write_markdown() -> None:
-    """``benchmarks/WAN.md`` from every ``results/wan-*.json``."""
+def recorded_runs() -> list[tuple[str, dict]]:
+    """``(file name, results)`` of every ``results/wan-*.json``, by name."""
     runs = []
     for name in sorted(os.listdir(RESULTS_DIR)):
         if name.startswith("wan-") and name.endswith(".json"):
             with open(os.path.join(RESULTS_DIR, name)) as f:
-                runs.append(json.load(f))
+                runs.append((name, json.load(f)))
+    return runs
+
+
+def write_markdown() -> None:
+    """``benchmarks/WAN.md`` from every ``results/wan-*.json``."""
+    runs = [res for _, res in recorded_runs()]
     parts = ["# Wide-area testbed: measured against predicted", "",
              "Each section: one command of `benchmarks/wan/testbed.py` (root). The numbers are "
              "what it measured; nothing here is hand-edited. `python benchmarks/wan/testbed.py "
