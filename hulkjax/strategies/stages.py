@@ -1655,13 +1655,6 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 continue
             costed.add(other)
             cost_exactly(other)
-    # The best layouts with other stage plans where the ranking finds them faster
-    # (:func:`_better_plans`: the programs choose a range's plan by its work alone).
-    for _, layout, _ in exact[:PLAN_SWAP_LAYOUTS]:
-        better = _better_plans(ctx, layout, ranking)
-        if better not in costed:
-            costed.add(better)
-            cost_exactly(better)
     # The proposed orders' layouts, after everything above: what the search costs without
     # them is costed with them too, so they can only make its best faster. The best
     # PROPOSED_LAYOUTS of them by ranking (each also ranked at every count searched) are
@@ -1686,6 +1679,14 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
         if other not in costed and _variant_ok(ctx, other):
             costed.add(other)
             cost_exactly(other)
+    # The best layouts with other stage plans where the ranking finds them faster
+    # (:func:`_better_plans`: the programs choose a range's plan by its work alone), after
+    # the proposed orders' layouts are costed: theirs are tried too.
+    for _, layout, _ in exact[:PLAN_SWAP_LAYOUTS]:
+        better = _better_plans(ctx, layout, ranking)
+        if better not in costed:
+            costed.add(better)
+            cost_exactly(better)
     # Layouts the dynamic programs chose that the exact cost finds over a stage's memory (its
     # additive estimate of a range's memory is not the liveness peak): their programs are
     # solved again with that much less memory per stage, and the result costed, while one
