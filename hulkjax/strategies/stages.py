@@ -1286,6 +1286,12 @@ PLAN_SWAP_LAYOUTS = 2  # the best layouts :func:`search` tries other stage plans
 PLAN_SWAP_STAGES = 8  # up to this many stages, :func:`_better_plans` swaps one stage's plan
 
 
+def _range_fits(t: UnitTable, a: int, b: int, inflight: int, v: int) -> bool:
+    """Whether units ``[a, b)`` under table ``t``'s plan, with ``inflight`` microbatches'
+    activations, fit ``1 / v`` of the group's memory (the tables' additive estimate)."""
+    return float((t.static + t.acc + inflight * (t.act + t.data))[a:b].sum()) <= t.capacity / v
+
+
 def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
     """An interleaved layout with equal layers per chunk (:func:`uniform_ranges`) on the same
     groups, each chunk taking the fastest of its group's SPMD plans (tables already built) that
@@ -1307,9 +1313,8 @@ def _balanced(ctx: _Context, layout: StagedLayout) -> StagedLayout | None:
             t = ctx.tables.get((M, sub, name))
             if t is None:
                 continue
-            mem = float((t.static + t.acc + inflight[p] * (t.act + t.data))[a:b].sum())
             w = float((t.f + t.b)[a:b].sum())
-            if mem <= t.capacity / v and (best is None or w < best[0]):
+            if _range_fits(t, a, b, inflight[p], v) and (best is None or w < best[0]):
                 best = (w, name)
         if best is None:
             return None
@@ -1339,8 +1344,7 @@ def _better_plans(ctx: _Context, layout: StagedLayout, ranking) -> StagedLayout:
         names = []
         for name in (*INTRA_PLANS, *LEAN_PLANS):
             t = ctx.tables.get((M, sub, name))
-            if t is not None and float((t.static + t.acc + inflight[p] * (t.act + t.data))
-                                       [a:b].sum()) <= t.capacity / v:
+            if t is not None and _range_fits(t, a, b, inflight[p], v):
                 names.append(name)
         options.append(names)
     best, best_t = layout, ranking(layout)
