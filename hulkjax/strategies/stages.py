@@ -1905,16 +1905,15 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int, *, share=1
     taus = [lo]
     while taus[-1] < hi:
         taus.append(taus[-1] * 1.1)
-    # Link times between chain positions at each boundary (forward, backward).
+    # Link times between chain positions at each boundary (forward, backward), each at the
+    # bytes a device of the receiving position gets under its plan: the forward's the later
+    # position's, the backward's the earlier one's.
     links = {}
     for a in range(G):
         for b in range(a + 1, G):
             link = stage_link(topology, groups[chain[a]], groups[chain[b]])
-            cf, cb, nd = cuts[b]
-            spread = max(1.0, nd / len(groups[chain[a]]))
-            lf = np.where(cf > 0, link.latency + cf * spread / link.bandwidth, 0.0)
-            lb = np.where(cb > 0, link.latency + cb * spread / link.bandwidth, 0.0)
-            links[(a, b)] = (lf, lb)
+            links[(a, b)] = _boundary_links(link, cuts[a], cuts[b], len(groups[chain[a]]),
+                                            len(groups[chain[b]]))
     exchange = _end_exchange(ctx, topology, groups, chain, tables, subs, M, fixed)
     found = {}
     for tau in taus:
@@ -1933,6 +1932,20 @@ def _dp(ctx: _Context, topology, groups, subs, chain, tables, M: int, *, share=1
                        [(a, b) for _, a, b in picks],
                        [tabs[pos][P[pos][a, b]].name for pos, a, b in picks], t)
     return _judged(found, judge)
+
+
+def _boundary_links(link, before, after, n_before: int, n_after: int):
+    """``(forward, backward)`` seconds per unit boundary between two consecutive stages over
+    ``link``: the forward values at the bytes a device of the later stage gets under its plan
+    (``after``: its table's ``(cut_f, cut_b, devices)``), the backward values at those a device
+    of the earlier stage gets under its own (``before``), each spread over the sending group's
+    ``n_before`` / ``n_after`` devices, with the link's latency where anything is sent (as
+    :func:`_table_transfers` charges them)."""
+    cf, nf = after[0], after[2]
+    cb, nb = before[1], before[2]
+    lf = np.where(cf > 0, link.latency + cf * max(1.0, nf / n_before) / link.bandwidth, 0.0)
+    lb = np.where(cb > 0, link.latency + cb * max(1.0, nb / n_after) / link.bandwidth, 0.0)
+    return lf, lb
 
 
 def _keep_solution(found: dict, order, ranges, plans, t) -> None:
@@ -2004,10 +2017,8 @@ def _dp_interleaved(ctx: _Context, topology, groups, subs, chain, tables, M: int
     for p in range(1, P):
         a, b = chain[(p - 1) % S], chain[p % S]
         link = stage_link(topology, groups[a], groups[b])
-        cf, cb, nd = cuts[p]
-        spread = max(1.0, nd / len(groups[a]))
-        links.append((np.where(cf > 0, link.latency + cf * spread / link.bandwidth, 0.0),
-                      np.where(cb > 0, link.latency + cb * spread / link.bandwidth, 0.0)))
+        links.append(_boundary_links(link, cuts[p - 1], cuts[p], len(groups[a]),
+                                     len(groups[b])))
     lo, hi = float(finite.min()) * v, float(finite.max()) * v
     taus = [lo]
     while taus[-1] < hi:
