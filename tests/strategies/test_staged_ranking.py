@@ -4,6 +4,7 @@ charge once per step: held against the exact pipeline cost on a step with a tied
 clusters whose links differ pair by pair."""
 
 import itertools
+import math
 
 import pytest
 
@@ -234,3 +235,32 @@ def test_the_interleaved_program_judged_by_the_ranking_returns_faster_layouts(na
     judged = exact(S._layout_judge(lambda lay: S._ranking_time(ctx, lay), groups, M,
                                    "interleaved", v))
     assert judged < 0.95 * plain, (judged, plain)
+
+
+def test_the_programs_charge_each_boundary_direction_at_its_receivers_plan():
+    """The dynamic programs' link times at a boundary (:func:`S._boundary_links`, from the unit
+    tables' cut bytes) are what :func:`S._table_transfers` (the ranking's and, per value, the
+    exact cost's transfers) charges a two-stage layout there: the forward values at the bytes a
+    device of the later stage gets under its plan, the backward values at the earlier stage's.
+    With dp_tp on one side and fsdp on the other the two plans' bytes differ, so reading both
+    directions off one stage's plan (as the programs did) is off in one of them."""
+    g = _gpt2()
+    topo = _sites(["A100", "V100"], {(0, 1): _gbit(5, 2)}, gpus=4)
+    ctx = S._context(g, topo)
+    groups = S.device_groups(topo)["region"]
+    subs = [S.group_topology(topo, grp) for grp in groups]
+    U, M = len(ctx.part.units), 2
+    differ = 0
+    for plans in (("dp_tp", "fsdp"), ("fsdp", "dp_tp"), ("fsdp", "fsdp")):
+        tabs = [ctx.table(M, sub, name) for sub, name in zip(subs, plans)]
+        for j in range(1, U):
+            lay = S.StagedLayout(groups=tuple(groups), ranges=((0, j), (j, U)), plans=plans,
+                                 microbatches=M)
+            sent = S._table_transfers(ctx, lay, subs)
+            cuts = [(t.cut_f, t.cut_b, t.devices) for t in tabs]
+            link = S.stage_link(topo, groups[0], groups[1])
+            lf, lb = S._boundary_links(link, cuts[0], cuts[1], len(groups[0]), len(groups[1]))
+            assert lf[j] == pytest.approx(sent.get((0, 1), {}).get("fwd", 0.0), rel=1e-9)
+            assert lb[j] == pytest.approx(sent.get((1, 0), {}).get("bwd", 0.0), rel=1e-9)
+            differ += not math.isclose(tabs[0].cut_b[j], tabs[1].cut_b[j], rel_tol=1e-6)
+    assert differ  # some boundary's backward bytes differ between the two plans
