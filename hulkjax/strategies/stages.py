@@ -38,10 +38,11 @@ plans it returns are then costed exactly by :func:`hulkjax.cost.pipeline.pipelin
   land in different stages is counted once where each stage makes its own;
 * the dynamic program charges the link between consecutive stages with everything crossing the
   boundary between their layers (values skipping a stage are charged at each boundary they
-  cross), counts each stage's optimizer update in the sum it minimizes (its prediction, and the
-  exact cost, take the slowest group's), bounds a stage's in-flight microbatches by the groups
-  after it in the chain, and charges what
-  the first and the last unit exchange once per step (a tied embedding and its gradient,
+  cross), each direction at the bytes a device of the receiving group gets under that group's
+  fastest plan (:func:`_boundary_links`), counts each stage's optimizer update in the sum it
+  minimizes (its prediction, and the exact cost, take the slowest group's), bounds a stage's
+  in-flight microbatches by the groups after it in the chain, and charges what the first and
+  the last unit exchange once per step (a tied embedding and its gradient,
   :func:`_end_exchange`) over the link between the first and the last stage's groups, less
   what the stages before the last can hide (it is solved once per possible first position);
   other per-step values are left to the ranking below; of its bottleneck bounds' distinct
