@@ -1696,6 +1696,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
                 continue
             costed.add(other)
             cost_exactly(other)
+    # The layouts the plan swap below starts from without the proposed orders (it starts from
+    # these and from the best with them, so that a proposal can only make the best faster).
+    swap_from = [lay for _, lay, _ in exact[:PLAN_SWAP_LAYOUTS]]
     # The proposed orders' layouts, after everything above: what the search costs without
     # them is costed with them too, so they can only make its best faster. The best
     # PROPOSED_LAYOUTS of them by ranking (each also ranked at every count searched) are
@@ -1723,7 +1726,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     # The best layouts with other stage plans where the ranking finds them faster
     # (:func:`_better_plans`: the programs choose a range's plan by its work alone), after
     # the proposed orders' layouts are costed: theirs are tried too.
-    for _, layout, _ in exact[:PLAN_SWAP_LAYOUTS]:
+    for layout in dict.fromkeys([*swap_from, *(lay for _, lay, _ in exact[:PLAN_SWAP_LAYOUTS])]):
         better = _better_plans(ctx, layout, ranking)
         if better not in costed:
             costed.add(better)
