@@ -328,8 +328,8 @@ def main() -> None:
         with open(args.compare) as f:
             before = json.load(f)
         before["label"] = args.before_label or f"commit `{before.get('commit', '?')}`"
-    command = "python benchmarks/staged_orders.py" + "".join(
-        f" {a}" for a in sys.argv[1:] if a not in ("--out", args.out))
+    command = "python benchmarks/staged_orders.py" + "".join(  # (without its output paths)
+        f" {a}" for a in sys.argv[1:] if a not in ("--out", args.out, "--md", args.md))
     if args.report_only:
         with open(args.out) as f:
             doc = json.load(f)
