@@ -4,6 +4,8 @@
 Warnings from hulkjax itself are errors (see ``filterwarnings`` in pyproject.toml).
 """
 
+import os
+
 import jax
 import pytest
 
@@ -23,3 +25,13 @@ def compile_count():
     """A callable returning how many XLA backend compilations happened since the test began."""
     start = len(_compiles)
     return lambda: len(_compiles) - start
+
+
+@pytest.fixture
+def default_backend_optimization(monkeypatch):
+    """Processes this test launches compile with XLA's default LLVM optimization, not the -O0 the
+    root ``conftest.py`` sets for speed: they time their programs (``hulkjax calibrate``), and at
+    -O0 a chain of matmuls long enough to time takes several times longer."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_backend_optimization_level")]
+    monkeypatch.setenv("XLA_FLAGS", " ".join(flags))

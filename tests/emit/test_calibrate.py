@@ -23,6 +23,8 @@ from hulkjax.launch.calibrate import (
 )
 from hulkjax.topology.specs import DEVICE_SPECS
 
+pytestmark = pytest.mark.usefixtures("default_backend_optimization")
+
 TIMEOUT = 180
 SMALL = dict(matmul_size=96, memory_bytes=1 << 20, link_bytes=(1 << 20, 1 << 23), repeats=3)
 

@@ -65,4 +65,7 @@ def test_plans_without_warnings_and_computes_the_unsharded_step(model, topology,
             assert plan.microbatches == 1
             assert any("pairs examples with other examples" in p for p in split.problems)
     got = hj.emit(step, plan)(state, batch)
-    assert_trees_close(got, want, rtol=1e-4, atol=1e-4)
+    # adamw's first step (lr 1e-3) amplifies summation-order noise on near-zero gradients: the
+    # unsharded step itself, compiled with XLA's default and with -O0 (the tests' conftest.py),
+    # differs by up to 1.7e-4 on CLIP's class embedding. 3e-4 is that, with margin.
+    assert_trees_close(got, want, rtol=1e-4, atol=3e-4)

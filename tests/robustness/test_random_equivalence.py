@@ -214,7 +214,7 @@ def check_every_strategy_matches_unsharded(name: str, cfg: dict, topo_spec) -> l
     return ran
 
 
-@_settings(ci_examples=3)
+@_settings(ci_examples=2)
 @given(config=mlp_configs(), topo=topologies())
 def test_random_mlps_match_unsharded_under_every_strategy(config, topo):
     check_every_strategy_matches_unsharded(*config, topo)

@@ -60,12 +60,15 @@ def test_without_column_row_pairs_or_distinct_axes_it_is_fsdp():
 
 @pytest.mark.parametrize("model", ["llama", "transformer-block", "bert", "moe"])
 def test_expert_steps_match_unsharded_on_two_nodes(model, compile_count):
-    """FSDP over 'node' and tensor parallelism over 'gpu' compute the serial step."""
+    """FSDP over 'node' and tensor parallelism over 'gpu' compute the serial step (within adamw's
+    first-step tolerance, ``atol=1e-4``: it divides by the root of tiny second moments, which
+    amplifies summation-order noise; see tests/robustness/test_random_equivalence.py)."""
     m = zoo.get(model, size="tiny")
+    assert m.config.optimizer == "adamw"
     state, batch = m.init(0)
     refs = first_steps(jax.jit(m.step), state, batch, 2)
     step = hj.hulk_shard(m.step, topology=DGX, strategy="expert")
-    assert_steps_match(step, state, batch, refs, compile_count)
+    assert_steps_match(step, state, batch, refs, compile_count, rtol=1e-4, atol=1e-4)
     specs = [tuple(t.spec) for t in step.plan.inputs if t.role == "parameter"]
     assert any("node" in s and "gpu" in s for s in specs)  # 2-D layouts were really emitted
 
