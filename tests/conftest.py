@@ -29,9 +29,11 @@ def compile_count():
 
 @pytest.fixture
 def default_backend_optimization(monkeypatch):
-    """Processes this test launches compile with XLA's default LLVM optimization, not the -O0 the
-    root ``conftest.py`` sets for speed: they time their programs (``hulkjax calibrate``), and at
-    -O0 a chain of matmuls long enough to time takes several times longer."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_backend_optimization_level")]
+    """Processes this test launches compile as XLA does by default, without the faster compile
+    flags the root ``conftest.py`` sets (-O0, cheap LLVM passes, no Eigen thread pool): they time
+    their programs (``hulkjax calibrate``), and at -O0 a chain of matmuls long enough to time
+    takes several times longer."""
+    fast = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
+            "--xla_cpu_multi_thread_eigen")  # the root conftest.py's _FAST_COMPILE
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(fast)]
     monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
