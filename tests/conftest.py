@@ -29,11 +29,8 @@ def compile_count():
 
 @pytest.fixture
 def default_backend_optimization(monkeypatch):
-    """Processes this test launches compile as XLA does by default, without the faster compile
-    flags the root ``conftest.py`` sets (-O0, cheap LLVM passes, no Eigen thread pool): they time
-    their programs (``hulkjax calibrate``), and at -O0 a chain of matmuls long enough to time
-    takes several times longer."""
-    fast = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
-            "--xla_cpu_multi_thread_eigen")  # the root conftest.py's _FAST_COMPILE
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(fast)]
-    monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
+    """Processes this test launches compile as XLA does by default: ``XLA_FLAGS`` as it was before
+    the root ``conftest.py`` added its faster compile flags (-O0, cheap LLVM passes, no Eigen
+    thread pool). They time their programs (``hulkjax calibrate``), and at -O0 a chain of matmuls
+    long enough to time takes several times longer."""
+    monkeypatch.setenv("XLA_FLAGS", os.environ["HULKJAX_TESTS_XLA_FLAGS"])

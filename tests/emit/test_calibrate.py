@@ -29,6 +29,13 @@ TIMEOUT = 180
 SMALL = dict(matmul_size=96, memory_bytes=1 << 20, link_bytes=(1 << 20, 1 << 23), repeats=3)
 
 
+def test_the_workers_compile_without_the_tests_fast_compile_flags():
+    """The measuring processes get the flags the tests started with, not -O0 (conftest.py)."""
+    from hulkjax.launch.launcher import _worker_env
+
+    assert "--xla_backend_optimization_level=0" not in _worker_env(None)["XLA_FLAGS"]
+
+
 def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
     topo, rec = calibrate(processes=2, local_devices=2, out=str(tmp_path), timeout=TIMEOUT,
                           **SMALL)
