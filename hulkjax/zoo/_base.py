@@ -391,5 +391,25 @@ def get(name: str, **overrides: Any) -> ZooModel:
             f"{', '.join(f for f in fields if f != 'size')}."
         )
     config = entry.config_cls(**{**entry.presets[size], "size": size, **overrides})
-    init_fn, step = entry.build(config)
-    return ZooModel(name, config, step, init_fn)
+    # Equal configs get the same model (the build is a function of the config): its step and
+    # init are the same functions, so JAX's compile caches serve a second ``get`` (a notebook
+    # cell run again, a test per strategy) instead of compiling init and step again.
+    key = (name, entry.build, config)
+    try:
+        model = _built.pop(key, None)
+    except TypeError:  # a field value that cannot be hashed (a list): not kept
+        key = model = None
+    if model is None:
+        init_fn, step = entry.build(config)
+        model = ZooModel(name, config, step, init_fn)
+    if key is not None:
+        _built[key] = model  # (most recently used last)
+    while len(_built) > _BUILT_KEPT:
+        _built.pop(next(iter(_built)))
+    return model
+
+
+# The models ``get`` built most recently, by (name, builder, config): a model holds functions
+# only, no arrays, but JAX keeps each function's compiled programs while the function lives.
+_BUILT_KEPT = 64
+_built: dict[tuple, ZooModel] = {}

@@ -33,7 +33,9 @@ def test_the_workers_compile_without_the_tests_fast_compile_flags():
     """The measuring processes get the flags the tests started with, not -O0 (conftest.py)."""
     from hulkjax.launch.launcher import _worker_env
 
-    assert "--xla_backend_optimization_level=0" not in _worker_env(None)["XLA_FLAGS"]
+    flags = _worker_env(None)["XLA_FLAGS"]
+    assert "--xla_backend_optimization_level=0" not in flags
+    assert "--xla_cpu_use_fusion_emitters=false" not in flags
 
 
 def test_calibrate_writes_a_topology_of_measured_numbers(tmp_path):
