@@ -31,6 +31,6 @@ def compile_count():
 def default_backend_optimization(monkeypatch):
     """Processes this test launches compile as XLA does by default: ``XLA_FLAGS`` as it was before
     the root ``conftest.py`` added its faster compile flags (-O0, cheap LLVM passes, the older
-    fusion emitters, no Eigen thread pool). They time their programs (``hulkjax calibrate``), and at -O0 a chain of matmuls
-    long enough to time takes several times longer."""
+    fusion emitters, no Eigen thread pool). They time their programs (``hulkjax calibrate``), and
+    at -O0 a chain of matmuls long enough to time takes several times longer."""
     monkeypatch.setenv("XLA_FLAGS", os.environ["HULKJAX_TESTS_XLA_FLAGS"])

@@ -366,6 +366,9 @@ def get(name: str, **overrides: Any) -> ZooModel:
     """Build a zoo model: the preset ``size`` (default: the model's default size) with ``overrides``
     applied to its config fields.
 
+    Equal configs give the same model (the one built last for them, of the 64 most recent), so
+    JAX compiles its ``init`` and ``step`` once.
+
     Raises:
       UnknownModelError: ``name``, ``size`` or an override field is not known (the message lists
         the valid ones).
@@ -394,7 +397,7 @@ def get(name: str, **overrides: Any) -> ZooModel:
     # Equal configs get the same model (the build is a function of the config): its step and
     # init are the same functions, so JAX's compile caches serve a second ``get`` (a notebook
     # cell run again, a test per strategy) instead of compiling init and step again.
-    key = (name, entry.build, config)
+    key = (name, config)  # (a name is registered once)
     try:
         model = _built.pop(key, None)
     except TypeError:  # a field value that cannot be hashed (a list): not kept
@@ -409,7 +412,7 @@ def get(name: str, **overrides: Any) -> ZooModel:
     return model
 
 
-# The models ``get`` built most recently, by (name, builder, config): a model holds functions
+# The models ``get`` built most recently, by (name, config): a model holds functions
 # only, no arrays, but JAX keeps each function's compiled programs while the function lives.
 _BUILT_KEPT = 64
 _built: dict[tuple, ZooModel] = {}
