@@ -394,10 +394,8 @@ def get(name: str, **overrides: Any) -> ZooModel:
             f"{', '.join(f for f in fields if f != 'size')}."
         )
     config = entry.config_cls(**{**entry.presets[size], "size": size, **overrides})
-    # Equal configs get the same model (the build is a function of the config): its step and
-    # init are the same functions, so JAX's compile caches serve a second ``get`` (a notebook
-    # cell run again, a test per strategy) instead of compiling init and step again.
-    key = (name, config)  # (a name is registered once)
+    # (the build is a function of the config; a name is registered once)
+    key = (name, config)
     try:
         model = _built.pop(key, None)
     except TypeError:  # a field value that cannot be hashed (a list): not kept

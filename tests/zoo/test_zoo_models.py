@@ -110,10 +110,10 @@ def test_equal_configs_get_the_same_model_and_its_compiled_programs(compile_coun
     state, batch = a.init(0)
     jax.jit(a.step)(state, batch)
     compiled = compile_count()
-    assert compiled >= 2  # init and step
     again = zoo.get("mlp", size="tiny", batch=5, width=7)
     jax.jit(again.step)(*again.init(0))
-    assert compile_count() == compiled  # both served from JAX's caches
+    # both served from JAX's caches (a model built afresh has new functions: they would compile)
+    assert compile_count() == compiled
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -280,10 +280,8 @@ def test_wide_resnet_is_alpas_and_remat_changes_nothing_it_computes():
         m = zoo.get("resnet", size="tiny", width_factor=3, remat=remat)
         state, batch = m.init(seed=0)
         runs.append(jax.jit(m.step)(state, batch))
-    assert (
-        zoo.get("resnet", size="tiny", width_factor=3).param_count()
-        > zoo.get("resnet", size="tiny").param_count()
-    )
+    assert zoo.get("resnet", size="tiny", width_factor=3).param_count() > \
+        zoo.get("resnet", size="tiny").param_count()
     (plain, pm), (rem, rm) = runs
     np.testing.assert_allclose(float(pm["loss"]), float(rm["loss"]), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(rem)):
@@ -294,22 +292,9 @@ def test_wide_resnet_is_alpas_and_remat_changes_nothing_it_computes():
 
 def _alpa_moe(**kw):
     """Alpa's MoE language model (its benchmark suite's moe_specs) in the zoo's ``moe``."""
-    return zoo.get(
-        "moe",
-        size="small",
-        **{
-            "n_heads": 16,
-            "top_k": 2,
-            "capacity_factor": 1.0,
-            "seq_len": 1024,
-            "batch": 2,
-            "group_size": 2048,
-            "moe_every": 2,
-            "vocab_size": 32000,
-            "activation": "relu",
-            **kw,
-        },
-    )
+    return zoo.get("moe", size="small", **{
+        "n_heads": 16, "top_k": 2, "capacity_factor": 1.0, "seq_len": 1024, "batch": 2,
+        "group_size": 2048, "moe_every": 2, "vocab_size": 32000, "activation": "relu", **kw})
 
 
 def test_moe_expresses_alpas_language_model_and_remat_changes_nothing_it_computes():
@@ -322,7 +307,8 @@ def test_moe_expresses_alpas_language_model_and_remat_changes_nothing_it_compute
     for h, layers, experts, alpa in ((768, 8, 8, 0.3835), (2048, 32, 64, 70.4152)):
         n = _alpa_moe(d_model=h, d_ff=8 * h, n_layers=layers, n_experts=experts).param_count()
         assert abs((n - 32000 * h) / 1e9 / alpa - 1) < 2.5e-3
-    kw = dict(size="tiny", vocab_size=50, moe_every=2, n_layers=2, group_size=32, activation="relu")
+    kw = dict(size="tiny", vocab_size=50, moe_every=2, n_layers=2, group_size=32,
+              activation="relu")
     plain, rem = zoo.get("moe", **kw), zoo.get("moe", remat=True, **kw)
     s0, batch = plain.init(seed=0)
     assert batch["tokens"].shape == (8, 16) and set(s0["params"]) >= {"moe_0", "mlp_1", "embed"}
@@ -331,17 +317,12 @@ def test_moe_expresses_alpas_language_model_and_remat_changes_nothing_it_compute
     for k, v in s0["params"].items():
         if k[-1].isdigit():
             nested.setdefault(f"layer_{k.rsplit('_', 1)[1]}", {})[k] = v
-    (a, am), (b, bm) = (
-        jax.jit(plain.step)(s0, batch),
-        jax.jit(rem.step)({**r0, "params": nested}, batch),
-    )
+    (a, am), (b, bm) = (jax.jit(plain.step)(s0, batch),
+                        jax.jit(rem.step)({**r0, "params": nested}, batch))
     np.testing.assert_allclose(float(am["loss"]), float(bm["loss"]), rtol=1e-6)
     np.testing.assert_allclose(float(am["aux_loss"]), float(bm["aux_loss"]), rtol=1e-6)
-    np.testing.assert_allclose(
-        a["params"]["mlp_1"]["fc"]["kernel"],
-        b["params"]["layer_1"]["mlp_1"]["fc"]["kernel"],
-        rtol=1e-5,
-    )
+    np.testing.assert_allclose(a["params"]["mlp_1"]["fc"]["kernel"],
+                               b["params"]["layer_1"]["mlp_1"]["fc"]["kernel"], rtol=1e-5)
     with pytest.raises(hj.errors.InvalidModelConfigError, match="group_size=24"):
         zoo.get("moe", size="tiny", group_size=24)
 
