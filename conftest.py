@@ -10,9 +10,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # zoo's models), and each of the cyclic collector's full passes walks them all (over half a second
 # each late in a run). A young generation of 50,000 objects instead of 700 runs a fifth as many
 # full passes: on tests/emit/test_mpmd.py, tests/strategies/test_equivalence.py and
-# tests/golden/test_golden.py, 9.8 s in the collector instead of 20.0 s, 211 s instead of 234 s,
-# for a peak of 1.8 GB instead of 1.4 GB. (hulkjax pauses the collector while it traces and plans:
-# hulkjax.heap.)
+# tests/golden/test_golden.py, 9.8 s in the collector instead of 20.0 s, 207-212 s instead of
+# 222-234 s (runs one after another), for a peak of 1.8 GB instead of 1.4 GB. A whole run of the
+# suite was not measurably faster against one on another day (31.0 min against 28.8; its tests
+# that start processes, which this does not reach, took 1.1-1.7x as long). (hulkjax pauses the
+# collector while it traces and plans: hulkjax.heap.)
 gc.set_threshold(50_000, 20, 20)
 
 # The tests run tiny programs, so XLA's CPU compile time dominates them: skip LLVM's expensive
