@@ -174,15 +174,23 @@ def _hypotheses(b: Boundary, views: list[OpGraph], state: list[bool], topology):
 # ---- planning the bodies -------------------------------------------------------------------------
 
 
-def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool) -> list[int]:
+def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool,
+              propagated: dict | None = None) -> list[int]:
     """The body completed from its input layouts, as a propagating partitioner would; with
-    ``improve``, then each body operator re-chosen given the others (the boundary stays)."""
+    ``improve``, then each body operator re-chosen given the others (the boundary stays).
+    ``propagated`` memoizes the propagation per body and input layouts (a hypothesis is
+    completed without and then with ``improve``, from the same propagation)."""
     fixed = {grp.id: bcm.input_candidate(grp.id, specs[grp.inputs[0]])
              for grp in bcm.groups if grp.kind == INPUT}
-    a = propagate(bcm, fixed, param_use=param_use)
+    key = (id(bcm), tuple(fixed.items()), param_use)
+    a = None if propagated is None else propagated.get(key)
+    if a is None:
+        a = propagate(bcm, fixed, param_use=param_use)
+        if propagated is not None:
+            propagated[key] = a
     if improve:
-        a = coordinate_descent(bcm, a, [grp.id for grp in bcm.groups if grp.kind == LEADER])
-    return a
+        return coordinate_descent(bcm, a, [grp.id for grp in bcm.groups if grp.kind == LEADER])
+    return list(a)  # (the caller may change it: _to_exits)
 
 
 def _gradients(node: Node, graph: OpGraph, b: Boundary, state: list[bool]) -> dict[int, list[int]]:
@@ -273,7 +281,12 @@ def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
 def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms: list,
              slot_specs: list[Spec | None], param_use: str, label: str, mesh: Mesh,
              rep_compute: float | None, improve: bool = False,
-             grads: dict[int, list[int]] | None = None) -> LoopResolution | None:
+             grads: dict[int, list[int]] | None = None, propagated: dict | None = None,
+             seen: set | None = None) -> LoopResolution | None:
+    """The loop's candidate for one boundary hypothesis (``slot_specs``), or ``None`` where a
+    layout does not divide its operand or (``seen``: the keys of the candidates made so far) it
+    repeats one already made, its layouts and body plans alike: found before its bodies are
+    costed. ``propagated``: :func:`_complete`'s memo."""
     if not all(s is None or divides(shape, s, mesh.sizes)
                for shape, s in zip(b.slots, slot_specs)):
         return None
@@ -290,7 +303,7 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
     for bi, bcm in enumerate(bcms):
         ins = [slot_specs[k] if slot_specs[k] is not None else replicated(len(b.slots[k] or ()))
                for k in b.inputs[bi]]
-        a = _complete(bcm, ins, param_use, improve)
+        a = _complete(bcm, ins, param_use, improve, propagated)
         if bi == b.main and to_params:
             a = _to_exits(bcm, a, to_params)
         plans.append((ins, a))
@@ -321,6 +334,20 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
             for bi in range(len(views)):
                 exits[bi][idx] = spec
         out_specs.append(spec)
+    in_specs = []
+    for k, v in enumerate(node.inputs):
+        s = slot_specs[k]
+        if v is None:
+            in_specs.append(None)
+        elif s is None:
+            in_specs.append(replicated(len(graph.values[v].shape)))
+        else:
+            in_specs.append(((),) + s if b.stacked[k] else s)
+    if seen is not None:
+        key = (tuple(in_specs), tuple(out_specs), tuple(tuple(a) for _, a in plans))
+        if key in seen:
+            return None
+        seen.add(key)
     costs = [_body_cost(bcm, a, ex) for bcm, (_, a), ex in zip(bcms, plans, exits)]
     trips = max(int(node.trip_count), 1)
     if b.kind == "cond":
@@ -335,15 +362,6 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
         iteration = [cm for c in costs for cm in c.program]
         program = iteration * trips
         memory = max(c.memory for c in costs)
-    in_specs = []
-    for k, v in enumerate(node.inputs):
-        s = slot_specs[k]
-        if v is None:
-            in_specs.append(None)
-        elif s is None:
-            in_specs.append(replicated(len(graph.values[v].shape)))
-        else:
-            in_specs.append(((),) + s if b.stacked[k] else s)
     bodies = tuple(
         LoopBody(graph=view, cost_model=bcm, assignment=tuple(a), inputs=tuple(ins),
                  outputs=tuple(ex.get(i) for i in range(len(view.outputs))))
@@ -437,6 +455,7 @@ def _loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[R
     tries += [(h, improve) for h in mirrors for improve in (False, True)]
     grads = _gradients(node, graph, b, state)
     own = 0  # candidates of this loop's own hypotheses (mirrors have a budget of their own)
+    propagated: dict = {}
     for (label, slots, param_use), improve in tries:
         if improve and label == "replicated":
             continue
@@ -444,15 +463,12 @@ def _loop_candidates(node: Node, graph: OpGraph, mesh: Mesh, topology) -> list[R
         if not mirror and own >= MAX_LOOP_CANDIDATES:
             continue
         r = _resolve(node, graph, b, views, bcms, slots, param_use,
-                     label + ("+search" if improve else ""), mesh, rep_compute, improve, grads)
+                     label + ("+search" if improve else ""), mesh, rep_compute, improve, grads,
+                     propagated, seen)
         if r is None:
             continue
         if rep_compute is None:  # the first hypothesis is the replicated body
             rep_compute = r.compute
-        key = (r.in_specs, r.out_specs, tuple(body.assignment for body in r.bodies))
-        if key in seen:
-            continue
-        seen.add(key)
         out.append(r)
         own += not mirror
     return out
