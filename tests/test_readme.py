@@ -24,4 +24,4 @@ def test_readme_quickstart_runs(tmp_path):
 def test_readme_names_the_two_setup_commands():
     text = README.read_text()
     assert "pip install -e . && hulkjax demo" in text
-    assert 'pip install -e ".[dev,notebooks]" && python3 -m pytest -n 2' in text
+    assert 'pip install -e ".[dev,notebooks]" && python3 -m pytest -n 2 --dist loadfile' in text
