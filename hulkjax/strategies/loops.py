@@ -175,7 +175,7 @@ def _hypotheses(b: Boundary, views: list[OpGraph], state: list[bool], topology):
 
 
 def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool,
-              propagated: dict | None = None) -> list[int]:
+              propagated: dict) -> list[int]:
     """The body completed from its input layouts, as a propagating partitioner would; with
     ``improve``, then each body operator re-chosen given the others (the boundary stays).
     ``propagated`` memoizes the propagation per body and input layouts (a hypothesis is
@@ -183,11 +183,9 @@ def _complete(bcm, specs: Sequence[Spec], param_use: str, improve: bool,
     fixed = {grp.id: bcm.input_candidate(grp.id, specs[grp.inputs[0]])
              for grp in bcm.groups if grp.kind == INPUT}
     key = (id(bcm), tuple(fixed.items()), param_use)
-    a = None if propagated is None else propagated.get(key)
+    a = propagated.get(key)
     if a is None:
-        a = propagate(bcm, fixed, param_use=param_use)
-        if propagated is not None:
-            propagated[key] = a
+        a = propagated[key] = propagate(bcm, fixed, param_use=param_use)
     if improve:
         return coordinate_descent(bcm, a, [grp.id for grp in bcm.groups if grp.kind == LEADER])
     return list(a)  # (the caller may change it: _to_exits)
@@ -280,9 +278,8 @@ def _body_cost(bcm, a: Sequence[int], exits: dict[int, Spec]) -> _BodyCost:
 
 def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms: list,
              slot_specs: list[Spec | None], param_use: str, label: str, mesh: Mesh,
-             rep_compute: float | None, improve: bool = False,
-             grads: dict[int, list[int]] | None = None, propagated: dict | None = None,
-             seen: set | None = None) -> LoopResolution | None:
+             rep_compute: float | None, improve: bool, grads: dict[int, list[int]],
+             propagated: dict, seen: set) -> LoopResolution | None:
     """The loop's candidate for one boundary hypothesis (``slot_specs``), or ``None`` where a
     layout does not divide its operand or (``seen``: the keys of the candidates made so far) it
     repeats one already made, its layouts and body plans alike: found before its bodies are
@@ -295,7 +292,7 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
     # its forward counterpart gathers the parameters, and the stacked gradients come out split
     # like them.
     to_params: dict[int, Spec] = {}
-    for idx, ks in (grads or {}).items():
+    for idx, ks in grads.items():
         found = {slot_specs[k] for k in ks if slot_specs[k] is not None}
         if len(found) == 1 and any(spec := found.pop()):  # replicated: as produced
             to_params[idx] = spec
@@ -343,11 +340,10 @@ def _resolve(node: Node, graph: OpGraph, b: Boundary, views: list[OpGraph], bcms
             in_specs.append(replicated(len(graph.values[v].shape)))
         else:
             in_specs.append(((),) + s if b.stacked[k] else s)
-    if seen is not None:
-        key = (tuple(in_specs), tuple(out_specs), tuple(tuple(a) for _, a in plans))
-        if key in seen:
-            return None
-        seen.add(key)
+    key = (tuple(in_specs), tuple(out_specs), tuple(tuple(a) for _, a in plans))
+    if key in seen:
+        return None
+    seen.add(key)
     costs = [_body_cost(bcm, a, ex) for bcm, (_, a), ex in zip(bcms, plans, exits)]
     trips = max(int(node.trip_count), 1)
     if b.kind == "cond":

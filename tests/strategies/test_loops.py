@@ -238,3 +238,49 @@ def test_fsdp_backward_scan_reduce_scatters_gradients_to_their_parameters_layout
             assert any(specs[v][1:]), (g.values[v].shape, specs[v])  # split, not replicated
             assert specs[v][0] == ()  # not over the layers
     assert peaks[True] <= peaks[False], peaks
+
+
+
+def test_shared_propagations_and_early_repeats_leave_the_candidates_as_they_were(monkeypatch):
+    """Each boundary hypothesis is completed twice (propagation, then propagation and descent):
+    the propagation is shared between the two, and a candidate repeating one already made is
+    dropped before its bodies are costed. Against the loop planner as it was (every completion
+    propagated on its own, repeats dropped after costing): the same candidates in the same
+    order, with the same costs, from fewer propagations, on both scans of a scanned GPT-2."""
+    from hulkjax.strategies import loops as L
+
+    m = zoo.get("gpt2", size="tiny", scan_layers=True, n_layers=2, optimizer="sgd")
+    g = hj.trace(m.step, *m.abstract())
+    mesh = cost_model(g, TWO_D_TOPOLOGY).mesh  # (plans the loops once: the mirrors' partner)
+    scans = [n for n in g.nodes if n.subgraphs]
+    assert len(scans) == 2  # the forward and the backward scan
+    calls = []
+    real_propagate, real_resolve = L.propagate, L._resolve
+    monkeypatch.setattr(L, "propagate", lambda *a, **k: calls.append(1) or real_propagate(*a, **k))
+
+    def resolve_as_was(*args):
+        *head, _propagated, seen = args
+        r = real_resolve(*head, {}, set())
+        if r is None:
+            return None
+        key = (r.in_specs, r.out_specs, tuple(body.assignment for body in r.bodies))
+        if key in seen:
+            return None
+        seen.add(key)
+        return r
+
+    def made(r):
+        return (r.label, r.in_specs, r.out_specs, tuple(body.assignment for body in r.bodies),
+                r.compute, r.memory, r.comms)
+
+    for node in scans:
+        calls.clear()
+        new = L._loop_candidates(node, g, mesh, TWO_D_TOPOLOGY)
+        n_new = len(calls)
+        monkeypatch.setattr(L, "_resolve", resolve_as_was)
+        calls.clear()
+        old = L._loop_candidates(node, g, mesh, TWO_D_TOPOLOGY)
+        n_old = len(calls)
+        monkeypatch.setattr(L, "_resolve", real_resolve)
+        assert len(new) > 2 and [made(r) for r in new] == [made(r) for r in old]
+        assert 0 < n_new < n_old
