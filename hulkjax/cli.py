@@ -60,6 +60,29 @@ def _ensure_devices(n: int) -> None:
             pass
 
 
+# XLA:CPU flags for programs that are compiled only to be read (``compare`` and ``demo`` read
+# their collectives and memory, and never run them): skip LLVM's optimizations and emit fusions
+# with XLA's older LLVM emitters. They act after SPMD partitioning, so the collectives are the
+# same (as they are in the test suite, which compiles under them: see the root conftest.py); on
+# the demo's nine plans the whole table, XLA's memory per device included, is the same, and
+# compiling takes about a fifth less CPU time. A flag the user's XLA_FLAGS sets is left as set.
+INSPECTION_XLA_FLAGS = ("--xla_backend_optimization_level=0",
+                        "--xla_llvm_disable_expensive_passes=true",
+                        "--xla_cpu_use_fusion_emitters=false")
+
+
+def inspection_xla_flags(current: str) -> str:
+    """``current`` (the ``XLA_FLAGS`` value) with :data:`INSPECTION_XLA_FLAGS` added, those it
+    sets already left as it sets them.
+
+    >>> inspection_xla_flags("--xla_backend_optimization_level=2").split()[:2]
+    ['--xla_backend_optimization_level=2', '--xla_llvm_disable_expensive_passes=true']
+    """
+    flags = current.split()
+    have = {f.split("=")[0] for f in flags}
+    return " ".join(flags + [f for f in INSPECTION_XLA_FLAGS if f.split("=")[0] not in have])
+
+
 def _topology(args):
     return resolve_topology(args.topology, nodes=args.nodes)
 
@@ -89,26 +112,68 @@ def _compare_rows(step_fn, state, batch, topo, strategies, compile_programs: boo
                                   graph=graph)
         except StrategyNotApplicableError:
             continue
-    rows = []
-    bar = _progress(list(plans.items()), "compiling" if compile_programs else "summarizing")
-    for name, p in bar:
-        bar.set_postfix_str(name)
-        row = {"strategy": name, "plan": p, "state_bytes": state_bytes_per_device(p),
-               "planning_time": p.planning_time, "collectives": None, "memory": None}
-        if compile_programs:
-            step = api.emit(step_fn, p)
-            t0 = time.perf_counter()
-            compiled = step.compile(state, batch)
-            row["compile_time"] = time.perf_counter() - t0
-            row["collectives"] = summarize(step.collectives(), fold_emulated=True)
-            if p.stages is not None:  # a staged step: the largest program's footprint
-                row["memory"] = step.memory_per_device()
-            else:
-                ma = compiled.memory_analysis()
-                row["memory"] = (ma.argument_size_in_bytes + ma.temp_size_in_bytes
-                                 + ma.output_size_in_bytes - ma.alias_size_in_bytes)
-        rows.append(row)
+    rows = [{"strategy": name, "plan": p, "state_bytes": state_bytes_per_device(p),
+             "planning_time": p.planning_time, "collectives": None, "memory": None}
+            for name, p in plans.items()]
+    if compile_programs:
+        _compile_rows(rows, step_fn, state, batch)
     return graph, rows
+
+
+def _compile_rows(rows, step_fn, state, batch) -> None:
+    """Each row's plan compiled (never run), its collectives and per-device memory read back.
+
+    Lowering a program runs Python and holds the interpreter; XLA's compile of it does not. So
+    the SPMD plans are lowered here one after another and compiled on other threads
+    (:func:`compile_workers`), while this thread builds the staged plans' programs, then reads
+    the compiled programs' collectives and memory (``tests/test_cli.py`` holds the rows equal to
+    compiling each plan alone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    steps = [api.emit(step_fn, r["plan"]) for r in rows]
+    spmd = [i for i, r in enumerate(rows) if r["plan"].stages is None]
+    bar = tqdm(total=len(rows), desc="compiling", file=sys.stderr, disable=None, leave=False,
+               unit="strategy")
+
+    def done(i, compiled=None) -> None:
+        step, row = steps[i], rows[i]
+        row["collectives"] = summarize(step.collectives(), fold_emulated=True)
+        if compiled is None:  # a staged step: the largest program's footprint
+            row["memory"] = step.memory_per_device()
+        else:
+            ma = compiled.memory_analysis()
+            row["memory"] = (ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                             + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        bar.set_postfix_str(row["strategy"])
+        bar.update()
+
+    with ThreadPoolExecutor(compile_workers(len(spmd))) as pool:
+        futures = {}
+        for i in spmd:
+            lowered = steps[i].lower(state, batch)
+            futures[i] = pool.submit(steps[i].compile, state, batch, lowered=lowered)
+        for i in range(len(rows)):
+            if i not in futures:  # its stage programs, built and compiled here meanwhile
+                steps[i].compile(state, batch)
+                done(i)
+        for i, f in futures.items():
+            done(i, f.result())  # (re-raises what the compile raised)
+    bar.close()
+
+
+def compile_workers(programs: int, cpus: int | None = None) -> int:
+    """Threads that compile ``programs`` lowered programs while this one lowers and reads them:
+    one fewer than the CPUs this process may use (at least one, at most ``programs``).
+
+    >>> compile_workers(9, cpus=2), compile_workers(3, cpus=16), compile_workers(0, cpus=1)
+    (1, 3, 1)
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+    return max(1, min(programs, cpus - 1))
 
 
 def state_bytes_per_device(plan) -> int:
@@ -170,6 +235,9 @@ def cmd_compare(args, title_prefix: str = "") -> int:
     from rich.console import Console
 
     topo = _topology(args)
+    if not args.no_compile and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
+        # (read when JAX starts its CPU backend, below: a backend already started keeps its own)
+        os.environ["XLA_FLAGS"] = inspection_xla_flags(os.environ.get("XLA_FLAGS", ""))
     _ensure_devices(topo.num_devices)
     import jax
 
@@ -270,7 +338,7 @@ _EXAMPLES = {
   (use them with strategy="auto" and weights="/tmp/gnn"; labelled graphs are cached in
    $HULKJAX_CACHE or ~/.cache/hulkjax)""",
     "demo": """examples:
-  hulkjax demo                        # every strategy, compiled on 16 fake CPU devices (~30 s)
+  hulkjax demo                        # every strategy, compiled on 16 fake CPU devices (~2 min)
   hulkjax demo --no-compile           # cost model only
   hulkjax demo --strategies dp fsdp ilp --out demo/""",
     "compare": """examples:

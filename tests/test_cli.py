@@ -26,6 +26,38 @@ def test_compare_compiles_each_strategy_and_reports_collectives(tmp_path, capsys
     assert {p.name for p in tmp_path.iterdir()} == expected
 
 
+def test_compare_rows_equal_compiling_each_plan_alone():
+    """``compare`` lowers the SPMD plans on its thread and compiles them on others while it
+    builds the staged plans' programs: each row still reads its own plan's program, as that plan
+    compiled alone gives it (its collectives and memory per device)."""
+    import hulkjax as hj
+    from hulkjax.cli import _compare_rows
+    from hulkjax.emit.hlo import summarize
+    from hulkjax.loading import load_step
+
+    m = load_step("mlp", size="tiny", overrides={})
+    state, batch = m.args
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 6), ("V100", 2)))
+    names = ["dp", "pipeline", "fsdp", "megatron"]
+    _, rows = _compare_rows(m.step, state, batch, topo, names, True)
+    assert [r["strategy"] for r in rows] == names
+    assert rows[1]["plan"].stages is not None  # a staged plan among the SPMD ones
+    seen = set()
+    for r in rows:
+        step = hj.emit(m.step, r["plan"])
+        compiled = step.compile(state, batch)
+        if r["plan"].stages is None:
+            ma = compiled.memory_analysis()
+            memory = (ma.argument_size_in_bytes + ma.temp_size_in_bytes
+                      + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        else:
+            memory = step.memory_per_device()
+        alone = summarize(step.collectives(), fold_emulated=True)
+        assert (r["collectives"], r["memory"]) == (alone, memory), r["strategy"]
+        seen.add(repr(sorted(alone.items())))
+    assert len(seen) == len(names)  # rows that read another plan's program would not pass
+
+
 def test_errors_are_reported_without_a_traceback(capsys):
     assert main(["plan", "--model", "nope", "--size", "tiny"]) == 2
     assert "UnknownModelError" in capsys.readouterr().err

@@ -386,12 +386,22 @@ class ShardedStep:
                     for a, s in zip(graph.jaxpr.in_avals, self.in_shardings)]
         return jitted, abstract
 
-    def compile(self, *args):
-        """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs)."""
+    def lower(self, *args):
+        """Trace (if needed) and lower for these arguments (arrays or ShapeDtypeStructs): the
+        ``jax.stages.Lowered`` program that :meth:`compile` hands to XLA. Lowering runs Python;
+        XLA's compile of the result does not hold the interpreter, so ``hulkjax compare`` lowers
+        its plans one after another and compiles them on other threads (``compile(lowered=...)``).
+        """
+        jitted, abstract = self.jitted(*args)
+        return jitted.lower(*abstract)
+
+    def compile(self, *args, lowered=None):
+        """Trace (if needed), lower and compile for these arguments (arrays or ShapeDtypeStructs).
+        ``lowered``: this step's :meth:`lower` for them, already made (then only XLA's compile
+        runs here)."""
         if self.compiled is not None:
             return self.compiled
-        jitted, abstract = self.jitted(*args)
-        self.compiled = jitted.lower(*abstract).compile()
+        self.compiled = (self.lower(*args) if lowered is None else lowered).compile()
         log.info("compiled %s for strategy %s", getattr(self.fn, "__name__", "step"),
                  self.plan.strategy)
         return self.compiled
