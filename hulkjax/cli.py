@@ -63,11 +63,13 @@ def _ensure_devices(n: int) -> None:
 # XLA:CPU flags for programs that are compiled only to be read (``compare`` and ``demo`` read
 # their collectives and memory, and never run them): skip LLVM's optimizations and emit fusions
 # with XLA's older LLVM emitters. They act after SPMD partitioning, so the collectives are the
-# same (as they are in the test suite, which compiles under them: see the root conftest.py). On
-# the demo's nine plans the whole table, XLA's memory per device included, is the same, and the
-# demo took 174 s (181 s user CPU) against 216 s (261 s) with XLA's defaults, compiling one plan
-# after another. A flag the user's XLA_FLAGS sets is left as set. (Only the CPU backend starts:
-# ``_ensure_devices`` sets JAX_PLATFORMS=cpu where it is unset.)
+# same (as they are in the test suite, which compiles under them: see the root conftest.py).
+# XLA's memory per device is that of the programs as fused under them: the same on the demo's
+# nine plans and on transformers' GPT-2 and T5 (tiny, every strategy on two DGX nodes), within
+# 1% on its LLaMA (a few fusions differ). The demo took 174 s (181 s user CPU) against 216 s
+# (261 s) with XLA's defaults, compiling one plan after another. A flag the user's XLA_FLAGS
+# sets is left as set. (Only the CPU backend starts: ``_ensure_devices`` sets
+# JAX_PLATFORMS=cpu where it is unset.)
 INSPECTION_XLA_FLAGS = ("--xla_backend_optimization_level=0",
                         "--xla_llvm_disable_expensive_passes=true",
                         "--xla_cpu_use_fusion_emitters=false")
@@ -96,11 +98,13 @@ def _load_model(args) -> LoadedStep:
     return load_step(args.model, size=args.size, overrides=overrides)
 
 
-def _progress(items, desc: str):
-    """A tqdm progress bar on stderr when it is a terminal (silent in logs and tests)."""
+def _progress(items, desc: str, total: int | None = None):
+    """A tqdm progress bar on stderr when it is a terminal (silent in logs and tests); over
+    ``items``, or (``items=None``) one the caller advances, ``total`` steps long."""
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, file=sys.stderr, disable=None, leave=False, unit="strategy")
+    return tqdm(items, desc=desc, total=total, file=sys.stderr, disable=None, leave=False,
+                unit="strategy")
 
 
 def _compare_rows(step_fn, state, batch, topo, strategies, compile_programs: bool):
@@ -132,12 +136,9 @@ def _compile_rows(rows, step_fn, state, batch) -> None:
     compiling each plan alone)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tqdm import tqdm
-
     steps = [api.emit(step_fn, r["plan"]) for r in rows]
     spmd = [i for i, r in enumerate(rows) if r["plan"].stages is None]
-    bar = tqdm(total=len(rows), desc="compiling", file=sys.stderr, disable=None, leave=False,
-               unit="strategy")
+    bar = _progress(None, "compiling", total=len(rows))
 
     def done(i, compiled=None) -> None:
         step, row = steps[i], rows[i]
