@@ -320,6 +320,10 @@ def report(doc: dict) -> str:
              "Alpa's GPT suite (350M on 1 V100 to 39B on 64, planning time and predicted step "
              "next to Alpa's published numbers): [ALPA.md](ALPA.md), from "
              "`python benchmarks/alpa.py`.", "",
+             "JAX's own tracing of the step, twice (at the batch, and at a microbatch for the "
+             "staged search's batch analysis), and whether one trace with a symbolic batch could "
+             "stand for both: [SYMBOLIC.md](SYMBOLIC.md), from "
+             "`python benchmarks/symbolic_trace.py`.", "",
              "| case | graph nodes | devices | trace (s) | auto (s) | trace + auto (s) | "
              "trace + auto CPU (s) | ilp (s) | ilp / auto | ilp / auto CPU | auto peak RSS (MB) | "
              "ilp peak RSS (MB) | auto step (ms) | ilp step (ms) |",

@@ -137,3 +137,18 @@ def compiled_layout_change(mesh_shape, names, shape, src, dst, via=()) -> list[t
                 out_shardings=NamedSharding(mesh, dst))
     hlo = f.lower(jax.ShapeDtypeStruct(tuple(shape), jnp.float32)).compile().as_text()
     return hlo_collectives(hlo, mesh_shape, names)
+
+
+def graph_record(g):
+    """Everything of a graph that planning reads (the jaxpr aside)."""
+    from hulkjax.trace.graph import OpGraph
+
+    assert isinstance(g, OpGraph)
+    nodes = [(n.id, n.name, repr(sorted((k, repr(v)) for k, v in n.params.items()
+                                        if "jaxpr" not in k)),
+              n.inputs, n.outputs, n.flops, n.bytes, n.layer, n.backward, n.trip_count,
+              tuple(b.fingerprint() for b in n.subgraphs)) for n in g.nodes]
+    values = [(v.id, v.shape, v.dtype, v.producer, v.index, v.name) for v in g.values]
+    return (nodes, values, g.inputs, g.outputs, g.input_paths, g.output_paths, g.input_roles,
+            g.constants, g.carried, g.owners, g.in_tree, g.out_tree, g.loop_body,
+            g.fingerprint(), g.total_flops)

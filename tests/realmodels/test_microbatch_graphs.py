@@ -8,8 +8,8 @@ import pytest
 
 import hulkjax as hj
 from hulkjax.trace.microbatch import microbatch_graph, planning_graph, scaled_graph
+from tests.helpers import graph_record
 from tests.realmodels import families
-from tests.trace.test_microbatch import _graph_record
 
 
 def _abstract(tree, scale=1):
@@ -30,6 +30,6 @@ def test_derived_microbatch_graphs_of_library_models_equal_traced_ones(name):
         derived = scaled_graph(g, first, 2, M)
         assert derived is not None, M  # every size these models have scales exactly
         traced = microbatch_graph(hj.trace(step, *args), M)
-        assert _graph_record(derived) == _graph_record(traced), M
+        assert graph_record(derived) == graph_record(traced), M
         assert planning_graph(g, M) is derived or \
-            _graph_record(planning_graph(g, M)) == _graph_record(traced)
+            graph_record(planning_graph(g, M)) == graph_record(traced)

@@ -6,6 +6,7 @@ import pytest
 
 import hulkjax as hj
 from hulkjax.trace.microbatch import EX, IND, RED, analyze, batch_size, microbatch_graph
+from tests.helpers import graph_record
 
 
 def _split(step, *args, k=2):
@@ -184,21 +185,6 @@ def test_zoo_models_microbatch_exactly_except_batchnorm_and_a_normalized_loss():
     assert exact == {"mlp": True, "mlp-nnx": True, "resnet": False, "bert": False}
 
 
-def _graph_record(g):
-    """Everything of a graph that planning reads (the jaxpr aside)."""
-    from hulkjax.trace.graph import OpGraph
-
-    assert isinstance(g, OpGraph)
-    nodes = [(n.id, n.name, repr(sorted((k, repr(v)) for k, v in n.params.items()
-                                        if "jaxpr" not in k)),
-              n.inputs, n.outputs, n.flops, n.bytes, n.layer, n.backward, n.trip_count,
-              tuple(b.fingerprint() for b in n.subgraphs)) for n in g.nodes]
-    values = [(v.id, v.shape, v.dtype, v.producer, v.index, v.name) for v in g.values]
-    return (nodes, values, g.inputs, g.outputs, g.input_paths, g.output_paths, g.input_roles,
-            g.constants, g.carried, g.owners, g.in_tree, g.out_tree, g.loop_body,
-            g.fingerprint(), g.total_flops)
-
-
 @pytest.mark.parametrize("name,size,overrides", [
     ("gpt2", "tiny", {}), ("gpt2", "tiny", {"scan_layers": True}), ("llama", "tiny", {}),
     ("mlp", "tiny", {}), ("cnn", "tiny", {}), ("moe", "tiny", {}), ("vit", "tiny", {}),
@@ -219,9 +205,9 @@ def test_planning_graphs_derived_without_tracing_equal_traced_ones(name, size, o
         traced = microbatch_graph(fresh, M)
         if scaled is not None:
             derived += 1
-            assert _graph_record(scaled) == _graph_record(traced)
-            assert planning_graph(g, M) is scaled or _graph_record(planning_graph(g, M)) == \
-                _graph_record(traced)
+            assert graph_record(scaled) == graph_record(traced)
+            assert planning_graph(g, M) is scaled or graph_record(planning_graph(g, M)) == \
+                graph_record(traced)
     # Derived (not traced) wherever the rescaling is exact: every zoo model here but a scanned
     # stack, whose loop body changes with the batch.
     assert derived == (0 if overrides.get("scan_layers") else 2)
