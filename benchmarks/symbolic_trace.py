@@ -71,6 +71,7 @@ from hulkjax import zoo  # noqa: E402
 from hulkjax.errors import UnsupportedStepError  # noqa: E402
 from hulkjax.trace.interpret import literal_operands  # noqa: E402
 from hulkjax.trace.microbatch import batch_size, microbatch_graph, split_inputs  # noqa: E402
+from hulkjax.trace.tracer import _without_dead_code, build_graph  # noqa: E402
 from tests.helpers import graph_record  # noqa: E402
 
 OUT_JSON = os.path.join(HERE, "results", "symbolic_trace.json")
@@ -135,9 +136,9 @@ def concretize(closed, env: dict[str, int], *, check: bool = True):
     except UnsupportedStepError:
         raise
     except Exception as e:  # noqa: BLE001 - a size the trace cannot take, or a size missed
-        raise UnsupportedStepError(f"the step traced with a symbolic batch could not be made "
-                                   f"concrete at {env}: {type(e).__name__}: {e}. Trace the step at that size "
-                                   f"(hulkjax.trace).") from e
+        raise UnsupportedStepError(
+            f"the step traced with a symbolic batch could not be made concrete at {env}: "
+            f"{type(e).__name__}: {e}. Trace the step at that size (hulkjax.trace).") from e
     return out
 
 
@@ -150,16 +151,11 @@ def symbolic_trace(graph, name: str = "b"):
       UnsupportedStepError: the graph has no traced function or no batch, or the step does not
         trace with a symbolic batch (it branches on the batch size, say).
     """
-    import jax
-    from jax import export
-
-    from hulkjax.trace.microbatch import split_inputs
-
     split = set(split_inputs(graph))
     if graph.fn is None or not split:
         raise UnsupportedStepError("a symbolic trace needs the step's function and a batch "
                                    "argument; trace the step with hulkjax.trace")
-    (b,) = export.symbolic_shape(name)
+    (b,) = jax.export.symbolic_shape(name)
     leaves = [jax.ShapeDtypeStruct(((b,) + tuple(a.shape[1:])) if i in split else a.shape,
                                    a.dtype, weak_type=getattr(a, "weak_type", False))
               for i, a in enumerate(graph.jaxpr.in_avals)]
@@ -174,8 +170,6 @@ def graph_at(symbolic, graph, size: int, name: str = "b", *, check: bool = True)
     """The graph of ``symbolic`` (:func:`symbolic_trace` of ``graph``) made concrete at batch
     ``size`` (:func:`concretize`, ``check`` passed on), built as
     :func:`~hulkjax.trace.tracer.trace` builds ``graph`` (its argument and result paths)."""
-    from hulkjax.trace.tracer import _without_dead_code, build_graph
-
     closed = _without_dead_code(concretize(symbolic, {name: size}, check=check))
     out = build_graph(closed, graph.input_paths, graph.output_paths, graph.in_tree,
                       graph.out_tree)
@@ -520,8 +514,9 @@ def report(doc: dict) -> str:
         "CPU seconds of `jax.make_jaxpr`: `B` with JAX's caches cleared (the first trace), "
         "`B / k` after it (the staged search's second trace), `symbolic` with the caches "
         "cleared. `concretize` is this script's `concretize` at `B` (type-checked) and "
-        "at `B / k` (not: the substitution is the same at every size) together. `saves` is `B` + `B / k` - `symbolic` - `concretize`: what one symbolic "
-        "trace would save against the two, where it stands for both. `graph at B` and `graph at "
+        "at `B / k` (not: the substitution is the same at every size) together. `saves` is "
+        "`B` + `B / k` - `symbolic` - `concretize`: what one symbolic trace would save "
+        "against the two, where it stands for both. `graph at B` and `graph at "
         "B / k`: the graph built from the symbolic trace made concrete, against the graph "
         "`hj.trace` builds from the concrete trace (nodes, parameters, shapes, FLOPs, bytes, "
         "layers, literal operands): `same` or the first difference. `static gathers`: "
@@ -599,7 +594,7 @@ def main(argv=None) -> int:
             print(spec, flush=True)
             try:
                 rows.append(measure(spec, args.repeat if spec.startswith("target:") else 1))
-            except Exception as e:  # noqa: BLE001 - the model fails without hulkjax's symbolic trace
+            except Exception as e:  # noqa: BLE001 - recorded: the model fails to build
                 rows.append({"model": spec, "nodes": 0, "error": f"{type(e).__name__}: "
                              f"{str(e)[:200]}"})
         plans = []
