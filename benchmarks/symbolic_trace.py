@@ -120,7 +120,7 @@ def concretize(closed, env: dict[str, int], *, check: bool = True):
     ``dim_as_value`` equations become literals, and so do casts of them (a concrete trace makes
     both in Python). With ``check``, the result is type-checked
     (``jax.extend.core.check_jaxpr``: every equation's abstract evaluation again, about 60% of
-    the time on GPT-2 small): a size the step cannot take, or one this module did not find, is
+    the time on GPT-2 small): a size the step cannot take, or one this script did not find, is
     refused here rather than where the jaxpr is run. The substitution is the same at every size,
     so a caller that made the same jaxpr concrete with the check before may leave it out.
 
@@ -142,39 +142,50 @@ def concretize(closed, env: dict[str, int], *, check: bool = True):
     return out
 
 
+def _args_at(graph, size):
+    """``graph``'s arguments as ``ShapeDtypeStruct`` leaves, its batch arguments
+    (:func:`~hulkjax.trace.microbatch.split_inputs`) with leading dimension ``size`` (an int, or
+    a symbolic dimension), in the step's argument structure."""
+    split = set(split_inputs(graph))
+    leaves = [jax.ShapeDtypeStruct(((size,) + tuple(a.shape[1:])) if i in split else a.shape,
+                                   a.dtype, weak_type=getattr(a, "weak_type", False))
+              for i, a in enumerate(graph.jaxpr.in_avals)]
+    return jax.tree_util.tree_unflatten(graph.in_tree, leaves)
+
+
 def symbolic_trace(graph, name: str = "b"):
-    """``graph``'s step traced again with the leading dimension of its batch arguments
-    (:func:`~hulkjax.trace.microbatch.split_inputs`) the symbolic dimension ``name``: a
-    ``ClosedJaxpr``.
+    """``graph``'s step traced again with the leading dimension of its batch arguments the
+    symbolic dimension ``name`` (:func:`_args_at`): a ``ClosedJaxpr``.
 
     Raises:
       UnsupportedStepError: the graph has no traced function or no batch, or the step does not
         trace with a symbolic batch (it branches on the batch size, say).
     """
-    split = set(split_inputs(graph))
-    if graph.fn is None or not split:
+    if graph.fn is None or not split_inputs(graph):
         raise UnsupportedStepError("a symbolic trace needs the step's function and a batch "
                                    "argument; trace the step with hulkjax.trace")
     (b,) = jax.export.symbolic_shape(name)
-    leaves = [jax.ShapeDtypeStruct(((b,) + tuple(a.shape[1:])) if i in split else a.shape,
-                                   a.dtype, weak_type=getattr(a, "weak_type", False))
-              for i, a in enumerate(graph.jaxpr.in_avals)]
     try:
-        return jax.make_jaxpr(graph.fn)(*jax.tree_util.tree_unflatten(graph.in_tree, leaves))
+        return jax.make_jaxpr(graph.fn)(*_args_at(graph, b))
     except Exception as e:  # noqa: BLE001 - JAX's errors for what shape polymorphism refuses
         raise UnsupportedStepError(f"the step does not trace with a symbolic batch: "
                                    f"{type(e).__name__}: {e}") from e
 
 
-def graph_at(symbolic, graph, size: int, name: str = "b", *, check: bool = True):
-    """The graph of ``symbolic`` (:func:`symbolic_trace` of ``graph``) made concrete at batch
-    ``size`` (:func:`concretize`, ``check`` passed on), built as
-    :func:`~hulkjax.trace.tracer.trace` builds ``graph`` (its argument and result paths)."""
-    closed = _without_dead_code(concretize(symbolic, {name: size}, check=check))
-    out = build_graph(closed, graph.input_paths, graph.output_paths, graph.in_tree,
-                      graph.out_tree)
+def graph_of(concrete, graph):
+    """The graph of ``concrete`` (:func:`concretize`'s result), built as
+    :func:`~hulkjax.trace.tracer.trace` builds ``graph`` (dead code dropped; its argument and
+    result paths)."""
+    out = build_graph(_without_dead_code(concrete), graph.input_paths, graph.output_paths,
+                      graph.in_tree, graph.out_tree)
     out.fn = graph.fn
     return out
+
+
+def graph_at(symbolic, graph, size: int, name: str = "b", *, check: bool = True):
+    """The graph of ``symbolic`` (:func:`symbolic_trace` of ``graph``) made concrete at batch
+    ``size`` (:func:`concretize`, ``check`` passed on; :func:`graph_of`)."""
+    return graph_of(concretize(symbolic, {name: size}, check=check), graph)
 
 
 def static_gathers(closed) -> int:
@@ -191,20 +202,15 @@ def static_gathers(closed) -> int:
         const: set = set()
         for e in jaxpr.eqns:
             names = [v for v in e.invars if not isinstance(v, jcore.Literal)]
-            if all(v in const for v in names) and not any(
-                    isinstance(p, jcore.ClosedJaxpr | jcore.Jaxpr) for p in e.params.values()):
+            if all(v in const for v in names) and not _sub_jaxprs_any(e):
                 const.update(e.outvars)
             if e.primitive.name == "gather":
                 operand, indices = e.invars[0], e.invars[1]
                 if any(is_symbolic(d) for d in getattr(operand.aval, "shape", ())) and (
                         isinstance(indices, jcore.Literal) or indices in const):
                     count += 1
-            for p in e.params.values():
-                for sub in (p if isinstance(p, tuple) else (p,)):
-                    if isinstance(sub, jcore.ClosedJaxpr):
-                        walk(sub.jaxpr)
-                    elif isinstance(sub, jcore.Jaxpr):
-                        walk(sub)
+            for sub in _sub_jaxprs(e):
+                walk(sub)
     walk(closed.jaxpr)
     return count
 
@@ -377,9 +383,9 @@ def derived_graph(symbolic, graph, size: int, check: bool):
     :func:`concretize` alone (building the graph, which a trace does
     too, is not counted)."""
     t0 = time.process_time()
-    concretize(symbolic, {"b": size}, check=check)
+    concrete = concretize(symbolic, {"b": size}, check=check)
     seconds = time.process_time() - t0
-    return graph_at(symbolic, graph, size, check=check), seconds
+    return graph_of(concrete, graph), seconds
 
 
 def measure(spec: str, repeat: int = 1) -> dict:
@@ -388,26 +394,16 @@ def measure(spec: str, repeat: int = 1) -> dict:
     state, batch = _abstract(state), _abstract(batch)
     graph = hj.trace(step, state, batch)
     B = batch_size(graph)
-    split = set(split_inputs(graph))
     row = {"model": spec, "nodes": len(graph.nodes), "batch": B}
     if B is None or B < 2:
         return {**row, "error": "no batch to split"}
     k = next(d for d in range(2, B + 1) if B % d == 0)
-    def args_at(size):
-        leaves = []
-        for i, aval in enumerate(graph.jaxpr.in_avals):
-            shape = tuple(aval.shape)
-            if i in split:
-                shape = (size,) + shape[1:]
-            leaves.append(jax.ShapeDtypeStruct(shape, aval.dtype,
-                                               weak_type=getattr(aval, "weak_type", False)))
-        return jax.tree_util.tree_unflatten(graph.in_tree, leaves)
 
     def timed(size, clear):
         if clear:
             jax.clear_caches()
         t0 = time.process_time()
-        out = jax.make_jaxpr(graph.fn)(*args_at(size))
+        out = jax.make_jaxpr(graph.fn)(*_args_at(graph, size))
         return out, time.process_time() - t0
 
     times: dict[str, list[float]] = {}
@@ -560,8 +556,7 @@ def report(doc: dict) -> str:
     if doc.get("plans"):
         lines += ["", "## Plans on the derived graph where it differs", "",
                   "Predicted step of each strategy planned on the traced graph and on the graph "
-                  "made concrete from the symbolic trace (its rotary halves gathered, not "
-                  "sliced); `derived / traced` above 1 is what planning from the one symbolic "
+                  "made concrete from the symbolic trace (its static slices gathered); `derived / traced` above 1 is what planning from the one symbolic "
                   "trace would lose on such a step.", "",
                   "| model | topology | strategy | traced (us) | derived (us) | derived / traced |",
                   "|---|---|---|---:|---:|---:|"]
