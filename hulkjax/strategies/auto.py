@@ -45,7 +45,7 @@ from hulkjax.plan.specs import to_pspec
 from hulkjax.rules.loops import LoopResolution
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.feasibility import infeasible_error
-from hulkjax.strategies.ilp import solve
+from hulkjax.strategies.ilp import program_pairs, solve
 from hulkjax.strategies.realize import cost_model, plan_from_assignment
 from hulkjax.strategies.registry import register_strategy
 from hulkjax.strategies.search import coordinate_descent, neighbours, polish_memory, widen
@@ -56,6 +56,17 @@ log = logging.getLogger("hulkjax.auto")
 # Candidates per group the network shortlists. With 16 the shortlist held the ILP's choice for
 # 92-100% of groups on held-out graphs (4: 42-100%, 8: 83-100%); see benchmarks/gnn_eval.py.
 TOP_K = 16
+# ``auto`` solves the whole integer program instead of the network's shortlist on meshes of at
+# most two axes where it couples at most this many candidate pairs (ilp.program_pairs). On every
+# family of benchmarks/ILP.md there (48-770 thousand pairs) the program over parts proves its
+# optimum in 0.2-7 s of HiGHS; against the shortlist and its neighbourhood rounds it reached the
+# same 16 plans in about the same time in all (0.73-0.78x where the shortlist needed a round,
+# 1.0-1.2x where it did not, 1.5-2x on LLaMA and Gemma on 2x4, whose relaxations are not
+# integral), and LLaMA-70B on 256 H100 (two rounds there) in 8.5 CPU s instead of 11.5. On 2x2x2
+# meshes the same families' programs (0.9-3.6 million pairs) took 12 s to over 60 s, where the
+# shortlist keeps auto at a few seconds.
+FULL_PROGRAM_PAIRS = 800_000
+FULL_PROGRAM_AXES = 2
 HEAD_ORDERS = 1  # orders of the device groups the device-group head proposes by default
 
 
@@ -173,6 +184,13 @@ class AutoOptions:
         within ``time_limit`` seconds, then let coordinate descent untie layers where that helps.
         Without it (or if no plan over the shortlist fits): coordinate descent from the network's
         choice and from each baseline.  # bool
+      full_program: with ``exact``, solve the whole program (every candidate, as ``ilp`` does)
+        instead of the shortlist where it is small: a mesh of at most
+        :data:`FULL_PROGRAM_AXES` axes and at most this many candidate pairs
+        (:func:`~hulkjax.strategies.ilp.program_pairs`). Descent over the shortlist follows, and
+        no neighbourhood rounds where the solve proves its optimum (nothing is left out to find);
+        stopped by ``time_limit`` first, the rounds run from its plan as from the shortlist's.
+        0: always the shortlist.  # int
       time_limit: seconds for the shortlist's integer program (it then keeps its best plan so
         far, which starts from the best of the network's choice and the baselines), and as much
         again for the neighbourhood rounds together.  # float
@@ -197,6 +215,7 @@ class AutoOptions:
     weights: str | None = None
     seed: int = 0
     exact: bool = True
+    full_program: int = FULL_PROGRAM_PAIRS
     time_limit: float = 10.0
     widen: int = 8
     rounds: int = 4
@@ -209,7 +228,8 @@ class AutoOptions:
         if not self.time_limit >= 0:
             raise ValueError(f"time_limit={self.time_limit!r}: use seconds >= 0")
         for name, zero in (("widen", "only the one-axis changes"),
-                           ("rounds", "no neighbourhood search")):
+                           ("rounds", "no neighbourhood search"),
+                           ("full_program", "always the shortlist")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
                 raise ValueError(f"{name}={v!r}: use an int >= 0 (0: {zero})")
@@ -241,21 +261,28 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     t_prior = time.perf_counter() - t0
     baselines = baseline_assignments(graph, topology)
     start, options_ = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=baselines)
-    free = [g.id for g in cm.groups if len(options_[g.id]) > 1]
     candidates = dict(baselines)
-    solved = False
+    solved = whole = False
     if options.exact:
+        whole = len(cm.mesh.axis_names) <= FULL_PROGRAM_AXES \
+            and program_pairs(cm) <= options.full_program
+        name = "optimum" if whole else "shortlist optimum"
         try:
-            res = solve(cm, seeds=[start, *baselines.values()], restrict=options_,
+            res = solve(cm, seeds=[start, *baselines.values()],
+                        restrict=None if whole else options_,
                         time_limit=options.time_limit, polish=False)
-            candidates["shortlist optimum"] = res.assignment  # within the memory limit
-            candidates["shortlist optimum + descent"] = coordinate_descent(
+            if whole:  # descent (and memory polish) may keep what the whole program chose
+                options_ = {g: sorted({*o, res.assignment[g]}) for g, o in options_.items()}
+            free = [g.id for g in cm.groups if len(options_[g.id]) > 1]
+            candidates[name] = res.assignment  # within the memory limit
+            candidates[f"{name} + descent"] = coordinate_descent(
                 cm, res.assignment, free, sweeps=sweeps, candidates=options_)
             solved = True
-            found = _neighbourhood_search(cm, candidates["shortlist optimum + descent"],
-                                          res.assignment, options_, options)
-            if found is not None:
-                candidates["neighbourhood optimum + descent"], options_ = found
+            if not (whole and res.status == "optimal"):
+                found = _neighbourhood_search(cm, candidates[f"{name} + descent"],
+                                              res.assignment, options_, options)
+                if found is not None:
+                    candidates["neighbourhood optimum + descent"], options_ = found
         except InfeasiblePlanError:
             pass
     if not solved:
@@ -275,6 +302,8 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     chosen = polish_memory(cm, chosen,
                            candidates={g: sorted({*o, chosen[g]}) for g, o in options_.items()})
     source = "network prior + search" if logp is not None else "uniform prior + search"
+    if whole and solved:
+        source += " (the whole program solved: it is small)"
     notes = [f"auto: {source}; best of search and baselines: {best!r} "
              f"({cm.objective(chosen) * 1e3:.4g} ms); prior {t_prior:.2f} s"]
     return plan_from_assignment(cm, chosen, "auto", notes, source=best)

@@ -330,23 +330,50 @@ def relaxation_bound(cm: CostModel, *, seeds: Mapping[str, Sequence[int]] = (),
                       integral=False).bound
 
 
+def program_pairs(cm: CostModel, *, tie_layers: bool = True, max_candidates: int = 256) -> int:
+    """How many candidate pairs :func:`solve`'s program couples between joined classes, before
+    they are merged into parts: the size of the candidate-by-candidate program (its ``x`` and
+    ``y``; within 5% of the variables ``solve(..., aggregate=False)`` builds on the families of
+    ``benchmarks/ILP.md``), from the groups and edges alone, no table built. ``auto`` reads it
+    to decide whether the whole program is small enough to solve (:class:`~hulkjax.strategies.
+    auto.AutoOptions`' ``full_program``).
+
+    >>> import hulkjax as hj, jax.numpy as jnp
+    >>> from hulkjax.strategies.realize import cost_model
+    >>> g = hj.trace(lambda w, x: (w, x @ w), jnp.ones((64, 64)), jnp.ones((32, 64)))
+    >>> program_pairs(cost_model(g, hj.Topology.grid((4,), ("x",)))) > 0
+    True
+    """
+    cls_of, reps = _classes(cm, tie_layers)
+    n = [min(len(cm.groups[g].candidates), max_candidates) for g in reps]
+    joined = {(a, b) if a < b else (b, a) for (gp, gc), _ in cm.edge_items()
+              if (a := cls_of[gp]) != (b := cls_of[gc])}
+    return sum(n) + sum(n[a] * n[b] for a, b in joined)
+
+
+def _classes(cm: CostModel, tie_layers: bool) -> tuple[list[int], list[int]]:
+    """``(class of every group, first group of every class)``: with ``tie_layers``, input and
+    leader groups of equal structure (repeated layers) share a class, and so one decision."""
+    cls_of: list[int] = []
+    reps: list[int] = []
+    index: dict = {}
+    for grp in cm.groups:
+        key = (grp.signature, _cand_key(grp)) if tie_layers and grp.kind in (INPUT, LEADER) \
+            else grp.id
+        if key not in index:
+            index[key] = len(reps)
+            reps.append(grp.id)
+        cls_of.append(index[key])
+    return cls_of, reps
+
+
 class _Program:
     """The integer program of a cost model: classes, kept candidates, costs, constraints."""
 
     def __init__(self, cm: CostModel, seeds, *, tie_layers: bool, restrict, max_candidates: int,
                  aggregate: bool = True):
         groups = cm.groups
-        # Classes: groups of equal structure share a decision.
-        cls_of: list[int] = []
-        reps: list[int] = []
-        index: dict = {}
-        for grp in groups:
-            key = (grp.signature, _cand_key(grp)) if tie_layers and grp.kind in (INPUT, LEADER) \
-                else grp.id
-            if key not in index:
-                index[key] = len(reps)
-                reps.append(grp.id)
-            cls_of.append(index[key])
+        cls_of, reps = _classes(cm, tie_layers)
         members: dict[int, list[int]] = defaultdict(list)
         for gid, c in enumerate(cls_of):
             members[c].append(gid)
