@@ -9,7 +9,10 @@ rounds: the shortlist widened around that plan (each group's cheapest candidates
 the layouts one mesh axis away from its own), solved exactly again and descended, while that
 improves: on meshes of three axes the network's top candidates miss layouts of the optimum.
 ``auto`` returns the best of these and the baselines' plans that fits in memory, so it is never
-worse than any baseline.
+worse than any baseline. Where the whole program is small (a mesh of at most
+:data:`FULL_PROGRAM_AXES` axes, at most ``full_program`` candidate pairs), ``auto`` solves it
+instead of the shortlist's, then descends over the shortlist from its optimum; the rounds run
+only if that solve stops at its time limit (with nothing left out, they have nothing to find).
 
 Without shipped weights (or with ``prior_kind="uniform"``, the ablation), the shortlist is
 ``top_k`` candidates per group drawn uniformly: the same search budget with no learned prior.
@@ -60,11 +63,11 @@ TOP_K = 16
 # most two axes where it couples at most this many candidate pairs (ilp.program_pairs). On every
 # family of benchmarks/ILP.md there (48-770 thousand pairs) the program over parts proves its
 # optimum in 0.2-7 s of HiGHS; against the shortlist and its neighbourhood rounds it reached the
-# same 16 plans in about the same time in all (0.73-0.78x where the shortlist needed a round,
-# 1.0-1.2x where it did not, 1.5-2x on LLaMA and Gemma on 2x4, whose relaxations are not
-# integral), and LLaMA-70B on 256 H100 (two rounds there) in 8.5 CPU s instead of 11.5. On 2x2x2
-# meshes the same families' programs (0.9-3.6 million pairs) took 12 s to over 60 s, where the
-# shortlist keeps auto at a few seconds.
+# same 16 plans in about the same time in all (0.70-0.81x where the shortlist needed a round or
+# its descent, 1.06-1.27x where it did not, 1.6-1.8x on LLaMA and Gemma on 2x4, whose
+# relaxations are not integral), and LLaMA-70B on 256 H100 (two rounds there) in 8.5 CPU s
+# instead of 11.2 (benchmarks/PLANNING.md). On 2x2x2 meshes the same families' programs (0.9-3.6
+# million pairs) took 12 s to over 60 s, where the shortlist keeps auto at a few seconds.
 FULL_PROGRAM_PAIRS = 800_000
 FULL_PROGRAM_AXES = 2
 HEAD_ORDERS = 1  # orders of the device groups the device-group head proposes by default
@@ -191,9 +194,9 @@ class AutoOptions:
         no neighbourhood rounds where the solve proves its optimum (nothing is left out to find);
         stopped by ``time_limit`` first, the rounds run from its plan as from the shortlist's.
         0: always the shortlist.  # int
-      time_limit: seconds for the shortlist's integer program (it then keeps its best plan so
-        far, which starts from the best of the network's choice and the baselines), and as much
-        again for the neighbourhood rounds together.  # float
+      time_limit: seconds for the first integer program, the shortlist's or the whole one
+        (it then keeps its best plan so far, which starts from the best of the network's choice
+        and the baselines), and as much again for the neighbourhood rounds together.  # float
       widen: candidates per group each neighbourhood round adds to the shortlist: the cheapest
         given the plan found so far (0: only the layouts that differ from the plan's on one mesh
         axis, which every round adds).  # int
