@@ -3,10 +3,10 @@
 For graphs the network never saw: in-distribution (same generators, other seed), held-out model
 families (GPT-2, BERT, ViT) and a held-out topology kind (TPU v5e slices). For each: the cost ratio
 auto/ILP (``auto`` from the network's shortlist, ``full_program=0``: as shipped, ``auto`` solves
-the whole program where it is small, and the network does not steer that), of the network's shortlist with coordinate descent only (no solver,
-no baselines), of ``auto`` with a uniform prior (the ablation: the same pipeline and budget, no
-network), and the planning-time ratios ILP/auto and uniform-prior auto/auto (each planner on a
-freshly traced graph of its own).
+the whole program where it is small, and the network does not steer that), of the network's
+shortlist with coordinate descent only (no solver, no baselines), of ``auto`` with a uniform
+prior (the ablation: the same pipeline and budget, no network), and the planning-time ratios
+ILP/auto and uniform-prior auto/auto (each planner on a freshly traced graph of its own).
 Then the planning time of the zoo's GPT-2 small, medium and 1B steps (trace + plan).
 
     python benchmarks/gnn_eval.py [--n 6] [--out benchmarks/results/gnn_eval.json]
