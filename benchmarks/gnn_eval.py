@@ -3,7 +3,7 @@
 For graphs the network never saw: in-distribution (same generators, other seed), held-out model
 families (GPT-2, BERT, ViT) and a held-out topology kind (TPU v5e slices). For each: the cost ratio
 auto/ILP (``auto`` from the network's shortlist, ``full_program=0``: as shipped, ``auto`` solves
-the whole program where it is small, and the network does not steer that), of the network's
+the whole program where it is small, which the network only seeds), of the network's
 shortlist with coordinate descent only (no solver, no baselines), of ``auto`` with a uniform
 prior (the ablation: the same pipeline and budget, no network), and the planning-time ratios
 ILP/auto and uniform-prior auto/auto (each planner on a freshly traced graph of its own).
@@ -48,7 +48,7 @@ def evaluate(specs, desc):
         except hj.errors.InfeasiblePlanError:
             continue
         # auto from the network's shortlist (full_program=0): on small programs (meshes of at
-        # most two axes) auto as shipped solves the whole program, which the network does not
+        # most two axes) auto as shipped solves the whole program, which the network only
         # steer; this measures what it does where it does.
         g = data.make_graph(spec)
         t0 = time.perf_counter()
