@@ -49,7 +49,7 @@ def evaluate(specs, desc):
             continue
         # auto from the network's shortlist (full_program=0): on small programs (meshes of at
         # most two axes) auto as shipped solves the whole program, which the network only
-        # steer; this measures what it does where it does.
+        # seeds; this measures the shortlist the network chooses, where it decides.
         g = data.make_graph(spec)
         t0 = time.perf_counter()
         auto = hj.plan(None, graph=g, topology=topo, strategy="auto", full_program=0)
