@@ -262,12 +262,14 @@ def test_the_check_tolerates_rounding_and_still_catches_a_wrong_result():
     """The issue-13 false alarm: a correct tiny GPT-2 differs from the unsharded step by ~1e-4
     after three AdamW steps (rounding in near-zero gradients, amplified by Adam's normalization),
     which fixed rtol 1e-4 / atol 1e-5 called a MISMATCH. The measured tolerance accepts it; a
-    result moved by a fraction of one update is still a MISMATCH.
+    result moved by one update is still a MISMATCH.
 
     How far rounding moves a correct run depends on the CPU (XLA:CPU's kernels sum in the order
     its vector width gives: a clean-clone CI on another machine moved it less than the old atol),
     so the old tolerance's verdict is not asserted; what is: every correct run matches, within a
-    tolerance scaled from the measured spread, and a perturbed one does not."""
+    tolerance scaled from the measured spread, and a perturbed one does not. (A tenth of an
+    update is within that tolerance on some CPUs: on an AMD EPYC under the tests' XLA flags the
+    perturbed leaf's float32/float64 spread is 9.0e-6, so 16x that, 1.4e-4, exceeds 1e-4.)"""
     from hulkjax.cli import _print_launch_report  # noqa: F401 -- the printer is tested below
     from hulkjax.launch import Job, check_against_unsharded
 
@@ -281,11 +283,11 @@ def test_the_check_tolerates_rounding_and_still_catches_a_wrong_result():
         assert c["match"], (r["strategy"], c["final_state"])
         assert c["final_state"]["worst_ratio"] <= 1
 
-    # Perturb one element of one parameter by a tenth of AdamW's step (lr = 1e-3 here).
+    # Perturb one element of one parameter by one AdamW step (lr = 1e-3 here).
     bad = dict(runs[0])
     final = jax.tree_util.tree_map(np.array, bad["_final"])
     kernel = final["params"]["h_0"]["attn"]["query"]["kernel"]
-    kernel.flat[7] += 1e-4
+    kernel.flat[7] += 1e-3
     bad["_final"] = final
     (c,) = check_against_unsharded(model, *host, job, [bad])
     assert not c["match"]
