@@ -269,7 +269,7 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     if options.exact:
         whole = len(cm.mesh.axis_names) <= FULL_PROGRAM_AXES \
             and program_pairs(cm) <= options.full_program
-        name = "optimum" if whole else "shortlist optimum"
+        label = "optimum" if whole else "shortlist optimum"
         try:
             res = solve(cm, seeds=[start, *baselines.values()],
                         restrict=None if whole else options_,
@@ -277,12 +277,12 @@ def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
             if whole:  # descent (and memory polish) may keep what the whole program chose
                 options_ = {g: sorted({*o, res.assignment[g]}) for g, o in options_.items()}
             free = [g.id for g in cm.groups if len(options_[g.id]) > 1]
-            candidates[name] = res.assignment  # within the memory limit
-            candidates[f"{name} + descent"] = coordinate_descent(
+            candidates[label] = res.assignment  # within the memory limit
+            candidates[f"{label} + descent"] = coordinate_descent(
                 cm, res.assignment, free, sweeps=sweeps, candidates=options_)
             solved = True
             if not (whole and res.status == "optimal"):
-                found = _neighbourhood_search(cm, candidates[f"{name} + descent"],
+                found = _neighbourhood_search(cm, candidates[f"{label} + descent"],
                                               res.assignment, options_, options)
                 if found is not None:
                     candidates["neighbourhood optimum + descent"], options_ = found

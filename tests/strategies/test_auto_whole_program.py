@@ -50,6 +50,21 @@ def test_the_whole_program_holds_what_the_shortlist_misses(gpt2):
     assert cm.objective(whole.assignment) <= optimum * (1 + 1e-9)
 
 
+def test_no_neighbourhood_rounds_after_the_whole_program_s_proven_optimum(gpt2, monkeypatch):
+    """With nothing left out of the program, the rounds have nothing to find: they run after the
+    shortlist's solve, not after the whole program's (proven optimal here)."""
+    import hulkjax.strategies.auto as auto_module
+
+    calls = []
+    real = auto_module._neighbourhood_search
+    monkeypatch.setattr(auto_module, "_neighbourhood_search",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert WHOLE in _auto(gpt2, GRID).notes[0]
+    assert calls == []
+    _auto(gpt2, GRID, full_program=0)
+    assert calls == [1]
+
+
 def test_the_limit_is_the_count_of_candidate_pairs(gpt2):
     """``full_program`` is compared with :func:`program_pairs`: at the count the whole program
     is solved, one below it the shortlist."""
