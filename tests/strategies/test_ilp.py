@@ -383,6 +383,40 @@ def test_a_highs_scheduler_set_up_elsewhere_does_not_break_the_solver(mixed_mlp)
         highspy.Highs.resetGlobalScheduler(True)
 
 
+def test_the_solver_switches_off_highs_probing_and_nothing_else(mixed_mlp, tmp_path,
+                                                                  monkeypatch):
+    """HiGHS numbers its presolve rules itself: the bit the solver switches off must be the one
+    the installed HiGHS calls probing (a renumbering would switch off another rule silently),
+    and every solve, the LP relaxation's too, must pass it."""
+    import highspy
+
+    from hulkjax.strategies import ilp
+
+    # Which rule the bit is: HiGHS's log names the rules switched off when presolve runs.
+    log = tmp_path / "highs.log"
+    h = highspy.Highs()
+    for option, value in (("log_to_console", False), ("log_file", str(log)),
+                          ("presolve_rule_off", ilp._NO_PROBING)):
+        assert h.setOptionValue(option, value) == highspy.HighsStatus.kOk
+    xs = [h.addBinary(obj=-float(w)) for w in (5, 4, 3, 7, 6)]
+    h.addConstr(sum(w * x for w, x in zip((3, 2, 4, 5, 1), xs)) <= 8)
+    assert h.run() == highspy.HighsStatus.kOk
+    h.setOptionValue("log_file", "")  # (closes it)
+    switched_off = [ln.strip() for ln in log.read_text().splitlines() if ln.strip().startswith("Rule")]
+    assert switched_off == [f"Rule 15 (set bit 15 = {1 << 15:7d}): Probing"], switched_off
+
+    # What the solver's runs set.
+    seen = []
+    set_option = highspy.Highs.setOptionValue
+    monkeypatch.setattr(highspy.Highs, "setOptionValue",
+                        lambda self, k, v: seen.append((k, v)) or set_option(self, k, v))
+    _, _, cm, seeds = mixed_mlp
+    solve(cm, seeds=seeds, tie_layers=False)
+    relaxation_bound(cm)
+    runs = [v for k, v in seen if k == "presolve_rule_off"]
+    assert len(runs) >= 2 and set(runs) == {1 << 15}
+
+
 def test_a_3_axis_vit_gets_a_plan_within_its_time_limit():
     """A 4-layer ViT (hidden 128) on a 2x2x2 mesh: ~1M variables, where HiGHS found no solution
     of its own within 60 s. Started from the best baseline, it returns a plan at its time limit
