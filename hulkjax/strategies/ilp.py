@@ -81,8 +81,9 @@ log = logging.getLogger("hulkjax.ilp")
 # continuous edge and shared-change variables, and presolve removes almost nothing from them
 # (GPT-2 small on two DGX nodes: 9 of 9,177 rows), but probing their thousands of binaries was
 # the largest part of a solve: 1.4 -> 0.8 s on LLaMA-8B on 64 H100, and 54.7 -> 46.2 CPU s over
-# the 52 distinct programs of ILP.md's `auto` cells, each solve faster and at the same optimum
-# (presolve switched off entirely was faster on most and 1.3-1.9x slower on UNet's).
+# the 52 distinct programs of ILP.md's `auto` cells (each solved alone, without its start),
+# every one 0.56-0.99x the time, at the same optimum (presolve switched off entirely was faster
+# on most and 1.2-1.9x slower on the UNet's).
 _NO_PROBING = 1 << 15
 
 
