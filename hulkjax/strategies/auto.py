@@ -62,11 +62,12 @@ TOP_K = 16
 # ``auto`` solves the whole integer program instead of the network's shortlist on meshes of at
 # most two axes where it couples at most this many candidate pairs (ilp.program_pairs). On every
 # family of benchmarks/ILP.md there (48-770 thousand pairs) the program over parts proves its
-# optimum in 0.2-7 s of HiGHS; against the shortlist and its neighbourhood rounds it reached the
-# same 16 plans in about the same time in all (0.70-0.81x where the shortlist needed a round or
-# its descent, 1.06-1.27x where it did not, 1.6-1.8x on LLaMA and Gemma on 2x4, whose
-# relaxations are not integral), and LLaMA-70B on 256 H100 (two rounds there) in 8.5 CPU s
-# instead of 11.2 (benchmarks/PLANNING.md). On 2x2x2 meshes the same families' programs (0.9-3.6
+# optimum in 0.1-6 s of HiGHS; against the shortlist and its neighbourhood rounds it reached the
+# same 16 plans in about the same time in all (47.9 against 47.2 CPU s; 0.70-0.81x where the
+# shortlist needed a round or its descent, 1.06-1.27x where it did not, 1.6-1.8x on LLaMA and
+# Gemma on 2x4, whose relaxations are not integral; 40.0 against 44.3 since HiGHS runs without
+# probing), and LLaMA-70B on 256 H100 (two rounds there) in 8.5 CPU s instead of 11.2
+# (benchmarks/PLANNING.md). On 2x2x2 meshes the same families' programs (0.9-3.6
 # million pairs) took 12 s to over 60 s, where the shortlist keeps auto at a few seconds.
 FULL_PROGRAM_PAIRS = 800_000
 FULL_PROGRAM_AXES = 2
