@@ -185,12 +185,16 @@ def mapped_follow(node: Node, graph: OpGraph, lead: int, lead_spec: Spec, mesh: 
     """Carry each sharded dim through the dimension table (``map_dim``); gather what does not
     survive; other operands replicated.
 
-    Dims summed away leave partial sums: an all-reduce over their axes when ``partial_kind``.
+    Dims summed away leave partial sums: an all-reduce over their axes when ``partial_kind``,
+    one dimension at a time where they are split over different axes (the last dimension's
+    first, each reading the last), as XLA's partitioner completes a reduction: ``sum`` over
+    dims 0 and 1 of a ``(data, model)``-split array is an all-reduce over ``model`` then one over
+    ``data`` (XLA:CPU; a ``dot_general``'s contraction likewise, :func:`_combine`).
     """
     out_shape = _shape(graph, node.outputs[0])
     out = [()] * len(out_shape)
     need = list(lead_spec)
-    partial: list[str] = []
+    partial: dict[int, tuple[str, ...]] = {}  # summed-away dim -> its axes
     for d, axes in enumerate(lead_spec):
         if not axes:
             continue
@@ -202,7 +206,7 @@ def mapped_follow(node: Node, graph: OpGraph, lead: int, lead_spec: Spec, mesh: 
                 out[r] = axes
                 continue
         if r == CONTRACTED and partial_kind:
-            partial.extend(axes)
+            partial[d] = tuple(axes)
             continue
         need[d] = ()  # gathered before the op
     ins = [None] * len(node.inputs)
@@ -213,7 +217,9 @@ def mapped_follow(node: Node, graph: OpGraph, lead: int, lead_spec: Spec, mesh: 
     out_t = tuple(out)
     comms = ()
     if partial:
-        comms = (Comm(partial_kind, tuple(partial), _local_bytes(graph, node.outputs[0], out_t, mesh)),)
+        nbytes = _local_bytes(graph, node.outputs[0], out_t, mesh)
+        comms = tuple(Comm(partial_kind, axes, nbytes)
+                      for _, axes in sorted(partial.items(), reverse=True))
     work = num_shards(tuple(need), mesh.sizes)
     outs = tuple(out_t if k == 0 else replicated(len(_shape(graph, o))) for k, o in enumerate(node.outputs))
     return Resolution(tuple(ins), outs, comms, work)

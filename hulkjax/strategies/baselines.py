@@ -7,7 +7,8 @@
 * ``megatron``: tensor parallelism over every device: column/row pairs found from the graph.
 * ``dp_tp``: data parallel on the expensive mesh axes, megatron on the cheapest one.
 * ``expert``: the public recipes' layout (MaxText on GPU clusters, Megatron/NeMo): FSDP over the
-  axes that cross nodes, Megatron tensor parallelism over the axes inside a node.
+  axes that cross nodes, Megatron tensor parallelism with sequence parallelism over the axes
+  inside a node.
 
 All decisions come from the graph (roles from the data flow, dimensions from dimension numbers),
 never from parameter names. Each returns a :class:`~hulkjax.strategies.plan.Plan`.
@@ -143,9 +144,11 @@ def expert(graph: OpGraph, topology) -> Plan:
     split over them) and split the MLP and attention projections column-then-row over the NVLink
     axes inside a node (:func:`recipe_axes` says which axes are which). Column/row pairs come from
     the graph (:func:`~hulkjax.strategies.layouts.tensor_parallel`); a model without any (a CNN)
-    gets FSDP over every axis, as does a topology whose axes are all alike. Megatron's sequence
-    parallelism (LayerNorm regions split on the sequence) is not written: it needs layouts on
-    activations, and baselines set only the step's argument layouts.
+    gets FSDP over every axis, as does a topology whose axes are all alike. With tensor
+    parallelism, the recipes' sequence parallelism (Megatron's; NeMo's ``sequence_parallel``):
+    the tensor-parallel sums are reduce-scattered onto the sequence and the residual stream
+    between them (its adds and norms) is split along it
+    (:func:`~hulkjax.strategies.search.sequence_parallel`).
     """
     return expert_layouts(graph, topology).build()
 
@@ -164,6 +167,7 @@ def expert_layouts(graph: OpGraph, topology) -> SpecBuilder:
     shard_parameters(sb, fsdp, keep=True)
     sb.param_use = "gather"
     sb.gather_axes = fsdp
+    sb.sequence_axes = tp
     return sb
 
 

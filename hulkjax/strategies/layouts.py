@@ -43,6 +43,9 @@ class InputLayouts:
         self.notes: list[str] = []
         self.param_use = "keep"  # "gather" for ZeRO-3: parameters gathered whole before each use
         self.gather_axes: tuple[str, ...] | None = None  # with "gather": only over these axes
+        # Megatron's sequence parallelism over these (tensor-parallel) axes, applied to the
+        # completed assignment (:func:`hulkjax.strategies.search.sequence_parallel`)
+        self.sequence_axes: tuple[str, ...] = ()
         self._axes_for: dict = {}  # (size, axes) -> axes_for's answer (sizes are fixed)
 
     def axes_for(self, size: int, axes: Sequence[str]) -> tuple[str, ...]:

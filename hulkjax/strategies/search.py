@@ -282,6 +282,98 @@ def _propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str,
     return a
 
 
+def sequence_parallel(cm: CostModel, assignment: list[int], axes: tuple[str, ...]
+                      ) -> tuple[list[int], int]:
+    """Megatron's sequence parallelism on a tensor-parallel ``assignment`` over ``axes``.
+
+    Tensor parallelism leaves the regions between a row-parallel matmul and the next
+    column-parallel one (residual adds, norms) replicated over the tensor-parallel axes: every
+    device of a group computes and stores them whole. Sequence parallelism (Korthikanti et al.,
+    2022; NeMo's ``sequence_parallel``) splits them along the sequence instead: the row-parallel
+    matmul's partial sums are reduce-scattered onto the sequence rather than all-reduced, and the
+    next column-parallel matmul all-gathers its input (the same bytes on the wire as the
+    all-reduce; the norms' work and activations divided by the group).
+
+    From what the operators are: a leader whose candidate all-reduces partial sums over exactly
+    ``axes`` (a row-parallel matmul forward; a column-parallel one's input gradient backward)
+    with a rank-3 result ``(batch, sequence, features)`` takes the same operand layouts with the
+    sum reduce-scattered onto dimension 1 (the sequence: between the batch, split by the data
+    axes, and the features), where ``axes`` divide it. Then the leaders whose results meet those
+    sums in that shape (the residual stream's: the embedding lookup's group, which the residual
+    adds follow) are split on it too, with the fewest operand layouts changed. Every other group
+    keeps its candidate: what reads the split activations pays the all-gather on its edge, as
+    the recipe's program does. Layers inside a loop (one ``scan``) keep the loop's candidate.
+
+    Returns ``(assignment, reductions reduce-scattered)``; the assignment is a new list.
+    """
+    a = list(assignment)
+    want = frozenset(axes)
+    n_axes = 1
+    for ax in axes:
+        n_axes *= cm.mesh.sizes[ax]
+    g = cm.graph
+
+    def target(spec, shape) -> tuple | None:
+        if len(shape) != 3 or spec[1] or shape[1] % n_axes or any(
+                x in want for e in spec for x in e):
+            return None
+        return (spec[0], tuple(axes), spec[2])
+
+    def split(gid: int, tgt: tuple) -> int | None:
+        grp = cm.groups[gid]
+        r = grp.candidates[a[gid]]
+        cands = [c for c, o in enumerate(grp.candidates) if o.out_specs[0] == tgt]
+        if not cands:
+            return None
+        return min(cands, key=lambda c: (
+            sum(x != y for x, y in zip(grp.candidates[c].in_specs, r.in_specs)), c))
+
+    pinned: dict[int, tuple[int, ...]] = {}  # group -> the shape of its split result
+    for grp in cm.groups:
+        if grp.kind != LEADER or isinstance(grp.candidates[0], LoopResolution):
+            continue
+        r = grp.candidates[a[grp.id]]
+        if len(r.comms) != 1 or r.comms[0].kind != "all-reduce" or set(r.comms[0].axes) != want:
+            continue
+        shape = g.values[g.nodes[grp.leader].outputs[0]].shape
+        tgt = target(r.out_specs[0], shape)
+        if tgt is None:
+            continue
+        c = next((c for c, o in enumerate(grp.candidates) if o.in_specs == r.in_specs
+                  and o.out_specs[0] == tgt and o.comms and o.comms[0].kind == "reduce-scatter"),
+                 None)
+        if c is not None:
+            a[grp.id] = c
+            pinned[grp.id] = shape
+    reduced = len(pinned)
+    # The residual stream: leaders whose results meet the split sums in their shape, through
+    # the followers of either (a residual add follows one of its operands' groups).
+    stream: dict[int, tuple[int, ...]] = {}
+    for gid, shape in pinned.items():
+        grp = cm.groups[gid]
+        for nid in (grp.leader, *grp.members):
+            node = g.nodes[nid]
+            near = [v for v in node.inputs if v is not None]
+            near += [v for o in node.outputs for c, _ in g.consumers(o)
+                     for v in g.nodes[c].inputs if v is not None]
+            for v in near:
+                other = cm.group_of_value.get(v)
+                if other is None or other in pinned or cm.groups[other].kind != LEADER or \
+                        isinstance(cm.groups[other].candidates[0], LoopResolution):
+                    continue
+                if g.values[v].shape == shape:
+                    stream.setdefault(other, shape)
+    for gid, shape in stream.items():
+        grp = cm.groups[gid]
+        if g.values[g.nodes[grp.leader].outputs[0]].shape != shape:
+            continue
+        tgt = target(grp.candidates[a[gid]].out_specs[0], shape)
+        c = None if tgt is None else split(gid, tgt)
+        if c is not None:
+            a[gid] = c
+    return a, reduced
+
+
 def _gathered(spec: tuple, axes: tuple[str, ...] | None) -> tuple:
     """``spec`` gathered over ``axes`` (``None``: over every axis, i.e. replicated)."""
     if axes is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.layouts import InputLayouts
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_from_assignment
-from hulkjax.strategies.search import propagate
+from hulkjax.strategies.search import propagate, sequence_parallel
 
 
 class SpecBuilder(InputLayouts):
@@ -25,17 +25,31 @@ class SpecBuilder(InputLayouts):
 
     def assignment(self) -> list[int]:
         """The cost-model assignment: these input layouts (optimizer state following its
-        parameter), every operator then on its best candidate given its neighbours."""
+        parameter), every operator then on its best candidate given its neighbours, and
+        sequence parallelism over :attr:`sequence_axes` where it is set."""
+        return self._complete()[0]
+
+    def _complete(self) -> tuple[list[int], int]:
         g = self.graph
         for opt, param in g.owners.items():
             if g.values[g.inputs[opt]].shape == g.values[g.inputs[param]].shape:
                 self.input_specs[opt] = self.input_specs[param]
         cm = cost_model(g, self.topology)
-        return propagate(cm, assignment_for_inputs(cm, self.input_specs),
-                         param_use=self.param_use, gather_axes=self.gather_axes)
+        a = propagate(cm, assignment_for_inputs(cm, self.input_specs),
+                      param_use=self.param_use, gather_axes=self.gather_axes)
+        if not self.sequence_axes:
+            return a, 0
+        return sequence_parallel(cm, a, self.sequence_axes)
 
     def build(self) -> Plan:
         """The plan of :meth:`assignment`, costed by the shared cost model."""
-        assignment = self.assignment()
+        assignment, reduced = self._complete()
+        notes = list(self.notes)
+        if self.sequence_axes:
+            notes.append(f"sequence parallel over {self.sequence_axes}: {reduced} tensor-parallel "
+                         f"sum(s) reduce-scattered onto the sequence" if reduced else
+                         f"no sequence parallelism: no tensor-parallel sum over "
+                         f"{self.sequence_axes} has a (batch, sequence, features) result "
+                         f"whose sequence they divide")
         return plan_from_assignment(cost_model(self.graph, self.topology), assignment,
-                                    self.strategy, self.notes)
+                                    self.strategy, notes)

@@ -71,6 +71,8 @@ def test_expert_steps_match_unsharded_on_two_nodes(model, compile_count):
     assert_steps_match(step, state, batch, refs, compile_count, rtol=1e-4, atol=1e-4)
     specs = [tuple(t.spec) for t in step.plan.inputs if t.role == "parameter"]
     assert any("node" in s and "gpu" in s for s in specs)  # 2-D layouts were really emitted
+    # ... with the tensor-parallel sums reduce-scattered onto the sequence
+    assert any(n.startswith("sequence parallel over") for n in step.plan.notes), step.plan.notes
 
 
 def test_auto_is_predicted_no_slower_than_expert_on_dgx_nodes():
@@ -85,3 +87,73 @@ def test_auto_is_predicted_no_slower_than_expert_on_dgx_nodes():
     assert auto.cost.fits
     assert auto.cost.step_time <= expert.cost.step_time * (1 + 1e-9)
     assert auto.source != "expert"
+
+
+def _expert_without_sequence_parallelism(g, topo):
+    from hulkjax.strategies.baselines import expert_layouts
+
+    sb = expert_layouts(g, topo)
+    assert sb.sequence_axes == ("gpu",)
+    sb.sequence_axes = ()
+    return sb.build()
+
+
+def test_sequence_parallelism_reduce_scatters_every_tensor_parallel_sum_onto_the_sequence():
+    """Megatron's sequence parallelism (the recipes' ``sequence_parallel`` with tensor
+    parallelism): no all-reduce over 'gpu' of a (batch, sequence, features) sum is left; each is
+    a reduce-scatter onto the sequence, and the residual stream between them (the embedding
+    lookup's group, which the residual adds and norms follow) is split on the sequence too. The
+    same bytes cross 'gpu', the norms' activations are divided by the group: less memory."""
+    from hulkjax.cost.model import LEADER
+    from hulkjax.strategies.realize import cost_model
+
+    m = zoo.get("llama", size="small")
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    topo = hj.Topology.preset("dgx-h100", nodes=2)
+    plan = hj.plan(m.step, state, batch, topology=topo, strategy="expert", graph=g)
+    plain = _expert_without_sequence_parallelism(g, topo)
+    cm = cost_model(g, topo)
+
+    def sums(assignment):
+        out = {"all-reduce": [], "reduce-scatter": []}
+        for grp in cm.groups:
+            if grp.kind != LEADER:
+                continue
+            r = grp.candidates[assignment[grp.id]]
+            shape = g.values[g.nodes[grp.leader].outputs[0]].shape
+            if len(r.comms) == 1 and r.comms[0].axes == ("gpu",) and len(shape) == 3:
+                out.setdefault(r.comms[0].kind, []).append((grp.id, r.out_specs[0]))
+        return out
+
+    before, after = sums(plain.assignment), sums(plan.assignment)
+    assert before["all-reduce"] and not before["reduce-scatter"]
+    assert not after["all-reduce"]
+    assert {gid for gid, _ in after["reduce-scatter"]} == {gid for gid, _ in before["all-reduce"]}
+    assert all(spec == (("node",), ("gpu",), ()) for _, spec in after["reduce-scatter"])
+    n = len(after["reduce-scatter"])
+    assert any(f"sequence parallel over ('gpu',): {n} tensor-parallel sum(s)" in note
+               for note in plan.notes)
+    # The token embedding's lookup (a gather of (batch, sequence, features) rows from a
+    # (vocabulary, features) table) is split on the sequence: the residual stream starts split.
+    lookups = [grp for grp in cm.groups if grp.kind == LEADER
+               and g.nodes[grp.leader].primitive.name == "gather"
+               and len(g.values[g.nodes[grp.leader].inputs[0]].shape) == 2
+               and len(g.values[g.nodes[grp.leader].outputs[0]].shape) == 3]
+    assert lookups and all(
+        grp.candidates[plan.assignment[grp.id]].out_specs[0][1] == ("gpu",) for grp in lookups)
+    # Parameters keep the recipe's layouts; memory goes down, the step is no slower.
+    assert [t.spec for t in plan.inputs] == [t.spec for t in plain.inputs]
+    assert plan.cost.peak_memory < plain.cost.peak_memory
+    assert plan.cost.step_time <= plain.cost.step_time * (1 + 1e-9)
+
+
+def test_sequence_parallelism_needs_a_tensor_parallel_axis():
+    """Where the recipe has no tensor parallelism (axes alike), there is none to extend."""
+    from hulkjax.strategies.baselines import expert_layouts
+
+    m = zoo.get("llama", size="tiny")
+    g = hj.trace(m.step, *m.abstract())
+    sb = expert_layouts(g, hj.Topology.grid((8,), ("d",)))
+    assert sb.sequence_axes == ()
+    assert not any("sequence" in n for n in sb.build().notes)
