@@ -1,6 +1,6 @@
-"""A ``dot_general`` whose contracting dimensions are split over different mesh axes (and a sum over
-dimensions so split) leaves partial
-sums that XLA's partitioner completes one dimension at a time: held against XLA:CPU.
+"""A ``dot_general`` whose contracting dimensions are split over different mesh axes (and a sum
+over dimensions so split) leaves partial sums that XLA's partitioner completes one dimension at a
+time: held against XLA:CPU.
 
 The issue-11 fidelity miss it fixes: Mixtral's LM-head gradient under ``auto`` on 2 x 2 x 2, with
 the batch split over ``data, fsdp`` and the sequence over ``model``, was predicted as one all-reduce
