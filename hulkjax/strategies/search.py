@@ -1,13 +1,15 @@
 """Local search over a cost model's groups: complete a partial assignment, improve one.
 
 Used by the baselines (their input layouts fixed, operators completed in program order as a
-propagating partitioner would: :func:`propagate`) and by ``auto`` (coordinate descent from the
+propagating partitioner would: :func:`propagate`; ``expert``'s sequence parallelism on top:
+:func:`sequence_parallel`) and by ``auto`` (coordinate descent from the
 GNN's prior: :func:`coordinate_descent`; the neighbourhood of its plan that its next exact solve
 searches: :func:`widen`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -308,9 +310,7 @@ def sequence_parallel(cm: CostModel, assignment: list[int], axes: tuple[str, ...
     """
     a = list(assignment)
     want = frozenset(axes)
-    n_axes = 1
-    for ax in axes:
-        n_axes *= cm.mesh.sizes[ax]
+    n_axes = math.prod(cm.mesh.sizes[ax] for ax in axes)
     g = cm.graph
 
     def target(spec, shape) -> tuple | None:
@@ -319,14 +319,16 @@ def sequence_parallel(cm: CostModel, assignment: list[int], axes: tuple[str, ...
             return None
         return (spec[0], tuple(axes), spec[2])
 
-    def split(gid: int, tgt: tuple) -> int | None:
+    def split(gid: int, tgt: tuple, *, same_operands: bool = False) -> int | None:
+        """The candidate of group ``gid`` with result layout ``tgt`` that changes the fewest
+        operand layouts of its current one (``same_operands``: none)."""
         grp = cm.groups[gid]
         r = grp.candidates[a[gid]]
-        cands = [c for c, o in enumerate(grp.candidates) if o.out_specs[0] == tgt]
-        if not cands:
-            return None
-        return min(cands, key=lambda c: (
-            sum(x != y for x, y in zip(grp.candidates[c].in_specs, r.in_specs)), c))
+        changes = {c: sum(x != y for x, y in zip(o.in_specs, r.in_specs))
+                   for c, o in enumerate(grp.candidates) if o.out_specs[0] == tgt}
+        if same_operands:
+            changes = {c: n for c, n in changes.items() if n == 0}
+        return min(changes, key=lambda c: (changes[c], c), default=None)
 
     pinned: dict[int, tuple[int, ...]] = {}  # group -> the shape of its split result
     for grp in cm.groups:
@@ -339,10 +341,9 @@ def sequence_parallel(cm: CostModel, assignment: list[int], axes: tuple[str, ...
         tgt = target(r.out_specs[0], shape)
         if tgt is None:
             continue
-        c = next((c for c, o in enumerate(grp.candidates) if o.in_specs == r.in_specs
-                  and o.out_specs[0] == tgt and o.comms and o.comms[0].kind == "reduce-scatter"),
-                 None)
-        if c is not None:
+        # The same operands, the result split where the sum was whole: the reduce-scatter.
+        c = split(grp.id, tgt, same_operands=True)
+        if c is not None and [x.kind for x in grp.candidates[c].comms] == ["reduce-scatter"]:
             a[grp.id] = c
             pinned[grp.id] = shape
     reduced = len(pinned)
