@@ -24,6 +24,20 @@ rematerialized); the TPU presets are datasheet rooflines (no measured matmul or 
 unlike the NVIDIA kinds). ``--attention softmax`` plans the ``jnp`` softmax attention instead
 (the T x T scores in HBM), the comparison that shows what the kernel changes.
 
+NVIDIA's H100 BF16 tables (``NVIDIA/dgxc-benchmarking``, NeMo on DGX H100; FP8 rows are left
+out, the cost model prices bf16) give Llama 3.1 8B on one node: TP1 PP1 CP2, so DP4, MBS 1, GBS
+128, no activation recompute. Those rows plan the zoo model at the recipe's shapes with
+``remat=False`` and ``microbatches=16`` (gradient accumulation: a scan over microbatches around
+the layers' scan) on the ``dgx-h100`` preset under the recipe's mesh (``with_mesh((4, 2), ("dp",
+"cp"))``), laid out by ``strategy="dp"`` (the batch split over both axes), and take NVIDIA's MFU
+peak (989 TFLOP/s). Context parallelism and the distributed optimizer cannot be expressed (the
+markdown's ``H100_MODELLED`` paragraph says why and what is run instead: 8-way data parallelism
+with the recipe's tokens per GPU per step). The 70B row (64 GPUs, TP4 PP4 CP2 VP5), Nemotron4
+15B and GPT-3 175B are not reconstructed: the 70B needs a staged plan with interleaved virtual
+stages and tensor parallelism inside each stage, on top of the context parallelism that is
+missing here; the other two are not zoo models. Each row's breakdown also lists the operators
+inside the planned loops (their body's time x the loops' trips), where a scan holds the step.
+
 Scanned, each iteration gathers its layer's FSDP-sharded weights inside the body (forward, and
 again in the backward scan), so no gathered weight is held across layers; the unrolled program,
 where XLA gathers each weight once for its forward and backward uses, holds every layer's.
@@ -52,6 +66,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 MAXTEXT_CONFIGS = "AI-Hypercomputer/maxtext benchmarks/maxtext_trillium_model_configs.py"
 MAXTEXT_V5P = "AI-Hypercomputer/maxtext MaxText/configs/v5p/llama2_70b.sh"
+DGXC = "NVIDIA/dgxc-benchmarking"
+DGXC_24_11 = f"{DGXC} v24.11.1 (commit 35a9aecc8d5b)"
+DGXC_25_04 = f"{DGXC} v25.04.01 (commit 85380ffe02ea)"
+H100_BF16_PEAK = 989e12  # NVIDIA's MFU denominator in those READMEs ("H100 BF16 is 989 TFLOPS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +82,13 @@ class Recipe:
     seq_len: int
     published_mfu: float
     source: str  # where the layout and batch come from
-    remat: str  # the recipe's remat policy (we rematerialize whole layers)
+    remat: str  # the recipe's remat policy (we rematerialize whole layers, or none)
+    platform: str = "TPU / MaxText"  # whose hardware and whose published number
+    mesh: tuple | None = None  # ((shape), (axis names)): the recipe's mesh over the preset's devices
+    strategy: str = "expert"  # the hulkjax layout that writes the recipe's
+    rematerialize: bool = True  # every layer rematerialized (False: none, as NeMo's recipes)
+    microbatches: int = 1  # gradient accumulation steps (NeMo's GA = GBS / (DP x MBS))
+    peak_flops: float | None = None  # the publisher's MFU peak per chip (None: the preset's)
 
 
 RECIPES = (
@@ -81,6 +105,23 @@ RECIPES = (
            0.5033, f"{MAXTEXT_CONFIGS} llama3_1_70b_8192 (MFU from MaxText's "
            "docs/reference/models/tiering.md): per_device_batch_size=5, ici_fsdp_parallelism=-1, "
            "flash attention", "custom: layer inputs and q/k/v projections offloaded to host"),
+    # NVIDIA's H100 BF16 pre-training tables (NeMo on DGX H100). Llama 3.1 8B on one node: TP1
+    # PP1 CP2 (so DP4), MBS 1, GBS 128, GA 32. Modelled as data parallel over all 8 GPUs (the
+    # recipe's (dp=4, cp=2) mesh, the batch split over both axes) with GA 16: see the docstring.
+    Recipe("Llama 3.1 8B, 8x H100 (NeMo 24.09)", "llama3-8b", "dgx-h100", {}, 16, 8192, 0.5937,
+           f"{DGXC_24_11} llama3.1/README_8b.md (BF16 table: 12.91 s/step, 81222 tok/s, MFU "
+           "59.37%) and llama3.1/llama3.1_8b.yaml: GBS 128, MBS 1, seq 8192, TP1 PP1 CP2, "
+           "distributed_fused_adam, use_flash_attention, bf16",
+           "none (activations_checkpoint_granularity: null)", platform="H100 / NVIDIA",
+           mesh=((4, 2), ("dp", "cp")), strategy="dp", rematerialize=False, microbatches=16,
+           peak_flops=H100_BF16_PEAK),
+    Recipe("Llama 3.1 8B, 8x H100 (NeMo 25.02.01)", "llama3-8b", "dgx-h100", {}, 16, 8192,
+           0.6247, f"{DGXC_25_04} llama3.1/README.md (table: 8b BF16 8 GPUs TP1 PP1 CP2 DP4 MBS1 "
+           "GBS128 GA32; BF16 results: 12.27 s/step, 85459 tok/s, MFU 62.47%); its other "
+           "settings are NeMo 25.02's llama3_8b pretrain_recipe(performance_mode=True), not in "
+           "that repository", "none (assumed as in v24.11.1)", platform="H100 / NVIDIA",
+           mesh=((4, 2), ("dp", "cp")), strategy="dp", rematerialize=False, microbatches=16,
+           peak_flops=H100_BF16_PEAK),
 )
 
 
@@ -98,15 +139,22 @@ def model_flops(cfg, batch: int) -> float:
     return 3 * ((ffn + qkv + proj) * cfg.n_layers + embed) + 3 * attention * cfg.n_layers
 
 
+def topology(recipe: Recipe):
+    """The recipe's devices (a hulkjax preset) under the recipe's mesh, where it names one."""
+    topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
+    return topo if recipe.mesh is None else topo.with_mesh(*recipe.mesh)
+
+
 def _plan(recipe: Recipe, topo, attention: str = "flash"):
     m = zoo.get("llama", size=recipe.size, seq_len=recipe.seq_len,
-                batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16", remat=True,
+                batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16",
+                remat=recipe.rematerialize, microbatches=recipe.microbatches,
                 scan_layers=True, attention=attention)
     state, batch = m.abstract()
     t0 = time.perf_counter()
     g = hj.trace(m.step, state, batch)
     t1 = time.perf_counter()
-    plan = hj.plan(m.step, state, batch, topology=topo, strategy="expert", graph=g)
+    plan = hj.plan(m.step, state, batch, topology=topo, strategy=recipe.strategy, graph=g)
     return m, plan, t1 - t0, time.perf_counter() - t1
 
 
@@ -133,11 +181,40 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
         held[key] = held.get(key, 0.0) + u.bytes
     memory = [{"kind": k[0], "producer": k[1], "shape": None if k[2] is None else list(k[2]),
                "gb": v / 1e9} for k, v in sorted(held.items(), key=lambda kv: -kv[1])[:top]]
-    return {"compute": compute, "memory": memory}
+    inside = sorted(_inside_loops(cm, plan.assignment), key=lambda c: -c["seconds"])[:top]
+    return {"compute": compute, "memory": memory, "inside_loops": inside}
+
+
+def _inside_loops(cm, assignment, where: str = "", trips: int = 1) -> list[dict]:
+    """Every operator inside the planned loops, its body's compute seconds x the trips of every
+    loop around it (the scanned layers inside a scan over microbatches: x 16 x 32), with the
+    loops it sits in (``scan[16] > scan[32]``)."""
+    out = []
+    g = cm.graph
+    for grp in cm.groups:
+        node = None if grp.leader is None else g.nodes[grp.leader]
+        if node is None or not node.subgraphs:
+            continue
+        r = grp.candidates[assignment[grp.id]]
+        for body in getattr(r, "bodies", ()):
+            path = f"{where}{node.primitive.name}[{r.trips}] > "
+            bcm, ba = body.cost_model, list(body.assignment)
+            b = bcm.breakdown(ba)
+            for i, n in enumerate(body.graph.nodes):
+                if n.subgraphs or not b.compute[i]:
+                    continue
+                o = body.graph.values[n.outputs[0]] if n.outputs else None
+                out.append({"primitive": path + n.primitive.name,
+                            "seconds": b.compute[i] * r.trips * trips,
+                            "shape": None if o is None else list(o.shape),
+                            "dtype": None if o is None else o.dtype,
+                            "layout": None if o is None else str(b.specs.get(n.outputs[0]))})
+            out += _inside_loops(bcm, ba, path, r.trips * trips)
+    return out
 
 
 def measure(recipe: Recipe, attention: str = "flash") -> dict:
-    topo = hj.Topology.preset(recipe.topology, **recipe.topology_kwargs)
+    topo = topology(recipe)
     m, plan, trace_s, plan_s = _plan(recipe, topo, attention)
     c = plan.cost
     breakdown = where_it_goes(plan.graph, topo, plan)
@@ -146,13 +223,17 @@ def measure(recipe: Recipe, attention: str = "flash") -> dict:
     cfg = m.config
     batch = recipe.per_device_batch * topo.num_devices
     flops = model_flops(cfg, batch)
-    peak = topo.num_devices * topo.slowest_device().peak_flops
+    peak = topo.num_devices * (recipe.peak_flops or topo.slowest_device().peak_flops)
     mfu = flops / (step * peak)
     graph_flops = c.ideal_time * peak  # the traced program's FLOPs (remat included)
     return {
-        "recipe": recipe.name, "model": recipe.size, "topology": topo.name,
+        "recipe": recipe.name, "platform": recipe.platform, "model": recipe.size,
+        "topology": topo.name, "mesh": dict(zip(topo.axis_names, topo.shape)),
+        "strategy": recipe.strategy, "microbatches": recipe.microbatches,
+        "peak_flops_per_chip": peak / topo.num_devices,
         "chips": topo.num_devices, "global_batch": batch, "seq_len": recipe.seq_len,
         "layers": cfg.n_layers, "scan_layers": cfg.scan_layers, "remat": recipe.remat,
+        "rematerialized": recipe.rematerialize,
         "attention": attention,
         "source": recipe.source,
         "published_mfu": recipe.published_mfu, "predicted_mfu": mfu,
@@ -179,15 +260,53 @@ def measure(recipe: Recipe, attention: str = "flash") -> dict:
     }
 
 
+H100_MODELLED = (
+    "What the H100 rows model differently from NVIDIA's recipe (TP1 PP1 CP2 DP4, MBS 1, GA 32, "
+    "distributed optimizer, no activation recompute, bf16, Transformer Engine's fused "
+    "attention): (1) *context parallelism is not expressed*: hulkjax's loop planner splits a "
+    "scanned body's data along the batch only (its boundary hypotheses), and the causal flash "
+    "kernel cannot be split along the query sequence (its mask reads the query-block index), so "
+    "the sequence cannot stay split over `cp` through attention (Megatron runs ring attention, "
+    "exchanging key/value blocks between the two CP ranks). With the recipe's 32 microbatches "
+    "of one sequence per dp rank, `cp` then has nothing to split and both of its GPUs repeat the "
+    "microbatch (the plan's compute is 1.3x). The rows therefore run the same tokens per GPU "
+    "per step as 8-way data parallelism: 16 microbatches of 8 sequences, one whole 8192-token "
+    "sequence per GPU in each (the recipe: 32 microbatches, half a sequence per GPU). The "
+    "FLOPs per GPU are the recipe's (ring attention balances the causal work over the CP "
+    "ranks); the key/value exchange is not costed, and each GPU holds twice the recipe's "
+    "activations. (2) *The distributed optimizer is not expressed*: the cost model decides an "
+    "optimizer-state input together with its parameter (one layout), so the Adam moments are "
+    "replicated like the bf16 parameters, the gradients all-reduced (the recipe: "
+    "reduce-scattered, the update on 1/8 of the state, the parameters all-gathered: the same "
+    "bytes on the wire) and each GPU holds the whole optimizer state. (3) The zoo's AdamW keeps "
+    "bf16 moments and no fp32 master weights, and accumulates the gradients in bf16 (Megatron: "
+    "fp32 main grads, accumulation fused into the weight-gradient GEMMs). (4) Attention is JAX's "
+    "Pallas flash kernel, key/value heads repeated before it, where the recipe runs cuDNN's "
+    "fused attention (Transformer Engine). (5) The H100 is the preset's, with the matmul, "
+    "HBM and per-kernel efficiencies measured on one H100 with XLA:GPU "
+    "(`benchmarks/GPU.md`), not Transformer Engine's kernels; NVLink as 450 GB/s per GPU.")
+"""What the H100 / NVIDIA rows model, and what they leave out (written under the table)."""
+
+
 def markdown(rows: list[dict], command: str) -> str:
     out = ["# Published recipes: predicted against published MFU", "",
-           f"Generated by `{command}` (see the script's docstring for the method). MFU = model "
-           "FLOPs (MaxText's formula: weights and non-causal attention, x3 for training, "
-           "rematerialization not counted) / (predicted step time x chips x bf16 peak). The layout "
+           f"Generated by `{command}` (see the script's docstring for the method). Two "
+           "publishers: *TPU / MaxText* rows are MaxText's TPU recipes; *H100 / NVIDIA* rows are "
+           "NVIDIA's BF16 pre-training tables for NeMo on DGX H100 (`NVIDIA/dgxc-benchmarking`; "
+           "the sources below give commit and file). MFU = model FLOPs (MaxText's formula, which "
+           "is also NVIDIA's: weights and non-causal attention, x3 for training, "
+           "rematerialization not counted; 4.74e14 per 8192-token Llama 3.1 8B sequence, as "
+           "NVIDIA's README computes) / (predicted step time x chips x bf16 peak: the preset's "
+           "for TPUs, NVIDIA's 989 TFLOP/s for H100). TPU rows: the layout "
            "is `strategy=\"expert\"`, which on a TPU torus is FSDP over every axis, as the "
-           "recipes are. The layers are one scan (MaxText's `scan_layers=True`), each "
+           "recipes are; the layers are one scan (MaxText's `scan_layers=True`), each "
            "rematerialized inside the scan body, so each layer's weights are gathered inside "
-           "the body, forward and backward, and none is held across layers. Attention: "
+           "the body, forward and backward, and none is held across layers. H100 rows: the "
+           "recipe's mesh of 4 (dp) x 2 (cp) GPUs with the batch split over both axes "
+           "(`strategy=\"dp\"`: parameters and optimizer state replicated), no "
+           "rematerialization, gradient accumulation over 16 microbatches of one sequence per GPU "
+           "(a scan around the layers' scan); the recipe's context parallelism and distributed "
+           "optimizer are not expressed (what differs is listed under the table). Attention: "
            + ("a flash-attention kernel (JAX's Pallas kernel, costed as one operator from its "
               "body and block schedule), as the recipes run a flash kernel."
               if rows and rows[0].get("attention") == "flash" else
@@ -202,16 +321,16 @@ def markdown(rows: list[dict], command: str) -> str:
            "compute). The overlapped step is compute + (comm, compiled - comm hidden). *MFU, "
            "comm hidden* is the bound where all of the additive communication would be "
            "hidden.", "",
-           "| recipe | chips | global batch x seq | layers (scanned) | published MFU | predicted "
+           "| recipe | platform / publisher | chips | global batch x seq | layers (scanned) | published MFU | predicted "
            "MFU, no overlap | ratio | predicted MFU, overlapped | ratio | step (s) | step, "
            "overlapped (s) | compute (s) | comm (s) | comm, compiled (s) | comm hidden (s) | "
            "MFU, compute only | MFU, comm hidden | traced / model FLOPs | peak memory (GB) |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
            "---:|---:|"]
     for r in rows:
         layers = f"{r['layers']}" + (" (scan)" if r.get("scan_layers") else "")
         out.append(
-            f"| {r['recipe']} | {r['chips']} | {r['global_batch']} x {r['seq_len']} | {layers} | "
+            f"| {r['recipe']} | {r.get('platform', 'TPU / MaxText')} | {r['chips']} | {r['global_batch']} x {r['seq_len']} | {layers} | "
             f"{r['published_mfu']:.1%} | {r['predicted_mfu']:.1%} | {r['ratio']:.2f} | "
             f"{r['predicted_mfu_overlapped']:.1%} | {r['ratio_overlapped']:.2f} | "
             f"{r['step_s']:.2f} | {r['overlapped_step_s']:.2f} | {r['compute_s']:.2f} | "
@@ -221,8 +340,11 @@ def markdown(rows: list[dict], command: str) -> str:
             f"{r['graph_flops_over_model_flops']:.2f} | "
             f"{r['peak_memory_gb']:.0f} of {r['memory_gb']:.0f}"
             f"{'' if r['fits'] else ' (does not fit)'} |")
-    out += ["", "Sources of the recipes (layout, batch, remat):", ""]
-    out += [f"- {r['recipe']}: {r['source']}; remat {r['remat']}." for r in rows]
+    out += ["", "Sources of the recipes (layout, batch, remat) and of the published numbers:", ""]
+    out += [f"- {r['recipe']} ({r.get('platform', 'TPU / MaxText')}): {r['source']}; remat "
+            f"{r['remat']}." for r in rows]
+    if any(r.get("platform") == "H100 / NVIDIA" for r in rows):
+        out += ["", H100_MODELLED]
     out += ["", "## Where the predicted time and memory go", "",
             "Per recipe, from the cost model's per-operator breakdown of the planned program "
             "(`CostModel.breakdown`; a loop's time and memory are its node's: the scan's body "
@@ -238,6 +360,13 @@ def markdown(rows: list[dict], command: str) -> str:
                 "predicted s |", "|---|---|---:|"]
         out += [f"| {c['primitive']} | {tuple(c['shape'] or ())} {c['dtype']} {c['layout']} | "
                 f"{c['seconds']:.3f} |" for c in bd["compute"]]
+        if bd.get("inside_loops"):
+            out += ["", "Inside the loops (per operator of a loop body, its time x the loops' "
+                    "trips; shapes per iteration):", "",
+                    "| operator (in loops) | result (shape, dtype, layout) | predicted s |",
+                    "|---|---|---:|"]
+            out += [f"| {c['primitive']} | {tuple(c['shape'] or ())} {c['dtype']} "
+                    f"{c['layout']} | {c['seconds']:.3f} |" for c in bd["inside_loops"]]
         out += ["", "| held at the peak | producer | global shape | GB per chip |",
                 "|---|---|---|---:|"]
         out += [f"| {m['kind']} | {m['producer'] or 'input'} | "

@@ -164,14 +164,46 @@ def xent_loss(
     return jnp.sum(losses * weights) / denom, {"accuracy": jnp.sum(correct * weights) / denom}
 
 
-def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, name: str) -> StepFn:
+def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, name: str,
+                    microbatches: int = 1) -> StepFn:
     """``train_step(state, batch)``: value_and_grad of ``loss_fn`` w.r.t. ``state["params"]``, then
-    ``tx.update`` and ``optax.apply_updates``. Not jitted: hulkjax traces it."""
+    ``tx.update`` and ``optax.apply_updates``. Not jitted: hulkjax traces it.
+
+    With ``microbatches`` = k > 1, gradient accumulation as Megatron/NeMo's global batch of k
+    micro-batches per data-parallel rank runs it: the batch is cut into k microbatches (example
+    ``i`` of microbatch ``j`` is example ``j + k i``: rank ``r`` of a contiguous split of the batch
+    over data-parallel devices keeps its own examples in every microbatch), a ``lax.scan`` over
+    them sums the gradients (and metrics), and the optimizer runs once on their mean: the same
+    update as the whole batch's for a loss that is a mean over equal microbatches. Only for losses
+    without state updates (no BatchNorm statistics)."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def accumulated(params, state, batch):
+        def cut(x):  # (B, ...) -> (k, B / k, ...): microbatch j holds examples j, j + k, ...
+            return jnp.swapaxes(x.reshape(-1, microbatches, *x.shape[1:]), 0, 1)
+
+        def body(acc, mb):
+            (loss, (metrics, updates)), grads = grad_fn(params, state, mb)
+            if updates:
+                raise InvalidModelConfigError(
+                    f"{name}: microbatches={microbatches} needs a loss without state updates; "
+                    f"this one updates {sorted(updates)}. Use microbatches=1.")
+            return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+
+        mbs = jax.tree.map(cut, batch)
+        shapes = jax.eval_shape(grad_fn, params, state, jax.tree.map(lambda x: x[0], mbs))
+        (loss, (metrics, _)), grads = shapes
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, metrics, grads))
+        (loss, metrics, grads), _ = jax.lax.scan(body, zeros, mbs)
+        loss, metrics, grads = jax.tree.map(lambda x: x / microbatches, (loss, metrics, grads))
+        return (loss, (metrics, {})), grads
 
     def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         params = state["params"]
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (loss, (metrics, state_updates)), grads = grad_fn(params, state, batch)
+        if microbatches > 1:
+            (loss, (metrics, state_updates)), grads = accumulated(params, state, batch)
+        else:
+            (loss, (metrics, state_updates)), grads = grad_fn(params, state, batch)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
         new_state = {**state, **state_updates, "params": new_params, "opt_state": opt_state}
@@ -201,7 +233,7 @@ def causal_lm(module, config: Any, name: str):
         loss, metrics = xent_loss(logits, batch["targets"])
         return loss, (metrics, {})
 
-    return init_fn, make_train_step(loss_fn, tx, name)
+    return init_fn, make_train_step(loss_fn, tx, name, getattr(config, "microbatches", 1))
 
 
 def build_nnx_step(name: str, config: Any, model_cls: type, make_batch, loss_of_output):

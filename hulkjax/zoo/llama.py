@@ -12,7 +12,9 @@ one kernel that never writes the scores, which hulkjax plans and costs as a kern
 parameters stacked on a leading layer axis of length ``n_layers`` (``params["layer"]["block"]``;
 MaxText's default ``scan_layers=True``), the ``nn.remat`` inside the scan body; unrolled, they are
 ``params["layer_0"]`` .. ``params["layer_{n-1}"]``. Neither changes the parameter count or the
-numerics.
+numerics. With ``microbatches`` = k > 1 the step accumulates gradients over k microbatches of
+``batch / k`` examples (a ``lax.scan``; Megatron/NeMo's micro-batches of a global batch), then
+updates once: the whole batch's update (:func:`hulkjax.zoo._base.make_train_step`).
 
 Batch: ``{"tokens": (batch, seq_len) int32, "targets": (batch, seq_len) int32}``.
 
@@ -60,10 +62,14 @@ class LlamaConfig(TrainConfig):
     scan_layers: bool = False  # nn.scan over the blocks (stacked parameters), as MaxText does
     remat: bool = False  # nn.remat (full rematerialization) on each block
     attention: str = "softmax"  # "softmax" (jnp, scores in memory) | "flash" (a Pallas kernel)
+    microbatches: int = 1  # gradient accumulation: a scan over this many slices of the batch
 
     def _check(self) -> None:
         positive(self, "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
-                 "seq_len", "batch")
+                 "seq_len", "batch", "microbatches")
+        if self.batch % self.microbatches:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: microbatches={self.microbatches} must divide batch={self.batch}.")
         if self.d_model % self.n_heads:
             raise InvalidModelConfigError(
                 f"LlamaConfig: n_heads={self.n_heads} must divide d_model={self.d_model}.")

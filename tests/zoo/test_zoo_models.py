@@ -80,6 +80,7 @@ def test_unknown_size_and_field():
         ("mlp", dict(depth=0), r"MLPConfig.depth=0 must be a positive integer"),
         ("moe", dict(top_k=3), "top_k=3"),
         ("cnn", dict(optimizer="lamb"), "optimizer='lamb'"),
+        ("llama", dict(batch=4, microbatches=3), "microbatches=3 must divide batch=4"),
     ],
 )
 def test_invalid_values(name, overrides, match):
@@ -238,6 +239,27 @@ def test_scan_layers_matches_unrolled(name, prefix, remat):
         ulp = float(np.spacing(np.abs(np.asarray(p)).max().astype(np.float32)))
         atol = 1e-3 * max(float(np.abs(b).max()), 1e-6 * largest) + 2 * ulp
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=atol)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_llama_gradient_accumulation_is_the_whole_batch_step(scan_layers):
+    """``microbatches=k``: a scan over k slices of the batch whose mean gradient is the whole
+    batch's: the same loss and the same update (float32 rounding apart), and the data-parallel
+    plan of it (a scan over microbatches around the layers' scan) splits each microbatch."""
+    whole = zoo.get("llama", size="tiny", batch=8, scan_layers=scan_layers, optimizer="sgd")
+    accum = zoo.get("llama", size="tiny", batch=8, scan_layers=scan_layers, optimizer="sgd",
+                    microbatches=4)
+    state, batch = whole.init(seed=0)
+    new_whole, m_whole = jax.jit(whole.step)(state, batch)
+    new_accum, m_accum = jax.jit(accum.step)(state, batch)
+    np.testing.assert_allclose(m_accum["loss"], m_whole["loss"], rtol=1e-5)
+    for a, b, p in zip(jax.tree.leaves(new_accum["params"]), jax.tree.leaves(new_whole["params"]),
+                       jax.tree.leaves(state["params"]), strict=True):
+        np.testing.assert_allclose(a - p, b - p, rtol=1e-3, atol=1e-7)
+    plan = hj.plan(accum.step, *accum.abstract(), topology=hj.Topology.grid((2,), ("d",)),
+                   strategy="dp")
+    assert {t.spec for t in plan.inputs if t.role == "data"} == {jax.sharding.PartitionSpec("d")}
+    assert plan.cost.comm_bytes  # the accumulated gradients are reduced over d
 
 
 @pytest.mark.parametrize("name", ["mlp-nnx", "transformer-block-nnx"])
