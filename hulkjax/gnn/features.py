@@ -155,8 +155,13 @@ def build(cm: CostModel, *, max_candidates: int | None = MAX_CANDIDATES) -> Join
                     for j, s in enumerate(ins[:2]):
                         r[1 + j] = float(dim_of(s, axis) is not None)
                     r[3] = float(dim_of(cand.out_specs[0], axis) is not None)
-                    r[4] = float(any(axis in cm_.axes and cm_.kind == "all-reduce" for cm_ in cand.comms))
-                    r[5] = float(any(axis in cm_.axes and cm_.kind == "reduce-scatter" for cm_ in cand.comms))
+                    # partial sums over the axis: all-reduced, or reduce-scattered (one
+                    # reduce-scatter, or the partitioner's all-reduce and permute: the sum's
+                    # axes are its first collective's)
+                    summed = any(axis in cm_.axes and cm_.kind in ("all-reduce", "reduce-scatter")
+                                 for cm_ in (cand.comms[:1] if cand.scatters else cand.comms))
+                    r[4] = float(summed and not cand.scatters)
+                    r[5] = float(summed and cand.scatters)
                     d = dim_of(cand.out_specs[0], axis)
                     r[6] = float(d == 0)
                 extra[grp.id, c, 0] = math.log2(max(cand.shards, 1)) / 10

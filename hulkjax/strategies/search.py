@@ -343,7 +343,7 @@ def sequence_parallel(cm: CostModel, assignment: list[int], axes: tuple[str, ...
             continue
         # The same operands, the result split where the sum was whole: the reduce-scatter.
         c = split(grp.id, tgt, same_operands=True)
-        if c is not None and [x.kind for x in grp.candidates[c].comms] == ["reduce-scatter"]:
+        if c is not None and grp.candidates[c].scatters:
             a[grp.id] = c
             pinned[grp.id] = shape
     reduced = len(pinned)
@@ -392,7 +392,7 @@ class _ScatterCheck:
         self._ar: dict[tuple, int] = {}
         self._out: dict[int, float] = {}
         for k, r in enumerate(grp.candidates):
-            if any(x.kind == "all-reduce" for x in r.comms):
+            if not r.scatters and any(x.kind == "all-reduce" for x in r.comms):
                 self._ar.setdefault(r.in_specs, k)
 
     def _out_cost(self, cand: int) -> float:
@@ -404,7 +404,7 @@ class _ScatterCheck:
 
     def allowed(self, c: int) -> bool:
         r = self.grp.candidates[c]
-        if not any(x.kind == "reduce-scatter" for x in r.comms):
+        if not r.scatters:
             return True
         sibling = self._ar.get(r.in_specs)
         if sibling is None:

@@ -35,14 +35,18 @@ def _auto(model, **options):
 
 def test_rounds_find_the_optimum_a_one_candidate_shortlist_misses():
     """A shortlist of the network's single top candidate per group (plus the baselines') holds
-    no plan within 30% of the optimum; the rounds reach the proven optimum from it.
+    no plan within 30% of the optimum; the rounds reach a plan at least as fast as the tied
+    integer program's optimum (``ilp``'s program: repeated layers sharded alike) from it.
 
     On THREE_D's links (1-5 us) the tiny MLP's optimum is ``replicate`` (XLA:CPU pays a latency
     per gradient of its combined all-reduce), which the shortlist holds: the links here have a
     hundredth of that latency. The optimum is the untied program's: the two hidden layers
-    sharded differently (0.499 us) beat the best plan that shards them alike, the tied ILP's
-    (0.547 us; the tied program takes HiGHS longer than the rest of this test, so it is not
-    solved here)."""
+    sharded differently (0.500 us) beat the best plan that shards them alike, the tied ILP's
+    (0.552 us). The rounds reached the untied optimum itself until the candidate rules priced a
+    reduce-scatter as XLA makes it on a mesh with unused axes (a block all-reduced, then
+    permuted over the slow "data" link too: :func:`hulkjax.rules.sharding.scattered_sum`),
+    which moved the optimum (0.499 us before) to layouts the rounds' tied solves do not reach:
+    they now stop at 0.544 us."""
     from hulkjax.strategies.ilp import solve
 
     m = zoo.get("mlp", size="tiny")
@@ -63,7 +67,9 @@ def test_rounds_find_the_optimum_a_one_candidate_shortlist_misses():
     assert cm.objective(without.assignment) > 1.3 * optimum  # the negative control
     found = auto(top_k=1)
     assert found.source == "neighbourhood optimum + descent"
-    assert cm.objective(found.assignment) == pytest.approx(optimum, rel=1e-6)
+    tied = solve(cm, tie_layers=True, time_limit=120)
+    assert tied.status == "optimal"
+    assert optimum <= cm.objective(found.assignment) <= cm.objective(tied.assignment) * (1 + 1e-9)
 
 
 def test_rounds_close_the_shipped_shortlist_s_gap_on_three_axes():
