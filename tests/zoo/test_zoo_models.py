@@ -367,3 +367,21 @@ def test_moe_routing(top_k):
     assert dispatch.sum(axis=1).max() <= 1  # a slot holds <= 1 token
     assert np.all(combine <= dispatch + 1e-6) and combine.sum(axis=(2, 3)).max() <= 1 + 1e-5
     assert np.isfinite(float(aux)) and float(aux) > 0
+
+
+@pytest.mark.parametrize("strategy", ["dp", "auto"])
+def test_llama_gradient_accumulation_plans_compute_the_unsharded_step(strategy, compile_count):
+    """The accumulated step (a scan over microbatches around the layers' scan) planned on the
+    H100 rows' 4 (dp) x 2 (cp) mesh of ``benchmarks/published.py``: the emitted program equals
+    the unsharded step over two steps (the loop bodies of both plans are planned by search: at
+    the benchmark's size ``dp``'s reduce-scatters each microbatch's weight gradients)."""
+    from tests.helpers import assert_steps_match, first_steps
+
+    m = zoo.get("llama", size="tiny", batch=16, scan_layers=True, microbatches=2)
+    state, batch = m.init(seed=0)
+    refs = jax.device_get(first_steps(jax.jit(m.step), state, batch, n=2))
+    topo = hj.Topology.grid((4, 2), ("dp", "cp"))
+    options = {"stages": False} if strategy == "auto" else {}
+    plan = hj.plan(m.step, *m.abstract(), topology=topo, strategy=strategy, **options)
+    sharded = hj.emit(m.step, plan, donate=False)
+    assert_steps_match(sharded, state, batch, refs, compile_count, rtol=2e-4, atol=2e-5)
