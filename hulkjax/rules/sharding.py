@@ -582,8 +582,8 @@ def scattered_sum(partial, nbytes: int, free, mesh: Mesh) -> tuple[tuple[Comm, .
     block where the reduce-scattered layout wants it. The operator's work is split ``n`` times
     more. Otherwise it is one reduce-scatter of the block (XLA:CPU: an all-reduce and a local
     slice, :mod:`hulkjax.cost.backends`). Measured on XLA:CPU for ``dot_general`` and
-    ``conv_general_dilated`` on 2x2, 4x4, 4x2, 2x4, 8x2, 2x2x2, 2x2x4 and 4x2x2 meshes
-    (``tests/rules/test_dot_partials.py``).
+    ``conv_general_dilated`` on 2x2, 4x4, 4x2, 2x4, 8x2, 2x2x2, 2x2x4 and 4x2x2 meshes (those of
+    8 devices held in ``tests/rules/test_dot_partials.py``).
 
     >>> scattered_sum(("model",), 1024, ["data"], Mesh(("data", "model"), (2, 2)))[0]
     (Comm(kind='all-reduce', axes=('model',), bytes=512, deferred=False), \
