@@ -165,14 +165,8 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
     cm = cost_model(graph, topo)
     b = cm.breakdown(plan.assignment)
     nodes = sorted(range(len(graph.nodes)), key=lambda i: -b.compute[i])[:top]
-    compute = []
-    for i in nodes:
-        n = graph.nodes[i]
-        o = graph.values[n.outputs[0]] if n.outputs else None
-        compute.append({"primitive": n.primitive.name, "seconds": b.compute[i],
-                        "shape": None if o is None else list(o.shape),
-                        "dtype": None if o is None else o.dtype,
-                        "layout": None if o is None else str(b.specs.get(n.outputs[0]))})
+    compute = [_op_row(graph, b, i, graph.nodes[i].primitive.name, b.compute[i])
+               for i in nodes]
     held: dict[tuple, float] = {}
     for u in b.memory:
         n = None if u.node is None else graph.nodes[u.node]
@@ -183,6 +177,17 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
                "gb": v / 1e9} for k, v in sorted(held.items(), key=lambda kv: -kv[1])[:top]]
     inside = sorted(_inside_loops(cm, plan.assignment), key=lambda c: -c["seconds"])[:top]
     return {"compute": compute, "memory": memory, "inside_loops": inside}
+
+
+def _op_row(graph, b, i: int, name: str, seconds: float) -> dict:
+    """One operator's row of the breakdown tables: ``name``, ``seconds``, and its result's
+    shape, dtype and layout under breakdown ``b``."""
+    n = graph.nodes[i]
+    o = graph.values[n.outputs[0]] if n.outputs else None
+    return {"primitive": name, "seconds": seconds,
+            "shape": None if o is None else list(o.shape),
+            "dtype": None if o is None else o.dtype,
+            "layout": None if o is None else str(b.specs.get(n.outputs[0]))}
 
 
 def _inside_loops(cm, assignment, where: str = "", trips: int = 1) -> list[dict]:
@@ -200,15 +205,9 @@ def _inside_loops(cm, assignment, where: str = "", trips: int = 1) -> list[dict]
             path = f"{where}{node.primitive.name}[{r.trips}] > "
             bcm, ba = body.cost_model, list(body.assignment)
             b = bcm.breakdown(ba)
-            for i, n in enumerate(body.graph.nodes):
-                if n.subgraphs or not b.compute[i]:
-                    continue
-                o = body.graph.values[n.outputs[0]] if n.outputs else None
-                out.append({"primitive": path + n.primitive.name,
-                            "seconds": b.compute[i] * r.trips * trips,
-                            "shape": None if o is None else list(o.shape),
-                            "dtype": None if o is None else o.dtype,
-                            "layout": None if o is None else str(b.specs.get(n.outputs[0]))})
+            out += [_op_row(body.graph, b, i, path + n.primitive.name,
+                            b.compute[i] * r.trips * trips)
+                    for i, n in enumerate(body.graph.nodes) if not n.subgraphs and b.compute[i]]
             out += _inside_loops(bcm, ba, path, r.trips * trips)
     return out
 

@@ -550,6 +550,7 @@ def _combine(node, graph, mesh, in_shapes, out_shape, opts, *, per_dim_partials=
                 rs_out[d] = (*rs_out[d], *partial)
                 rs_out = tuple(rs_out)
                 if divides(out_shape, rs_out, mesh.sizes):
+                    # (partial sums over several dimensions: not measured, one reduce-scatter)
                     comms, more = (scattered_sum(partial, ar.bytes, free, mesh)
                                    if len(partial_by_dim) == 1 else
                                    ((Comm("reduce-scatter", tuple(partial), ar.bytes),), 1))

@@ -173,30 +173,27 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, name: str
     micro-batches per data-parallel rank runs it: the batch is cut into k microbatches (example
     ``i`` of microbatch ``j`` is example ``j + k i``: rank ``r`` of a contiguous split of the batch
     over data-parallel devices keeps its own examples in every microbatch), a ``lax.scan`` over
-    them sums the gradients (and metrics), and the optimizer runs once on their mean: the same
-    update as the whole batch's for a loss that is a mean over equal microbatches. Only for losses
-    without state updates (no BatchNorm statistics)."""
+    them sums the gradients (the losses and metrics are averaged), and the optimizer runs once on
+    the gradients' mean: the same update as the whole batch's for a loss that is a mean over
+    equal microbatches. Only for losses without state updates (no BatchNorm statistics)."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulated(params, state, batch):
         def cut(x):  # (B, ...) -> (k, B / k, ...): microbatch j holds examples j, j + k, ...
             return jnp.swapaxes(x.reshape(-1, microbatches, *x.shape[1:]), 0, 1)
 
-        def body(acc, mb):
+        def body(acc, mb):  # gradients summed in the carry, losses and metrics stacked
             (loss, (metrics, updates)), grads = grad_fn(params, state, mb)
             if updates:
                 raise InvalidModelConfigError(
                     f"{name}: microbatches={microbatches} needs a loss without state updates; "
                     f"this one updates {sorted(updates)}. Use microbatches=1.")
-            return jax.tree.map(jnp.add, acc, (loss, metrics, grads)), None
+            return jax.tree.map(jnp.add, acc, grads), (loss, metrics)
 
-        mbs = jax.tree.map(cut, batch)
-        shapes = jax.eval_shape(grad_fn, params, state, jax.tree.map(lambda x: x[0], mbs))
-        (loss, (metrics, _)), grads = shapes
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (loss, metrics, grads))
-        (loss, metrics, grads), _ = jax.lax.scan(body, zeros, mbs)
-        loss, metrics, grads = jax.tree.map(lambda x: x / microbatches, (loss, metrics, grads))
-        return (loss, (metrics, {})), grads
+        grads, (loss, metrics) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
+                                              jax.tree.map(cut, batch))
+        loss, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (loss, metrics))
+        return (loss, (metrics, {})), jax.tree.map(lambda x: x / microbatches, grads)
 
     def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         params = state["params"]
