@@ -133,7 +133,7 @@ def evaluate(weights: dict[str, str | None], *, n: int, margin: float) -> dict:
     for name, stream in splits.items():
         kept, drawn = _nontrivial(stream, n, margin, name)
         rows = []
-        for spec, g, topo, cm, ilp_a, opt, best in kept:
+        for spec, _g, topo, cm, ilp_a, opt, best in kept:
             row = {"family": spec["family"], "spec": spec, "ilp_ms": opt * 1e3,
                    "best_baseline_ms": best * 1e3, "groups": len(cm.groups)}
             choice = [gr.id for gr in cm.groups if len(gr.candidates) > 1]
@@ -277,7 +277,7 @@ def main() -> None:
         weights = {"shipped": None, **{t: os.path.join(args.weights_dir, t) for t in TARGETS}}
         splits = evaluate(weights, n=args.n, margin=args.margin)
         report = {"commit": _commit(),
-                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                  "date": datetime.datetime.now(datetime.UTC).isoformat(
                       timespec="seconds"),
                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                   "samples": args.samples, "val_samples": args.val_samples,
