@@ -226,3 +226,10 @@ def test_shortlist_holds_the_likeliest_candidates_and_every_way_to_finish_a_spli
     # Somewhere a split is finished in more than one way, and all of them are kept.
     assert any(sum(x.kind == "reduce-scatter" for r in [grp.candidates[c] for c in options[grp.id]]
                    for x in r.comms) > 1 for grp in cm.groups if grp.kind == "leader")
+
+
+def test_train_gnn_targets_are_the_planner_networks_option(capsys):
+    from hulkjax.cli import main
+
+    assert main(["train-gnn", "--head", "groups", "--targets", "hard"]) != 0
+    assert "--targets is for the planner network" in capsys.readouterr().err
