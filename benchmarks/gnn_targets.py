@@ -28,7 +28,8 @@ What it does, in order (each step cached, so a rerun only redoes what changed):
 
 Writes ``benchmarks/results/gnn_targets.json`` and ``benchmarks/GNN_TARGETS.md``::
 
-    python benchmarks/gnn_targets.py                 # label, train both, evaluate (about 40 min)
+    python benchmarks/gnn_targets.py                 # label, train both, evaluate (~40 min
+                                                     # with the labels cached)
     python benchmarks/gnn_targets.py --skip-train    # evaluate the weights in --weights-dir
     python benchmarks/gnn_targets.py --report-only   # the markdown from the JSON
 """

@@ -6,9 +6,9 @@ CNNs; MoE layers; LLaMA-style decoders with grouped-query attention and rotary e
 topologies (1-3 mesh axes, bandwidths over four orders of magnitude, latencies from NVLink to WAN,
 device kinds from H100 to T4, memory pressure from ample to tight). The label is the ILP's optimal
 assignment under the shared cost model, and each candidate's *regret* (:func:`regrets`): how much
-slower the step is when that group alone takes it instead, which the soft targets of
+slower the step is when that group alone takes it instead, which the optional soft targets of
 :mod:`hulkjax.training.train` weigh candidates by (equally good candidates equally: the ILP's
-argmax among ties is one of several right answers).
+argmax among ties is one of several right answers; they did not help, see there).
 
 >>> spec = sample_specs(1, seed=0)[0]
 >>> sorted(spec)

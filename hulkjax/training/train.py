@@ -12,9 +12,11 @@ on held-out model families, 3.88x against 2.75x on TPU v5e slices (medians; 1.06
 distribution), its 16 likeliest holding the ILP's candidate for 99.5% and 94.7% of groups
 against 100%; ``auto`` reached the optimum from either. A regret is one group's move with every
 other group kept: candidates each nearly as good alone are not as good together, and the argmax
-takes them together. optax AdamW, a fixed seed, a tqdm progress bar, validation each epoch on held-out
-graphs: the cost ratio of the network's own choice (argmax, no search) and of ``auto`` (network +
-search) to the ILP optimum. Checkpoints go to ``out_dir``; the final weights are what ships in
+takes them together.
+
+optax AdamW, a fixed seed, a tqdm progress bar, validation each epoch on held-out graphs: the
+cost ratio of the network's own choice (argmax, no search) and of ``auto`` (network + search) to
+the ILP optimum. Checkpoints go to ``out_dir``; the final weights are what ships in
 ``hulkjax/gnn/weights/`` (read at planning time by :mod:`hulkjax.gnn.weights`).
 
 >>> import numpy as np
