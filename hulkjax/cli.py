@@ -706,6 +706,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"--head groups: test (model, cluster) pairs, evaluated once on the "
                          f"weights kept (default {GROUPS_RUN['test_samples']})")
     tg.add_argument("--epochs", type=int, default=None, help=both("epochs"))
+    tg.add_argument("--targets", choices=("hard", "soft"), default=None,
+                    help="the planner network's targets: hard (default; the ILP's candidate) or "
+                         "soft (each candidate weighed by its regret, how much slower the step "
+                         "is with it: worse, see benchmarks/GNN_TARGETS.md)")
     tg.add_argument("--seed", type=int, default=0)
     tg.add_argument("--out", default=None,
                     help="directory for the weights (default: the package's shipped weights)")
@@ -722,9 +726,14 @@ def cmd_train_gnn(args) -> int:
                                   else args.test_samples),
                  "command": "hulkjax " + " ".join(
                      a for a in (args.argv or []) if a != args.out and a != "--out")}
-    elif args.test_samples is not None:
-        raise InvalidOptionError("--test-samples is for --head groups (the planner network's "
-                                 "held-out graphs are --val-samples)")
+    else:
+        if args.test_samples is not None:
+            raise InvalidOptionError("--test-samples is for --head groups (the planner "
+                                     "network's held-out graphs are --val-samples)")
+        extra = {"targets": args.targets or "hard"}
+    if args.head == "groups" and args.targets is not None:
+        raise InvalidOptionError("--targets is for the planner network (the device-group "
+                                 "head's targets are always soft)")
     history = run(samples=defaults["samples"] if args.samples is None else args.samples,
                   val_samples=(defaults["val_samples"] if args.val_samples is None
                                else args.val_samples),

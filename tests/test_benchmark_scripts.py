@@ -90,3 +90,27 @@ def test_gnn_eval_reports_the_ablations_time_from_its_own_runs():
     assert "uniform prior's time / auto time" in md.splitlines()[0]
     assert md.splitlines()[2].endswith("| 4.0x | 2.0x |")
 
+
+
+def test_gnn_targets_reports_each_weights_medians_per_split():
+    """``benchmarks/gnn_targets.py``'s table: one row per weights (and the uniform prior) per
+    split, each the median over that split's graphs."""
+    gt = _script("gnn_targets")
+
+    def weights(recall, argmax):
+        return {"recall4": recall, "recall16": recall, "argmax": argmax, "descent": argmax,
+                "auto": 1.0, "auto_cpu_s": 1.0}
+
+    rows = [{"family": "gpt2", "groups": 10, "ilp_ms": 1.0, "best_baseline_ms": 1.2,
+             "hard": weights(r, a), "soft": weights(r + 0.1, a - 0.01),
+             "uniform": {"auto": 1.0, "auto_cpu_s": 2.0}}
+            for r, a in ((0.5, 1.2), (0.7, 1.1), (0.9, 1.0))]
+    report = {"commit": "x", "date": "d", "machine": {"cpus": 2}, "samples": 3,
+              "val_samples": 1, "epochs": 1, "margin": 0.01, "labels": ["hard", "soft"],
+              "training": {}, "splits": {"held-out": {"drawn": 5, "rows": rows}}}
+    md = gt.render(report)
+    table = [ln for ln in md.splitlines() if ln.startswith("| held-out |")]
+    assert [ln.split("|")[3].strip() for ln in table] == ["hard", "soft", "uniform prior"]
+    assert table[0].split("|")[4:7] == [" 0.700 ", " 0.700 ", " 1.1000 "]
+    assert table[1].split("|")[4:7] == [" 0.800 ", " 0.800 ", " 1.0900 "]
+    assert table[2].split("|")[-2].strip() == "2.00"

@@ -108,9 +108,9 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
     mine = None if nodes is None else set(nodes)
     in_flight = max(int(in_flight), 1)
     sk = _skeleton(cm, nodes, mine)
-    specs = dict(cm.value_specs(assignment))
     sizes = cm.sizes
     b = cm.breakdown(assignment, memory=False) if breakdown is None else breakdown
+    specs = dict(b.specs)  # the assignment's value layouts (CostModel.value_specs)
     # What is computed in place from constants (zeros to scatter into, masks, iota) is made in the
     # layout its uses slice it to: partitioners propagate the consumers' sharding onto it.
     for nid, k, v in sk.free_uses:

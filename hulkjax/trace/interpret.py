@@ -201,23 +201,27 @@ def equations(closed) -> list[Equation]:
     (['sin', 'mul'], 2.0)
     """
     out: list[Equation] = []
-
-    def walk(jaxpr, bound: dict):
-        for eqn in jaxpr.eqns:
-            lits = {}
-            for k, a in enumerate(eqn.invars):
-                if isinstance(a, jex_core.Literal):
-                    lits[k] = a.val
-                elif a in bound:
-                    lits[k] = bound[a]
-            body = inlined_body(eqn)
-            if body is None:
-                out.append(Equation(eqn, lits))
-            else:
-                walk(body[0], {iv: lits[k] for k, iv in enumerate(body[0].invars) if k in lits})
-
-    walk(closed.jaxpr, {})
+    _walk_equations(closed.jaxpr, {}, out)
     return out
+
+
+# (Module-level recursions, not closures: a nested function that calls itself is a reference
+# cycle through its own cell, which keeps what it closes over, here the whole list of equations,
+# alive until the cyclic collector runs.)
+def _walk_equations(jaxpr, bound: dict, out: list) -> None:
+    for eqn in jaxpr.eqns:
+        lits = {}
+        for k, a in enumerate(eqn.invars):
+            if isinstance(a, jex_core.Literal):
+                lits[k] = a.val
+            elif a in bound:
+                lits[k] = bound[a]
+        body = inlined_body(eqn)
+        if body is None:
+            out.append(Equation(eqn, lits))
+        else:
+            _walk_equations(body[0], {iv: lits[k] for k, iv in enumerate(body[0].invars)
+                                      if k in lits}, out)
 
 
 def constant_values(closed) -> list:
@@ -230,16 +234,16 @@ def constant_values(closed) -> list:
     [[0.0, 1.0, 2.0]]
     """
     out = list(closed.consts)
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            body = inlined_body(eqn)
-            if body is not None:
-                out.extend(body[1])
-                walk(body[0])
-
-    walk(closed.jaxpr)
+    _walk_constants(closed.jaxpr, out)
     return out
+
+
+def _walk_constants(jaxpr, out: list) -> None:
+    for eqn in jaxpr.eqns:
+        body = inlined_body(eqn)
+        if body is not None:
+            out.extend(body[1])
+            _walk_constants(body[0], out)
 
 
 def literal_operands(closed) -> dict[tuple[int, int], Any]:

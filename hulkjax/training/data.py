@@ -5,7 +5,10 @@ Transformer blocks over depth, width, heads, sequence, batch and dtype (f32 or b
 CNNs; MoE layers; LLaMA-style decoders with grouped-query attention and rotary embeddings) and random
 topologies (1-3 mesh axes, bandwidths over four orders of magnitude, latencies from NVLink to WAN,
 device kinds from H100 to T4, memory pressure from ample to tight). The label is the ILP's optimal
-assignment under the shared cost model.
+assignment under the shared cost model, and each candidate's *regret* (:func:`regrets`): how much
+slower the step is when that group alone takes it instead, which the optional soft targets of
+:mod:`hulkjax.training.train` weigh candidates by (equally good candidates equally: the ILP's
+argmax among ties is one of several right answers; they did not help, see there).
 
 >>> spec = sample_specs(1, seed=0)[0]
 >>> sorted(spec)
@@ -28,6 +31,7 @@ from hulkjax.gnn.features import JoinedGraph, build
 from hulkjax.strategies.baselines import baseline_assignments
 from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model
+from hulkjax.strategies.search import local_costs, neighbours
 from hulkjax.topology import DEVICE_SPECS, DeviceSpec, Topology
 from hulkjax.trace import trace
 
@@ -35,8 +39,9 @@ log = logging.getLogger("hulkjax.training")
 
 FAMILIES = ("mlp", "transformer-block", "cnn", "moe", "llama")
 HELD_OUT_FAMILIES = ("gpt2", "bert", "vit")
-DATA_VERSION = 3  # 2: the combiner-aware cost model, llama and bf16 samples; 3: a layout change
-# read by several operators charged once per (value, layout)
+DATA_VERSION = 4  # 2: the combiner-aware cost model, llama and bf16 samples; 3: a layout change
+# read by several operators charged once per (value, layout); 4: per-candidate regrets, and
+# reduce-scatters priced as XLA makes them on meshes with idle axes
 
 
 def cache_dir() -> str:
@@ -146,12 +151,42 @@ def make_graph(spec: dict):
 
 @dataclass
 class Sample:
-    """One labelled training graph: features, the ILP's choice per group, and its objective."""
+    """One labelled training graph: features, the ILP's choice per group, its objective, and
+    every candidate's regret (:func:`regrets`)."""
 
     spec: dict
     features: object  # JoinedGraph
     label: np.ndarray  # [G] int, candidate index per group
     objective: float
+    regret: np.ndarray  # [G, K] float seconds (K: the features' candidates), inf where none
+
+
+def regrets(cm, assignment, k: int) -> np.ndarray:
+    """``[G, k]``: for each group and each of its first ``k`` candidates, the objective with that
+    group alone on the candidate, the others on ``assignment``, less the objective at
+    ``assignment`` (seconds; :func:`~hulkjax.strategies.search.local_costs`, exact). ``inf``
+    where a group has no such candidate, or where the candidate would take the additive memory
+    the ILP constrains (:meth:`~hulkjax.cost.model.CostModel.memory`) over the device's
+    capacity (over the assignment's own, where that is already over). Below 0 where one group's
+    move alone improves on ``assignment`` (repeated layers are tied in the ILP; a move unties
+    one)."""
+    nb = neighbours(cm)
+    total = cm.memory(assignment)
+    limit = max(cm.capacity, total)
+    out = np.full((len(cm.groups), k), np.inf)
+    for grp in cm.groups:
+        cands = list(range(min(len(grp.candidates), k)))
+        if len(cands) < 2:
+            if cands:
+                out[grp.id, 0] = 0.0
+            continue
+        t = local_costs(cm, nb, grp.id, assignment, cands)
+        here = float(local_costs(cm, nb, grp.id, assignment, [assignment[grp.id]])[0])
+        mem = np.array([cm.table(grp.id, c).memory for c in cands])
+        own = cm.table(grp.id, assignment[grp.id]).memory
+        ok = total - own + mem <= limit * (1 + 1e-9)
+        out[grp.id, :len(cands)] = np.where(ok, t - here, np.inf)
+    return out
 
 
 def key(spec: dict) -> str:
@@ -181,13 +216,14 @@ def load_or_make(spec: dict, *, directory: str | None = None) -> Sample | None:
         if z["label"].size == 0:
             return None
         jg = JoinedGraph(**{f: z[f] for f in JoinedGraph.__dataclass_fields__})
-        return Sample(spec, jg, z["label"], float(z["objective"]))
+        return Sample(spec, jg, z["label"], float(z["objective"]), z["regret"])
     cm, res = label(spec)
     if res is None:
         np.savez_compressed(path, label=np.zeros(0, np.int32), objective=np.float64(0))
         return None
     jg = build(cm)
     lab = np.array(res.assignment, np.int32)
-    np.savez_compressed(path, label=lab, objective=np.float64(res.objective),
+    reg = regrets(cm, res.assignment, jg.cand_mask.shape[1])
+    np.savez_compressed(path, label=lab, objective=np.float64(res.objective), regret=reg,
                         **{f: getattr(jg, f) for f in JoinedGraph.__dataclass_fields__})
-    return Sample(spec, jg, lab, res.objective)
+    return Sample(spec, jg, lab, res.objective, reg)
