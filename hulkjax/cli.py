@@ -720,8 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train_gnn(args) -> int:
     defaults = GROUPS_RUN if args.head == "groups" else PLANNER_RUN
     run = train_group_head if args.head == "groups" else train_planner
-    extra = {}
     if args.head == "groups":
+        if args.targets is not None:
+            raise InvalidOptionError("--targets is for the planner network (the device-group "
+                                     "head's targets are always soft)")
         extra = {"test_samples": (defaults["test_samples"] if args.test_samples is None
                                   else args.test_samples),
                  "command": "hulkjax " + " ".join(
@@ -731,9 +733,6 @@ def cmd_train_gnn(args) -> int:
             raise InvalidOptionError("--test-samples is for --head groups (the planner "
                                      "network's held-out graphs are --val-samples)")
         extra = {"targets": args.targets or "hard"}
-    if args.head == "groups" and args.targets is not None:
-        raise InvalidOptionError("--targets is for the planner network (the device-group "
-                                 "head's targets are always soft)")
     history = run(samples=defaults["samples"] if args.samples is None else args.samples,
                   val_samples=(defaults["val_samples"] if args.val_samples is None
                                else args.val_samples),

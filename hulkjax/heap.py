@@ -51,13 +51,17 @@ def collector_paused(*, sweep: bool = False):
     ends, by a young collection of what it allocated alone (see the module docstring)."""
     global _depth, _resume, _promote, _sweeping
     with _lock:
-        if _depth == 0:
+        first = _depth == 0
+        if first:
             _resume = gc.isenabled()
             _promote = _resume and gc.get_freeze_count() == 0
             gc.disable()
-            if _promote:
-                gc.collect(1)  # the caller's young objects, as its collector would have
         _depth += 1
+    if first and _promote:
+        # The caller's young objects, as its collector would have (outside the lock: a
+        # finalizer the collection runs may pause the collector too).
+        gc.collect(1)
+    with _lock:
         swept = sweep and _promote and not _sweeping
         if swept:
             _sweeping = True

@@ -181,7 +181,9 @@ def regrets(cm, assignment, k: int) -> np.ndarray:
                 out[grp.id, 0] = 0.0
             continue
         t = local_costs(cm, nb, grp.id, assignment, cands)
-        here = float(local_costs(cm, nb, grp.id, assignment, [assignment[grp.id]])[0])
+        a = assignment[grp.id]
+        here = float(t[a]) if a < len(cands) else float(
+            local_costs(cm, nb, grp.id, assignment, [a])[0])
         mem = np.array([cm.table(grp.id, c).memory for c in cands])
         own = cm.table(grp.id, assignment[grp.id]).memory
         ok = total - own + mem <= limit * (1 + 1e-9)

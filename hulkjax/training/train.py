@@ -58,12 +58,11 @@ def soft_targets(sample, temperature: float = TEMPERATURE) -> np.ndarray:
     """``[G, K]`` per group, each candidate's weight ``exp(-(regret - least) / (temperature x
     objective))``, normalized (rows without a candidate: zeros). ``least`` is the group's least
     regret: 0, or below where one group's move improves on the ILP's plan."""
-    r = np.asarray(sample.regret, dtype=np.float64)
-    fin = np.isfinite(r)
-    rel = np.where(fin, r, np.inf) / max(float(sample.objective), 1e-30)
-    least = np.min(rel, axis=1, keepdims=True)
-    w = np.where(fin, np.exp(-(np.where(fin, rel, 0.0) - np.where(np.isfinite(least), least, 0.0))
-                             / temperature), 0.0)
+    rel = np.asarray(sample.regret, dtype=np.float64) / max(float(sample.objective), 1e-30)
+    fin = np.isfinite(rel)
+    least = np.broadcast_to(np.min(rel, axis=1, keepdims=True), rel.shape)
+    w = np.zeros_like(rel)
+    w[fin] = np.exp(-(rel[fin] - least[fin]) / temperature)
     total = w.sum(axis=1, keepdims=True)
     return np.divide(w, total, out=np.zeros_like(w), where=total > 0)
 
@@ -89,9 +88,8 @@ def _batch(sample, targets: str = "hard", temperature: float = TEMPERATURE):
 
 def make_loss(net):
     def loss_fn(params, arrs, target, weight):
-        logp = net.apply(params, *arrs)
-        # (padded candidates: target 0, and logp finite or -inf there: 0 * -inf guarded)
-        nll = -jnp.sum(jnp.where(target > 0, target * logp, 0.0), axis=1)
+        logp = net.apply(params, *arrs)  # finite: masked candidates score -1e9
+        nll = -jnp.sum(target * logp, axis=1)
         return jnp.sum(nll * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
     return loss_fn
