@@ -28,7 +28,7 @@ from hulkjax.trace.primitives import KERNELS, PASS_THROUGH, SAME_SHAPE_UPDATES
 from hulkjax.trace.walk import inlined_body, sub_jaxprs
 
 
-@collector_paused(sweep=True)  # see hulkjax.heap: a trace allocates much and makes cycles
+@collector_paused()  # see hulkjax.heap: a trace allocates much and frees little
 def trace(fn, *args, **kwargs) -> OpGraph:
     """Trace ``fn(*args)`` into an operator graph without running it.
 

@@ -175,3 +175,25 @@ def test_partial_binds_static_settings():
 
     g = hj.trace(functools.partial(step, scale=3.0), jnp.ones(3))
     assert [n.name for n in g.nodes] == ["mul"]
+
+
+def test_reading_a_steps_equations_makes_no_reference_cycles():
+    """``equations`` and ``constant_values`` (the staged search's literal operands) leave nothing
+    for the cyclic collector: a recursive closure once kept every equation of the step alive
+    until a full collection (a reference cycle through its own cell)."""
+    import gc
+
+    from hulkjax.trace.interpret import constant_values, equations
+
+    inner = jax.jit(lambda x: x * 2.0 + np.arange(3.0))  # an inlined body with a constant
+    closed = jax.make_jaxpr(lambda x: jnp.sin(inner(x)))(jnp.ones(3))
+    gc.collect()
+    gc.disable()
+    try:
+        eqs, consts = equations(closed), constant_values(closed)
+        assert [e.eqn.primitive.name for e in eqs] == ["mul", "add", "sin"]
+        assert len(consts) == 1
+        del eqs, consts
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
