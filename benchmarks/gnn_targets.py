@@ -9,9 +9,11 @@ What it does, in order (each step cached, so a rerun only redoes what changed):
 2. Trains the network twice on them from the same seed, ``targets="hard"`` (the ILP's candidate,
    one-hot, as the shipped weights were trained) and ``targets="soft"`` (each candidate weighed by
    its regret; :mod:`hulkjax.training.train`), into ``--weights-dir``.
-3. Evaluates the shipped weights and both new ones on three held-out splits (other seeds than
-   training's): in-distribution, held-out model families (GPT-2, BERT, ViT), a held-out topology
-   (TPU v5e slices). Only graphs whose optimum is *not trivial* count: the ILP's SPMD plan at
+3. Evaluates the shipped weights and both new ones on four held-out splits (other seeds than
+   training's): in-distribution, held-out zoo families (GPT-2, BERT, ViT), a held-out topology
+   (TPU v5e slices), and third-party model code (transformers' Flax GPT-2, BERT, T5, ViT and
+   LLaMA of ``tests/realmodels/families.py``, at random small dimensions, on the training
+   distribution's random clusters). Only graphs whose optimum is *not trivial* count: the ILP's SPMD plan at
    least ``--margin`` (1%) faster than the best baseline's (replicate, dp, fsdp, megatron,
    dp_tp, expert, ...), drawn until each split has ``--n``. Per graph and weights (the cost
    model's SPMD objective, staged plans left out: the network only decides SPMD layouts):
@@ -95,7 +97,7 @@ def _nontrivial(specs, n: int, margin: float, desc: str):
             break
         drawn += 1
         try:
-            g = data.make_graph(spec)
+            g = _graph(spec)
             topo = data.make_topology(spec["topology"])
             cm = cost_model(g, topo)
             base = baseline_assignments(g, topo)
@@ -111,13 +113,46 @@ def _nontrivial(specs, n: int, margin: float, desc: str):
     return kept, drawn
 
 
-def _stream(seed: int, **kw):
+THIRD_PARTY = ("gpt2", "bert", "t5", "vit", "llama")
+
+
+def _stream(seed: int, *, third_party: bool = False, **kw):
+    """Specs without end: ``hulkjax.training.data``'s, or (``third_party``) a family of
+    ``tests/realmodels/families.py`` at random small dimensions on the same random clusters."""
     from hulkjax.training import data
 
     k = 0
     while True:
-        yield from data.sample_specs(16, seed=seed * 1000 + k, **kw)
+        specs = data.sample_specs(16, seed=seed * 1000 + k, **kw)
+        if third_party:
+            rng = np.random.default_rng(seed * 1000 + k)
+
+            def pick(*xs, rng=rng):
+                return xs[int(rng.integers(len(xs)))]
+
+            specs = [{"family": "hf:" + pick(*THIRD_PARTY),
+                      "model": dict(layers=int(pick(1, 2)), width=int(pick(64, 128)), heads=4,
+                                    ff=int(pick(128, 256, 512)), vocab=int(pick(256, 1024)),
+                                    seq=int(pick(16, 64)), batch=int(pick(8, 32)), image=16,
+                                    patch=4),
+                      "topology": s["topology"]} for s in specs]
+        yield from specs
         k += 1
+
+
+def _graph(spec: dict):
+    """The spec's step, traced abstractly (a third-party family through ``benchmarks/stages.py``'s
+    ``ThirdParty``, as ``benchmarks/planning.py`` builds them)."""
+    import hulkjax as hj
+    from hulkjax.training import data
+
+    if not spec["family"].startswith("hf:"):
+        return data.make_graph(spec)
+    sys.path.insert(0, HERE)
+    from stages import ThirdParty
+
+    m = ThirdParty(spec["family"][3:], spec["model"])
+    return hj.trace(m.step, *m.abstract())
 
 
 def evaluate(weights: dict[str, str | None], *, n: int, margin: float) -> dict:
@@ -129,6 +164,8 @@ def evaluate(weights: dict[str, str | None], *, n: int, margin: float) -> dict:
         "in-distribution": _stream(201),
         "held-out families (GPT-2, BERT, ViT)": _stream(202, families=data.HELD_OUT_FAMILIES),
         "held-out topology (TPU v5e)": _stream(203, topologies=("tpu",)),
+        "third-party code (transformers' GPT-2, BERT, T5, ViT, LLaMA)": _stream(
+            204, third_party=True),
     }
     out = {}
     for name, stream in splits.items():
@@ -147,7 +184,7 @@ def evaluate(weights: dict[str, str | None], *, n: int, margin: float) -> dict:
                        if choice else 1.0 for k in (4, TOP_K)}
                 pick = [int(np.argmax(logp[gr.id, :len(gr.candidates)])) for gr in cm.groups]
                 found, _ = search(cm, logp)
-                g2 = data.make_graph(spec)  # auto on a graph of its own (tables cached per graph)
+                g2 = _graph(spec)  # auto on a graph of its own (tables cached per graph)
                 c0 = time.process_time()
                 plan = hj.plan(None, graph=g2, topology=topo, strategy="auto", full_program=0,
                                stages=False, weights=wdir)
@@ -156,7 +193,7 @@ def evaluate(weights: dict[str, str | None], *, n: int, margin: float) -> dict:
                               "descent": cm.objective(found) / opt,
                               "auto": plan.cost.step_time / opt,
                               "auto_cpu_s": time.process_time() - c0}
-            g2 = data.make_graph(spec)
+            g2 = _graph(spec)
             c0 = time.process_time()
             plan = hj.plan(None, graph=g2, topology=topo, strategy="auto", full_program=0,
                            stages=False, prior_kind="uniform")

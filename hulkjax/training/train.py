@@ -8,9 +8,10 @@ others on the ILP's plan) as a fraction of the optimum's step, normalized per gr
 good as the ILP's choice weigh as much, one ``temperature`` worse ``1 / e`` of it. Soft targets
 made the network worse (``benchmarks/GNN_TARGETS.md``, trained on the same labels; held-out
 splits whose optimum is not trivial): its own choices (argmax) 4.09x the optimum against 1.53x
-on held-out model families, 3.88x against 2.75x on TPU v5e slices (medians; 1.06x both in
-distribution), its 16 likeliest holding the ILP's candidate for 99.5% and 94.7% of groups
-against 100%; ``auto`` reached the optimum from either. A regret is one group's move with every
+on held-out model families, 3.88x against 2.75x on TPU v5e slices, 1.019x against 1.008x on
+transformers' models (medians; 1.06x both in distribution), its 16 likeliest holding the ILP's
+candidate for 99.5%, 94.7% and 99.5% of groups against 100%; ``auto`` reached the optimum from
+either. A regret is one group's move with every
 other group kept: candidates each nearly as good alone are not as good together, and the argmax
 takes them together.
 
