@@ -28,10 +28,10 @@ from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, Unsupported
 from hulkjax.formatting import format_bytes, format_count, format_time
 from hulkjax.plan.records import Plan
 from hulkjax.rules.support import check_supported
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model
+from hulkjax.strategies.realize import assignment_for_inputs, plan_cost_model
 from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.strategies.registry import options_of, run_planner
-from hulkjax.strategies.search import propagate
+from hulkjax.strategies.search import finish_sums, propagate
 from hulkjax.strategies.stages import plan_cost as staged_plan_cost
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.graph import OpGraph
@@ -76,7 +76,7 @@ def _gather_cost(plan: Plan) -> Callable[[list], str]:
     their operands to every device (a phrase for :func:`check_supported`'s warning)."""
 
     def cost(nodes) -> str:
-        cm = cost_model(plan.graph, plan.topology)
+        cm = plan_cost_model(plan.graph, plan.topology, plan)
         ids = {n.id for n in nodes}
         comms = [m.comm for m in cm.breakdown(plan.assignment, memory=False).moves
                  if m.node in ids and not m.repeat]
@@ -111,11 +111,13 @@ def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,
     g = trace(fn, *args)
     if plan.stages is not None:
         return staged_plan_cost(g, topo, plan)
-    cm = cost_model(g, topo)
+    cm = plan_cost_model(g, topo, plan)
     if plan.assignment is not None and plan.graph_fingerprint == g.fingerprint() \
             and plan.topology_fingerprint == topo.fingerprint():
         return cm.evaluate(plan.assignment)
-    return cm.evaluate(propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs])))
+    a = propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
+    # (state apart: its gradients reduced onto the state's shards, as zero's are)
+    return cm.evaluate(finish_sums(cm, a) if cm.optimizer_apart else a)
 
 
 def compare(fn: Callable, *args, topology, strategies: Sequence[str] | None = None,

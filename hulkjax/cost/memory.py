@@ -4,7 +4,7 @@ What a device holds at once is its arguments (parameters, optimizer state, its s
 plus, at the worst moment of the step, every intermediate buffer still waiting for a use: the
 activations autodiff saved for the backward pass, gradients not yet consumed by the optimizer,
 and the transient buffers of collectives (a gathered parameter right before its use; on
-backends without reduce-scatters, the whole partial sum before its slice). Buffers are sized at
+backends without reduce-scatters, the whole partial sum before its slice, and the whole sum it reduces to). Buffers are sized at
 their planned layouts. Elementwise chains fuse: a value is a buffer only when an unfusible
 operator makes or reads it (or it is a result of the step), as XLA's loop and reduction fusions
 keep the rest in registers, and a fused chain reads its operands where it runs (its last
@@ -221,6 +221,11 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
                 stop -= 1  # the result (the value's own buffer, from ``stop`` on) takes it over
             kind = "gradients" if c.deferred else "transients"
             intervals.append((nid, stop, Buffer(nid, None, kind, float(c.bytes))))
+            if c.kind == "reduce-scatter" and not cm.backend.reduce_scatter:
+                # The backend all-reduces, then slices: where the reduction runs, its result is
+                # the whole sum, not the shard the value is sized at (the rest of it here).
+                n = math.prod(cm.sizes[a] for a in c.axes)
+                intervals.append((stop, stop, Buffer(nid, None, kind, c.bytes * (1 - 1 / n))))
     # Matmul operands XLA first copies into its canonical dimension order. Layout assignment
     # makes the copy where the operand is made (a parameter's at the start of the step), not
     # where the matmul reads it: the copy of a weight or of a saved activation that a backward

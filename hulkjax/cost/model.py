@@ -344,10 +344,20 @@ class CostModel:
     >>> cm = CostModel(g, hj.Topology.grid((8,), ("d",)))
     >>> cm.evaluate(cm.replicated_assignment()).comm_time
     0.0
+
+    Groups: each argument is a group (its layout is decided once), except optimizer state, which
+    by default shares its parameter's group (``graph.owners``: Adam's moments laid out as their
+    parameter is). With ``optimizer_apart``, optimizer state is a group of its own, so a plan may
+    shard it where its parameter is whole: ZeRO's distributed optimizer, the update then computed
+    on the state's shards, the gradient reduced onto them and the parameter gathered back (what
+    the move and reading costs charge). A plan made so is evaluated by a cost model made so
+    (:attr:`~hulkjax.plan.Plan.optimizer_apart`).
     """
 
-    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None):
+    def __init__(self, graph: OpGraph, topology, *, loop_planner: LoopPlanner | None = None,
+                 optimizer_apart: bool = False):
         self.graph = graph
+        self.optimizer_apart = bool(optimizer_apart)
         self.topology = topology
         self.loop_planner = loop_planner
         self.mesh = Mesh(tuple(topology.axis_names), tuple(topology.shape))
@@ -549,7 +559,8 @@ class CostModel:
         state_origin: set[int] = set()  # values derived (through leads) from state inputs
         data_origin: set[int] = {v for v, r in zip(g.inputs, g.input_roles) if r == DATA}
         self.aliases: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-        owner_of = {j: i for j, i in g.owners.items()}
+        self._state_of: dict[int, int] = {}  # optimizer_apart: state group -> owner's input
+        owner_of = {} if self.optimizer_apart else {j: i for j, i in g.owners.items()}
         for i, (vid, role) in enumerate(zip(g.inputs, g.input_roles)):
             if i in owner_of and g.values[vid].shape == g.values[g.inputs[owner_of[i]]].shape:
                 continue
@@ -559,6 +570,10 @@ class CostModel:
             grp = Group(len(self.groups), INPUT, inputs=owned,
                         candidates=candidate_specs(shape, self.mesh),
                         signature=("in", role, shape, g.values[vid].dtype, len(owned)))
+            if self.optimizer_apart and i in g.owners:
+                # Repeated layers' state ties with repeated layers' state (the integer program's
+                # classes): the owner's input is named by its group's structure below.
+                self._state_of[grp.id] = g.owners[i]
             self.groups.append(grp)
             for j in owned:
                 self.group_of_value[g.inputs[j]] = grp.id
@@ -612,6 +627,10 @@ class CostModel:
                 grp.signature = grp.signature + (tuple(self._node_sig(n) for n in grp.members),)
             else:
                 grp.candidates = [None]
+        for gid, owner in self._state_of.items():  # (after every parameter's signature is made)
+            grp = self.groups[gid]
+            grp.signature = grp.signature + (
+                "state of", self.groups[self.group_of_value[g.inputs[owner]]].signature)
 
     def _sink_constants(self, free: Group) -> None:
         """Move what is computed from constants alone and read by one group only (the zeros a

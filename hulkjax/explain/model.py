@@ -36,8 +36,8 @@ from hulkjax.formatting import (
     format_spec,
     format_time,
 )
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model
-from hulkjax.strategies.search import propagate
+from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_cost_model
+from hulkjax.strategies.search import finish_sums, propagate
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
 
 _MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "transients", "data")
@@ -188,7 +188,8 @@ def layer_label(layer: str, depth: int | None = None) -> str:
 def _plan_assignment(plan, cm):
     if plan.assignment is not None:
         return list(plan.assignment)
-    return propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
+    a = propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
+    return finish_sums(cm, a) if cm.optimizer_apart else a
 
 
 class _Acc:
@@ -285,7 +286,7 @@ def attribute(plan, depth: int | None = None) -> Attribution:
     if plan.stages is not None:
         return _staged_attribution(plan, depth)
     g, topo = plan.graph, plan.topology
-    cm = cost_model(g, topo)
+    cm = plan_cost_model(g, topo, plan)
     a = _plan_assignment(plan, cm)
     order = tuple(topo.axis_names)
     group_layer = _group_layers(cm, depth)

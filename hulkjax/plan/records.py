@@ -135,6 +135,10 @@ class Plan:
         ``"interleaved"``). Then ``stages`` holds ``groups x v`` stages in pipeline order and
         stage ``j`` runs on the devices of stage ``j % groups``
         (:func:`~hulkjax.plan.stages.check_virtual_stages`).  # int
+      optimizer_apart: whether the plan lays optimizer state out apart from its parameter (the
+        distributed optimizer: ``strategy="zero"``, or ``ilp`` / ``auto`` with
+        ``optimizer_apart=True``); its cost model is then made so too
+        (:class:`~hulkjax.cost.CostModel`).  # bool
       planning_time: seconds spent planning (tracing excluded).  # float
       notes: what the planner wants a person to know (fallbacks, unsharded dims).  # list of str
       bodies: ``{loop node id: (BodyPlan per sub-graph, ...)}``: layouts inside the bodies of
@@ -168,6 +172,7 @@ class Plan:
     microbatches: int = 1
     schedule: str | None = None
     virtual_stages: int = 1
+    optimizer_apart: bool = False
     planning_time: float = 0.0
     notes: list[str] = field(default_factory=list)
     bodies: dict[int, tuple[BodyPlan, ...]] = field(default_factory=dict)
@@ -261,6 +266,8 @@ class Plan:
             "notes": list(self.notes),
             "bodies": bodies_to_json(self.bodies),
             "operand_paths": paths_to_json(self.operand_paths),
+            # (written only where set: plans without it read as they did before)
+            **({"optimizer_apart": True} if self.optimizer_apart else {}),
         }
 
     @classmethod
@@ -289,6 +296,7 @@ class Plan:
                 microbatches=int(d.get("microbatches", 1)),
                 schedule=d.get("schedule"),
                 virtual_stages=int(d.get("virtual_stages", 1)),
+                optimizer_apart=bool(d.get("optimizer_apart", False)),
                 planning_time=float(d.get("planning_time", 0.0)),
                 notes=list(d.get("notes", [])),
                 bodies=bodies_from_json(d.get("bodies", [])),

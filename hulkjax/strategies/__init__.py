@@ -4,14 +4,14 @@ Where this sits::
 
     cost + gnn  ->  strategies (this package)  ->  explain  ->  api
 
-Built-ins: the baselines (``replicate``, ``dp``, ``fsdp``, ``megatron``, ``dp_tp``), ``ilp`` (the
-cost model's exact optimum) and ``auto`` (the learned planner: GNN prior + search). Every planner
-ends in :func:`~hulkjax.strategies.realize.plan_from_assignment`, so every plan is judged by the
-one cost model (:func:`cost_model`).
+Built-ins: the baselines (``replicate``, ``dp``, ``fsdp``, ``megatron``, ``dp_tp``, ``expert``,
+``zero``), ``ilp`` (the cost model's exact optimum) and ``auto`` (the learned planner: GNN prior +
+search). Every planner ends in :func:`~hulkjax.strategies.realize.plan_from_assignment`, so every
+plan is judged by the one cost model (:func:`cost_model`; a plan's own: :func:`plan_cost_model`).
 
 >>> import hulkjax as hj
 >>> hj.strategies.names()
-['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'expert', 'pipeline', 'ilp', 'auto']
+['replicate', 'dp', 'fsdp', 'megatron', 'dp_tp', 'expert', 'zero', 'pipeline', 'ilp', 'auto']
 """
 
 from hulkjax.strategies import auto as _auto  # noqa: F401  (registers "auto")
@@ -24,6 +24,7 @@ from hulkjax.strategies.baselines import BASELINES as BASELINES
 from hulkjax.strategies.baselines import baseline_assignments as baseline_assignments
 from hulkjax.strategies.ilp import ILPOptions as ILPOptions
 from hulkjax.strategies.loops import cost_model as cost_model
+from hulkjax.strategies.realize import plan_cost_model as plan_cost_model
 from hulkjax.strategies.registry import Strategy as Strategy
 from hulkjax.strategies.registry import get_strategy as get_strategy
 from hulkjax.strategies.registry import names as names

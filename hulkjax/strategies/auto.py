@@ -211,6 +211,10 @@ class AutoOptions:
         over groups per layer, :mod:`hulkjax.gnn.groups`) proposes to the staged search, on
         top of its own three (0: none; each order costs one more dynamic program per
         microbatch count; the head's weights are read from ``weights`` too).  # int
+      optimizer_apart: decide each optimizer state's layout apart from its parameter's (the
+        distributed optimizer; see :class:`~hulkjax.strategies.ilp.ILPOptions`). The network
+        was trained with state tied to its parameter: it scores the state's own layouts as it
+        scores an argument's.  # bool
     """
 
     top_k: int = TOP_K
@@ -225,6 +229,7 @@ class AutoOptions:
     rounds: int = 4
     stages: bool = True
     head_orders: int = HEAD_ORDERS
+    optimizer_apart: bool = False
 
     def __post_init__(self):
         if self.prior_kind not in ("gnn", "uniform"):
@@ -259,11 +264,11 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
 def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
     """The SPMD part of ``auto``: network prior, shortlist, exact solve and descent."""
     top_k, sweeps, seed = options.top_k, options.sweeps, options.seed
-    cm = cost_model(graph, topology)
+    cm = cost_model(graph, topology, optimizer_apart=options.optimizer_apart)
     t0 = time.perf_counter()
     logp = prior(cm, weights=options.weights) if options.prior_kind == "gnn" else None
     t_prior = time.perf_counter() - t0
-    baselines = baseline_assignments(graph, topology)
+    baselines = baseline_assignments(graph, topology, optimizer_apart=options.optimizer_apart)
     start, options_ = shortlist(cm, logp, top_k=top_k, seed=seed, seeds=baselines)
     candidates = dict(baselines)
     solved = whole = False

@@ -2,6 +2,9 @@
 
 * ``replicate``: every device holds and computes everything.
 * ``dp``: the batch split over every device; parameters and optimizer state replicated.
+* ``zero``: the distributed optimizer (ZeRO-1/2): the batch split over every device, parameters
+  replicated, optimizer state sharded over every device (not among :data:`BASELINES`: its
+  optimizer state has layouts of its own, which only planners with ``optimizer_apart`` search).
 * ``fsdp``: ZeRO-3: parameters, gradients and optimizer state sharded over every device, gathered
   right before each use; the batch split.
 * ``megatron``: tensor parallelism over every device: column/row pairs found from the graph.
@@ -20,8 +23,15 @@ import logging
 
 from hulkjax.errors import StrategyNotApplicableError
 from hulkjax.plan.records import Plan
-from hulkjax.strategies.layouts import shard_parameters, split_batch, tensor_parallel
+from hulkjax.strategies.layouts import (
+    shard_optimizer_state,
+    shard_parameters,
+    split_batch,
+    tensor_parallel,
+)
+from hulkjax.strategies.realize import assignment_for_inputs, cost_model
 from hulkjax.strategies.registry import register_strategy, strategies
+from hulkjax.strategies.search import propagate
 from hulkjax.strategies.specbuilder import SpecBuilder
 from hulkjax.trace.graph import PARAMETER, OpGraph
 
@@ -171,26 +181,62 @@ def expert_layouts(graph: OpGraph, topology) -> SpecBuilder:
     return sb
 
 
+@register_strategy("zero")
+def zero(graph: OpGraph, topology) -> Plan:
+    """The distributed optimizer (ZeRO-1/2): batch split over all mesh axes, parameters
+    replicated, optimizer state sharded over all of them; the update runs on each device's
+    shard and the parameters are gathered back after it."""
+    return zero_layouts(graph, topology).build()
+
+
+def zero_layouts(graph: OpGraph, topology) -> SpecBuilder:
+    sb = SpecBuilder(graph, topology, "zero")
+    axes = tuple(topology.axis_names)
+    split_batch(sb, axes)
+    shard_optimizer_state(sb, axes)
+    if not sb.state_specs:
+        sb.notes.append("no optimizer state divides over the mesh: data parallel")
+    return sb
+
+
+
 LAYOUTS = {"replicate": replicate_layouts, "dp": dp_layouts, "fsdp": fsdp_layouts,
-           "megatron": megatron_layouts, "dp_tp": dp_tp_layouts, "expert": expert_layouts}
+           "megatron": megatron_layouts, "dp_tp": dp_tp_layouts, "expert": expert_layouts,
+           "zero": zero_layouts}
 """``{baseline: (graph, topology) -> SpecBuilder}``: each baseline's input layouts, before they
 are completed (:meth:`SpecBuilder.assignment`) or built into a plan (:meth:`SpecBuilder.build`)."""
 
 
-def baseline_assignments(graph: OpGraph, topology,
-                         names: tuple[str, ...] = BASELINES) -> dict[str, list[int]]:
+def baseline_assignments(graph: OpGraph, topology, names: tuple[str, ...] = BASELINES, *,
+                         optimizer_apart: bool = False) -> dict[str, list[int]]:
     """``{baseline name: its cost-model assignment}`` for every baseline (of ``names``) that
     applies to the topology (``dp_tp`` needs two mesh axes): the seeds of the ILP and of ``auto``.
 
     The assignments are completed from the baselines' layouts, without building their plans (the
     plan's layouts, loop bodies and cost): the same assignment as ``plan.assignment`` of the
-    registered strategy, at a fraction of the time (``tests/strategies/test_baselines.py``)."""
+    registered strategy, at a fraction of the time (``tests/strategies/test_baselines.py``).
+
+    With ``optimizer_apart``, the assignments are of the cost model with optimizer state apart
+    (each baseline's state then laid out as it lays it out), and ``zero`` is among them."""
     out = {}
+    if optimizer_apart and "zero" not in names:
+        names = (*names, "zero")
     for name in names:
         try:
             layouts = LAYOUTS.get(name)
             if layouts is None or strategies[name].fn is not _BUILT_IN[name]:
-                out[name] = strategies[name].fn(graph, topology).assignment
+                plan = strategies[name].fn(graph, topology)
+                if plan.optimizer_apart != optimizer_apart:
+                    # (a strategy of the user's: its layouts, completed in the other model)
+                    cm = cost_model(graph, topology, optimizer_apart=optimizer_apart)
+                    out[name] = propagate(cm, assignment_for_inputs(
+                        cm, [t.spec for t in plan.inputs]))
+                else:
+                    out[name] = plan.assignment
+            elif optimizer_apart:
+                sb = layouts(graph, topology)
+                sb.optimizer_apart = True
+                out[name] = sb.assignment()
             else:
                 out[name] = layouts(graph, topology).assignment()
         except StrategyNotApplicableError as e:
@@ -200,4 +246,5 @@ def baseline_assignments(graph: OpGraph, topology,
 
 
 _BUILT_IN = {"replicate": replicate, "dp": data_parallel, "fsdp": fully_sharded,
-             "megatron": megatron, "dp_tp": datatensor_parallel, "expert": expert}
+             "megatron": megatron, "dp_tp": datatensor_parallel, "expert": expert,
+             "zero": zero}

@@ -111,6 +111,11 @@ class ILPOptions:
         program's relaxation closes at the root in a few seconds, where the start does not
         matter (``benchmarks/ILP.md``); it pays on programs HiGHS cannot finish (3-axis meshes,
         untied layers of large models).  # bool
+      optimizer_apart: decide each optimizer state's layout apart from its parameter's (the
+        distributed optimizer: state sharded where its parameter is whole, the update on the
+        shards); the ILP's classes tie a state with the states of its parameter's repeated
+        layers. The space holds every plan without it, and ``zero``'s. Staged plans keep state
+        with its parameter.  # bool
     """
 
     time_limit: float = 60.0
@@ -121,6 +126,7 @@ class ILPOptions:
     stages: bool = True
     stage_time_limit: float = 10.0
     start_from_auto: bool = False
+    optimizer_apart: bool = False
 
     def __post_init__(self):
         _check_limits(self.time_limit, self.mip_rel_gap)
@@ -153,13 +159,14 @@ def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
 
 def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     """The SPMD optimum of the cost model (the integer program of the module docstring)."""
-    cm = cost_model(graph, topology)
-    seeds = baseline_assignments(graph, topology)
+    apart = options.optimizer_apart
+    cm = cost_model(graph, topology, optimizer_apart=apart)
+    seeds = baseline_assignments(graph, topology, optimizer_apart=apart)
     if options.start_from_auto:
         # Looked up by name (auto builds on this module's solver).
         auto = get_strategy("auto")
-        seeds["auto"] = list(auto.fn(graph, topology,
-                                     make_options(auto, {"stages": False})).assignment)
+        seeds["auto"] = list(auto.fn(graph, topology, make_options(
+            auto, {"stages": False, "optimizer_apart": apart})).assignment)
     kw = dict(seeds=seeds, time_limit=options.time_limit, mip_rel_gap=options.mip_rel_gap,
               max_candidates=options.max_candidates, memory_limit=options.memory_limit)
     limit = cm.capacity if options.memory_limit is None else options.memory_limit

@@ -46,6 +46,12 @@ class InputLayouts:
         # Megatron's sequence parallelism over these (tensor-parallel) axes, applied to the
         # completed assignment (:func:`hulkjax.strategies.search.sequence_parallel`)
         self.sequence_axes: tuple[str, ...] = ()
+        # The distributed optimizer (:func:`shard_optimizer_state`): optimizer state laid out
+        # apart from its parameter, {state input: layout}; without an entry, the parameter's.
+        self.state_specs: dict[int, PartitionSpec] = {}
+        # Whether the layouts are completed and costed in the cost model with optimizer state
+        # apart (set with state_specs; a planner that searches such layouts sets it for all).
+        self.optimizer_apart = False
         self._axes_for: dict = {}  # (size, axes) -> axes_for's answer (sizes are fixed)
 
     def axes_for(self, size: int, axes: Sequence[str]) -> tuple[str, ...]:
@@ -134,6 +140,37 @@ def shard_parameters(sb: InputLayouts, axes: tuple[str, ...], *, keep: bool = Fa
         if keep and not spec:
             continue
         sb.set_input(i, spec)
+
+
+def shard_optimizer_state(sb: InputLayouts, axes: tuple[str, ...]) -> None:
+    """The distributed optimizer (ZeRO-1/2, Megatron's ``use_distributed_optimizer``): each
+    optimizer-state input laid out as its parameter is, further split over ``axes`` (those of
+    them its parameter's layout leaves free) on the dimension most of them divide (the largest
+    such). The update then runs on each device's shard: the gradient is reduced onto the shards
+    (a reduce-scatter where data parallelism would all-reduce it) and the new parameter gathered
+    back. Call after the parameters' layouts are set.
+    """
+    g = sb.graph
+    for opt, param in sorted(g.owners.items()):
+        shape = g.values[g.inputs[opt]].shape
+        if not shape or shape != g.values[g.inputs[param]].shape:
+            continue
+        old = tuple(sb.input_specs[param]) + (None,) * (len(shape) - len(sb.input_specs[param]))
+        used = {a for e in old if e is not None for a in ((e,) if isinstance(e, str) else e)}
+        left = tuple(a for a in axes if a not in used)
+        free = [d for d in range(len(shape)) if old[d] is None]
+        if not left or not free:
+            continue
+        dim = max(free, key=lambda d: (len(sb.axes_for(shape[d], left)), shape[d], -d))
+        use = sb.axes_for(shape[dim], left)
+        if not use:
+            continue
+        entries = list(old)
+        entries[dim] = use[0] if len(use) == 1 else tuple(use)
+        while entries and entries[-1] is None:
+            entries.pop()
+        sb.state_specs[opt] = PartitionSpec(*entries)
+        sb.optimizer_apart = True
 
 
 # Operators through which a parameter is still the parameter for the walk: the views, and the

@@ -61,9 +61,11 @@ from hulkjax.trace.primitives import VIEWS
 MAX_LOOP_CANDIDATES = 32  # per loop node from its own hypotheses (the replicated one included)
 
 
-def cost_model(graph: OpGraph, topology) -> CostModel:
+def cost_model(graph: OpGraph, topology, *, optimizer_apart: bool = False) -> CostModel:
     """The cost model of (graph, topology), loop bodies planned by :func:`loop_candidates`; built
     once and kept on the graph, so every planner of one step judges with the same tables.
+    ``optimizer_apart``: optimizer state decided apart from its parameter (the distributed
+    optimizer; :class:`~hulkjax.cost.CostModel`), a model of its own.
 
     >>> import jax.numpy as jnp, hulkjax as hj
     >>> g = hj.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 4)), jnp.ones((8, 4)))
@@ -72,10 +74,12 @@ def cost_model(graph: OpGraph, topology) -> CostModel:
     True
     """
     cache = graph.memo.setdefault("cost_models", {})
-    cm = cache.get(topology)
+    key = (topology, "optimizer apart") if optimizer_apart else topology
+    cm = cache.get(key)
     if cm is None:
-        cm = cache[topology] = CostModel(
-            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology))
+        cm = cache[key] = CostModel(
+            graph, topology, loop_planner=functools.partial(loop_candidates, topology=topology),
+            optimizer_apart=optimizer_apart)
     return cm
 
 

@@ -24,7 +24,29 @@ from hulkjax.plan.specs import from_pspec, to_pspec
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.loops import cost_model as cost_model
 
-__all__ = ["assignment_for_inputs", "cost_model", "plan_from_assignment"]
+__all__ = ["assignment_for_inputs", "cost_model", "plan_cost_model", "plan_from_assignment",
+           "state_apart"]
+
+
+def state_apart(graph, input_specs) -> bool:
+    """Whether some optimizer state's layout in ``input_specs`` (one per argument) differs from
+    its parameter's (``graph.owners``): a distributed optimizer's layouts, which only a cost
+    model with ``optimizer_apart`` can hold."""
+    for opt, param in graph.owners.items():
+        shape = graph.values[graph.inputs[param]].shape
+        if graph.values[graph.inputs[opt]].shape == shape and \
+                from_pspec(input_specs[opt], len(shape)) != from_pspec(input_specs[param],
+                                                                       len(shape)):
+            return True
+    return False
+
+
+def plan_cost_model(graph, topology, plan: Plan) -> CostModel:
+    """The cost model that judges ``plan`` (an SPMD plan) on ``graph``: with optimizer state
+    apart where the plan was made so (:attr:`Plan.optimizer_apart`) or lays it out so (a plan
+    written or loaded by hand)."""
+    apart = plan.optimizer_apart or state_apart(graph, [t.spec for t in plan.inputs])
+    return cost_model(graph, topology, optimizer_apart=apart)
 
 
 def assignment_for_inputs(cm: CostModel, input_specs: list[PartitionSpec]) -> dict[int, int]:
@@ -70,5 +92,5 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
                 operand_paths=operand_paths, notes=list(dict.fromkeys(notes)),
                 bodies=body_plans(cm, assignment),
                 source=source, solver=solver, cost=cm.evaluate(assignment),
-                assignment=list(assignment))
+                assignment=list(assignment), optimizer_apart=cm.optimizer_apart)
     return plan

@@ -83,7 +83,8 @@ def register_strategy(name: str, *, options: type | None = None) -> Callable[[Pl
 
 
 # Built-in planners in the order tables and plots show them; user-registered ones follow.
-_ORDER = ("replicate", "dp", "fsdp", "megatron", "dp_tp", "expert", "pipeline", "ilp", "auto")
+_ORDER = ("replicate", "dp", "fsdp", "megatron", "dp_tp", "expert", "zero", "pipeline", "ilp",
+          "auto")
 
 
 def names() -> list[str]:

@@ -184,6 +184,23 @@ def coordinate_descent(cm: CostModel, assignment: list[int], free: list[int], *,
     return a
 
 
+def finish_sums(cm: CostModel, assignment: list[int]) -> list[int]:
+    """Each split operator's sum finished the cheapest way given its neighbours (all-reduce, or
+    reduce-scatter onto any dimension: candidates with the same operand layouts), every other
+    choice kept: a distributed optimizer's gradients reduce-scattered onto the shards of its
+    state, where :func:`propagate`, deciding in program order, all-reduces them before it meets
+    the state."""
+    options: dict[int, list[int]] = {}
+    for grp in cm.groups:
+        if grp.kind != LEADER or isinstance(grp.candidates[0], LoopResolution):
+            continue  # (a loop's candidates are whole body plans)
+        mine = grp.candidates[assignment[grp.id]].in_specs
+        same = [c for c, r in enumerate(grp.candidates) if r.in_specs == mine]
+        if len(same) > 1:
+            options[grp.id] = same
+    return coordinate_descent(cm, assignment, sorted(options), sweeps=2, candidates=options)
+
+
 def propagate(cm: CostModel, fixed: dict[int, int], *, param_use: str = "keep",
               gather_axes: tuple[str, ...] | None = None) -> list[int]:
     """Complete fixed input layouts the way a propagating partitioner does.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.layouts import InputLayouts
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_from_assignment
-from hulkjax.strategies.search import propagate, sequence_parallel
+from hulkjax.strategies.search import finish_sums, propagate, sequence_parallel
 
 
 class SpecBuilder(InputLayouts):
@@ -25,7 +25,7 @@ class SpecBuilder(InputLayouts):
 
     def assignment(self) -> list[int]:
         """The cost-model assignment: these input layouts (optimizer state following its
-        parameter), every operator then on its best candidate given its neighbours, and
+        parameter, or in :attr:`state_specs`), every operator then on its best candidate given its neighbours, and
         sequence parallelism over :attr:`sequence_axes` where it is set."""
         return self._complete()[0]
 
@@ -33,10 +33,12 @@ class SpecBuilder(InputLayouts):
         g = self.graph
         for opt, param in g.owners.items():
             if g.values[g.inputs[opt]].shape == g.values[g.inputs[param]].shape:
-                self.input_specs[opt] = self.input_specs[param]
-        cm = cost_model(g, self.topology)
+                self.input_specs[opt] = self.state_specs.get(opt, self.input_specs[param])
+        cm = cost_model(g, self.topology, optimizer_apart=self.optimizer_apart)
         a = propagate(cm, assignment_for_inputs(cm, self.input_specs),
                       param_use=self.param_use, gather_axes=self.gather_axes)
+        if self.state_specs:
+            a = finish_sums(cm, a)
         if not self.sequence_axes:
             return a, 0
         return sequence_parallel(cm, a, self.sequence_axes)
@@ -51,5 +53,6 @@ class SpecBuilder(InputLayouts):
                          f"no sequence parallelism: no tensor-parallel sum over "
                          f"{self.sequence_axes} has a (batch, sequence, features) result "
                          f"whose sequence they divide")
-        return plan_from_assignment(cost_model(self.graph, self.topology), assignment,
-                                    self.strategy, notes)
+        return plan_from_assignment(
+            cost_model(self.graph, self.topology, optimizer_apart=self.optimizer_apart),
+            assignment, self.strategy, notes)

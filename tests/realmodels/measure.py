@@ -60,7 +60,7 @@ def predicted_collectives(graph: OpGraph, plan: hj.Plan) -> Table:
     (``CostModel.program_summary(..., backend="cpu")``: reduce-scatters as all-reduce + slice,
     gradient all-reduces combined per computation), per ``(kind, axes)``; collectives of at most
     ``SMALL`` bytes each are left out."""
-    cm = hj.strategies.cost_model(graph, plan.topology)
+    cm = hj.strategies.plan_cost_model(graph, plan.topology, plan)
     return {key: {"count": int(e["count"]), "bytes": int(e["bytes"])}
             for key, e in cm.program_summary(plan.assignment, backend="cpu",
                                              min_bytes=SMALL).items() if e["count"]}

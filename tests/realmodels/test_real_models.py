@@ -58,6 +58,7 @@ CI_CASES = [
     ("gemma-bf16", "2x4", "megatron"), ("gemma-bf16", "2x4", "auto"), ("gemma-bf16", "8", "fsdp"),
     ("mixtral", "2x4", "dp"), ("mixtral", "2x4", "megatron"), ("mixtral", "8", "replicate"),
     ("llama", "2x4", "expert"), ("bert", "8", "expert"),
+    ("mixtral", "2x4", "zero"), ("gpt2", "8", "zero"),
     ("unet", "2x4", "dp"), ("unet", "2x4", "megatron"), ("unet", "8", "auto"),
 ]  # fmt: skip
 

@@ -330,8 +330,8 @@ def test_a_baseline_beating_the_tied_program_unties_layers_within_the_same_time_
     import hulkjax.strategies.ilp as ilp_module
 
     monkeypatch.setattr(ilp_module, "baseline_assignments",
-                        lambda graph, topo: {**baseline_assignments(graph, topo),
-                                             "mixed": list(untied.assignment)})
+                        lambda graph, topo, **kw: {**baseline_assignments(graph, topo, **kw),
+                                                   "mixed": list(untied.assignment)})
     for time_limit, status in ((60.0, "optimal"), (0.0, "time limit")):
         p = hj.plan(m.step, state, batch, topology=ONE_D, strategy="ilp", graph=g,
                     time_limit=time_limit)
