@@ -114,3 +114,26 @@ def test_gnn_targets_reports_each_weights_medians_per_split():
     assert table[0].split("|")[4:7] == [" 0.700 ", " 0.700 ", " 1.1000 "]
     assert table[1].split("|")[4:7] == [" 0.800 ", " 0.800 ", " 1.0900 "]
     assert table[2].split("|")[-2].strip() == "2.00"
+
+
+def test_optimizer_apart_reports_ratios_against_the_default_per_cell():
+    """``benchmarks/optimizer_apart.py``'s table: `zero` against `dp` and each planner with state
+    apart against its default, per family and topology, and their geometric means."""
+    oa = _script("optimizer_apart")
+
+    def plan(step, memory, apart=0):
+        return {"step_ms": step, "memory_mb": memory, "fits": True, "apart": apart, "cpu_s": 1.0}
+
+    rows = [{"family": f, "topology": "2x4", "nodes": 10, "states": 8,
+             "plans": {"dp": plan(2.0, 10.0), "zero": plan(2.0 * z, 8.0),
+                       "ilp": plan(1.0, 9.0), "ilp apart": plan(0.99, 9.0, 3),
+                       "auto": plan(1.0, 9.0), "auto apart": plan(1.0, 7.0, 2)}}
+            for f, z in (("gpt2", 1.0), ("llama", 4.0))]
+    rows[1]["plans"]["auto apart"] = {"error": "InfeasiblePlanError: no plan fits"}
+    md = oa.render({"commit": "x", "date": "d", "machine": {"cpus": 2}, "rows": rows})
+    assert "- `zero` / `dp`, step time: geometric mean 2.000, range 1.000-4.000 over 2 cells" in md
+    assert "- `auto` apart / default, peak memory: geometric mean 0.778, range 0.778-0.778 " \
+           "over 1 cells" in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| gpt2 |")]
+    assert table[0].split("|")[9:12] == [" 0.9900 ", " 1.000 ", " 3 "]
+    assert "- llama 2x4 auto apart: InfeasiblePlanError: no plan fits" in md

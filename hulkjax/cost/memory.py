@@ -2,17 +2,17 @@
 
 What a device holds at once is its arguments (parameters, optimizer state, its slice of the batch)
 plus, at the worst moment of the step, every intermediate buffer still waiting for a use: the
-activations autodiff saved for the backward pass, gradients not yet consumed by the optimizer,
-and the transient buffers of collectives (a gathered parameter right before its use; on
-backends without reduce-scatters, the whole partial sum before its slice, and the whole sum it reduces to). Buffers are sized at
-their planned layouts. Elementwise chains fuse: a value is a buffer only when an unfusible
-operator makes or reads it (or it is a result of the step), as XLA's loop and reduction fusions
-keep the rest in registers, and a fused chain reads its operands where it runs (its last
-operator). The state update writes into the donated arguments (no new buffer). Gradient
-reductions run combined as the backend's combiner groups them; where a group runs, its partial
-sums and its results are live together unless the backend reduces in place (XLA:CPU does not,
-and makes one group: twice the gradients; XLA:GPU's all-reduce is in place). A matmul operand
-XLA lays out anew is copied where it is made. Loops add their body's transient at the loop.
+activations autodiff saved for the backward pass, gradients not yet consumed by the optimizer, and
+the transient buffers of collectives (a gathered parameter right before its use; on backends
+without reduce-scatters, the whole partial sum before its slice and the whole sum it reduces to).
+Buffers are sized at their planned layouts. Elementwise chains fuse: a value is a buffer only when
+an unfusible operator makes or reads it (or it is a result of the step), as XLA's loop and
+reduction fusions keep the rest in registers, and a fused chain reads its operands where it runs
+(its last operator). The state update writes into the donated arguments (no new buffer). Gradient
+reductions run combined as the backend's combiner groups them; where a group runs, its partial sums
+and its results are live together unless the backend reduces in place (XLA:CPU does not, and makes
+one group: twice the gradients; XLA:GPU's all-reduce is in place). A matmul operand XLA lays out
+anew is copied where it is made. Loops add their body's transient at the loop.
 
 This is the memory :class:`~hulkjax.plan.Cost` reports (``peak_memory``, ``memory_breakdown``) and
 that ``tests/cost/test_memory.py`` holds against ``compiled.memory_analysis()``. The ILP's

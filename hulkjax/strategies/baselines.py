@@ -199,7 +199,6 @@ def zero_layouts(graph: OpGraph, topology) -> SpecBuilder:
     return sb
 
 
-
 LAYOUTS = {"replicate": replicate_layouts, "dp": dp_layouts, "fsdp": fsdp_layouts,
            "megatron": megatron_layouts, "dp_tp": dp_tp_layouts, "expert": expert_layouts,
            "zero": zero_layouts}

@@ -25,8 +25,10 @@ class SpecBuilder(InputLayouts):
 
     def assignment(self) -> list[int]:
         """The cost-model assignment: these input layouts (optimizer state following its
-        parameter, or in :attr:`state_specs`), every operator then on its best candidate given its neighbours, and
-        sequence parallelism over :attr:`sequence_axes` where it is set."""
+        parameter, or laid out apart in :attr:`state_specs`: each split operator's sum then
+        finished onto the state's layout where that is cheaper, :func:`finish_sums`), every
+        operator then on its best candidate given its neighbours, and sequence parallelism over
+        :attr:`sequence_axes` where it is set."""
         return self._complete()[0]
 
     def _complete(self) -> tuple[list[int], int]:
