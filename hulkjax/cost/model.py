@@ -627,7 +627,16 @@ class CostModel:
                 grp.signature = grp.signature + (tuple(self._node_sig(n) for n in grp.members),)
             else:
                 grp.candidates = [None]
+        # Apart, a parameter's group no longer holds its state's update, so two parameters the
+        # default model tells apart by their states could look alike: each parameter's
+        # signature names its states' structures, and each state's names its parameter's, so
+        # the integer program's classes are never coarser than the default model's.
+        states: dict[int, list[tuple]] = defaultdict(list)
         for gid, owner in self._state_of.items():  # (after every parameter's signature is made)
+            states[self.group_of_value[g.inputs[owner]]].append(self.groups[gid].signature)
+        for pid, sigs in states.items():
+            self.groups[pid].signature = self.groups[pid].signature + ("states", tuple(sigs))
+        for gid, owner in self._state_of.items():
             grp = self.groups[gid]
             grp.signature = grp.signature + (
                 "state of", self.groups[self.group_of_value[g.inputs[owner]]].signature)

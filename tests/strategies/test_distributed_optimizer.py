@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.plan.records import Plan
+from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_cost_model
 from hulkjax.strategies.search import propagate
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER
@@ -87,10 +88,25 @@ def test_apart_model_costs_tied_layouts_as_the_tied_model_does(gpt2):
     assert len(apart.groups) > len(tied.groups)
 
 
-def test_the_ilp_with_state_apart_is_never_slower_and_here_faster(gpt2):
-    """Its space holds the tied optimum (a state tied with its parameter's repeated layers' states
-    only: without that, the tied classes left the tied optimum out, 139.87 against 138.83 us);
-    on GPT-2 tiny over 2 x 4 it shards the state further and is faster."""
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_the_program_with_state_apart_holds_the_default_one(family):
+    """Its classes tie a state with the states of its parameter's repeated layers, and a
+    parameter with the parameters whose states are alike: never coarser than the default
+    model's, so its optimum (before the memory polish, a local search) is never above the
+    default program's. Without the states in the classes' structure, the GPT-2 program's
+    optimum was 139.87 against 138.83 us."""
+    from tests.realmodels import families
+
+    step, state, batch = families.build(family, "tiny")
+    g = hj.trace(step, *jax.eval_shape(lambda: (state, batch)))
+    tied = solve(cost_model(g, TWO_D_TOPOLOGY), polish=False)
+    apart = solve(cost_model(g, TWO_D_TOPOLOGY, optimizer_apart=True), polish=False)
+    assert tied.status == apart.status == "optimal"
+    assert apart.objective <= tied.objective * (1 + 1e-9)
+
+
+def test_the_ilp_with_state_apart_shards_state_its_parameter_keeps_whole(gpt2):
+    """On GPT-2 tiny over 2 x 4 it lays some state out apart and is faster."""
     m, g = gpt2
     tied = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="ilp", graph=g)
     apart = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="ilp", graph=g,
