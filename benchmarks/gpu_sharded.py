@@ -62,7 +62,7 @@ def prediction(plan) -> dict:
     """What the cost model says of ``plan`` on GPU: times, collectives, overlap, memory."""
     import hulkjax as hj
 
-    cm = hj.strategies.cost_model(plan.graph, plan.topology)
+    cm = hj.strategies.plan_cost_model(plan.graph, plan.topology, plan)
     o = cm.overlapped(plan.assignment, "gpu")
     summary = cm.program_summary(plan.assignment, "gpu")
     compute = cm.breakdown(plan.assignment, memory=False).compute

@@ -44,7 +44,7 @@ BASELINES = ("dp", "dp_tp", "megatron")
 def measure(name: str, build) -> list[dict]:
     """The rows of one model (one per strategy)."""
     import hulkjax as hj
-    from hulkjax.strategies import cost_model
+    from hulkjax.strategies import plan_cost_model
 
     topo = hj.Topology.preset("dgx-h100", nodes=2, gpus_per_node=4)
     step, state, batch = build()
@@ -60,7 +60,7 @@ def measure(name: str, build) -> list[dict]:
         row["step_time"] = p.cost.step_time
         row["staged"] = p.stages is not None
         if p.stages is None:
-            cm = cost_model(p.graph, p.topology)
+            cm = plan_cost_model(p.graph, p.topology, p)
             objective, ev = cm.objective(p.assignment), cm.evaluate(p.assignment)
             credited = cm.credited_sums(p.assignment)
             credit = sum(cm.comm_time(c) for _, c in credited)

@@ -62,7 +62,7 @@ import jax
 
 import hulkjax as hj
 from hulkjax import zoo
-from hulkjax.strategies import cost_model
+from hulkjax.strategies import plan_cost_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -164,7 +164,7 @@ def where_it_goes(graph, topo, plan, top: int = 6) -> dict:
     """The planned program's largest costs, from the cost model's per-operator breakdown: compute
     seconds per operator (the biggest single nodes, with their result's shape, dtype and layout)
     and the buffers live at the peak of memory, summed by (kind, producer, shape)."""
-    cm = cost_model(graph, topo)
+    cm = plan_cost_model(graph, topo, plan)
     b = cm.breakdown(plan.assignment)
     nodes = sorted(range(len(graph.nodes)), key=lambda i: -b.compute[i])[:top]
     compute = [_op_row(graph, b, i, graph.nodes[i].primitive.name, b.compute[i])
@@ -219,7 +219,7 @@ def measure(recipe: Recipe, attention: str = "flash") -> dict:
     m, plan, trace_s, plan_s = _plan(recipe, topo, attention)
     c = plan.cost
     breakdown = where_it_goes(plan.graph, topo, plan)
-    ov = cost_model(plan.graph, topo).overlapped(plan.assignment)
+    ov = plan_cost_model(plan.graph, topo, plan).overlapped(plan.assignment)
     step, compute, comm = c.step_time, c.compute_time, c.comm_time
     cfg = m.config
     batch = recipe.per_device_batch * topo.num_devices

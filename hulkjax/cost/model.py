@@ -1778,8 +1778,21 @@ class CostModel:
                 f"once. Re-plan for this topology.")
         return k
 
+    def check_assignment(self, assignment) -> None:
+        """Raise a clear error where ``assignment`` is not one candidate per group of this model
+        (a plan's assignment read by another cost model: one with optimizer state apart has more
+        groups)."""
+        if len(assignment) != len(self.groups):
+            raise InvalidPlanError(
+                f"an assignment of {len(assignment)} choices for a cost model of "
+                f"{len(self.groups)} groups (optimizer state "
+                f"{'apart from' if self.optimizer_apart else 'with'} its parameter): it was made "
+                f"by another cost model. Judge a plan with its own: "
+                f"hj.strategies.plan_cost_model(plan.graph, plan.topology, plan).")
+
     def evaluate(self, assignment) -> Cost:
         """The :class:`Cost` of one candidate per group."""
+        self.check_assignment(assignment)
         compute = 0.0
         comms: list[Comm] = []
         for gid, c in enumerate(assignment):
@@ -2377,7 +2390,7 @@ class CostModel:
         ...     return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
         >>> p = hj.plan(step, [jnp.ones((8, 8))] * 3, jnp.ones((16, 8)),
         ...             topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
-        >>> hj.strategies.cost_model(p.graph, p.topology).program_summary(p.assignment)
+        >>> hj.strategies.plan_cost_model(p.graph, p.topology, p).program_summary(p.assignment)
         {('all-reduce', ('d',)): {'count': 1, 'bytes': 768}}
         """
         from hulkjax.cost.backends import BACKENDS
@@ -2543,6 +2556,7 @@ class CostModel:
         key = tuple(assignment)
         hit = self._breakdowns.get(key)
         if hit is None:
+            self.check_assignment(assignment)
             hit = self._breakdown_parts(assignment)
             if len(self._breakdowns) >= _BREAKDOWNS_KEPT:
                 self._breakdowns.pop(next(iter(self._breakdowns)))  # the oldest

@@ -207,7 +207,7 @@ def overlap(cost_model, assignment, backend: str | Backend | None = None, *,
     ...     return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
     >>> p = hj.plan(step, [jnp.ones((8, 8))] * 3, jnp.ones((16, 8)),
     ...             topology=hj.Topology.grid((8,), ("d",)), strategy="dp")
-    >>> cm = hj.strategies.cost_model(p.graph, p.topology)
+    >>> cm = hj.strategies.plan_cost_model(p.graph, p.topology, p)
     >>> o = overlap(cm, p.assignment, "gpu")
     >>> [(c.kind, c.count, c.hidden) for c in o.collectives]  # one all-reduce every update reads
     [('all-reduce', 3, False)]

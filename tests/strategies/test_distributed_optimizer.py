@@ -138,6 +138,9 @@ def test_a_plan_with_state_apart_is_judged_by_its_own_model(gpt2, tmp_path):
     dp = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="dp", graph=g)
     assert "optimizer_apart" not in dp.to_dict()
     hj.explain(plan)  # reads the plan's own model
+    # the default model refuses the plan's assignment and says which model to use
+    with pytest.raises(hj.HulkjaxError, match="plan_cost_model"):
+        cost_model(g, TWO_D_TOPOLOGY).breakdown(plan.assignment)
 
 
 def test_the_emitted_step_with_state_apart_computes_the_unsharded_step(compile_count):
