@@ -11,7 +11,7 @@ import pytest
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.emit.hlo import summarize
-from hulkjax.strategies.realize import cost_model
+from hulkjax.strategies.realize import plan_cost_model
 from tests.helpers import SPMD_STRATEGIES
 
 TOPO = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
@@ -24,7 +24,8 @@ def _predicted_and_compiled(model, strategy, **config):
     state, batch = m.abstract()
     g = hj.trace(m.step, state, batch)
     plan = hj.plan(m.step, state, batch, topology=TOPO, strategy=strategy, graph=g)
-    predicted = cost_model(g, TOPO).program_collectives(plan.assignment, reduce_scatter=False)
+    predicted = plan_cost_model(g, TOPO, plan).program_collectives(plan.assignment,
+                                                                  reduce_scatter=False)
     step = hj.emit(m.step, plan)
     step.compile(state, batch)
     return predicted, step
