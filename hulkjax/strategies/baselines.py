@@ -194,7 +194,10 @@ def zero_layouts(graph: OpGraph, topology) -> SpecBuilder:
     axes = tuple(topology.axis_names)
     split_batch(sb, axes)
     shard_optimizer_state(sb, axes)
-    if not sb.state_specs:
+    if not graph.owners:
+        sb.notes.append("the step has no optimizer state (no argument updated alongside a "
+                        "parameter): data parallel")
+    elif not sb.state_specs:
         sb.notes.append("no optimizer state divides over the mesh: data parallel")
     return sb
 

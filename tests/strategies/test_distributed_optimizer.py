@@ -185,3 +185,18 @@ def test_zero_predicts_the_memory_and_collectives_xla_compiles():
         compiled.as_text(), tuple(plan.mesh_shape), tuple(plan.axis_names)))
     for kind, c in compare_collectives(predicted_collectives(plan.graph, plan), found).items():
         assert c["count_equal"] and c["bytes_within"], (kind, c)
+
+
+def test_zero_without_optimizer_state_is_data_parallel_and_says_so():
+    import jax.numpy as jnp
+
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.tanh(x @ w).sum())(w)
+
+    args = (jnp.ones((64, 64)), jnp.ones((16, 64)))
+    topo = hj.Topology.grid((8,), ("d",))
+    zero = hj.plan(step, *args, topology=topo, strategy="zero")
+    dp = hj.plan(step, *args, topology=topo, strategy="dp")
+    assert not zero.optimizer_apart and zero.in_specs == dp.in_specs
+    assert zero.cost.step_time == dp.cost.step_time
+    assert any("no optimizer state" in n for n in zero.notes)
