@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -43,7 +42,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import hulkjax as hj  # noqa: E402
 from tests.realmodels import families  # noqa: E402
-from tests.realmodels.measure import MESHES  # noqa: E402
+from tests.realmodels.measure import MESHES, source_commit  # noqa: E402
 
 TOPOLOGIES = {"2x4": lambda: MESHES["2x4"],
               "dgx-h100x2": lambda: hj.Topology.preset("dgx-h100", nodes=2)}
@@ -58,9 +57,7 @@ PLANS = (("dp", "dp", {}), ("zero", "zero", {}),
 def states_apart(g, plan) -> int:
     """How many optimizer states ``plan`` lays out differently from their parameter."""
     specs = [t.spec for t in plan.inputs]
-    return sum(1 for o, p in g.owners.items()
-               if g.values[g.inputs[o]].shape == g.values[g.inputs[p]].shape
-               and specs[o] != specs[p])
+    return sum(1 for o, p in g.state_pairs() if specs[o] != specs[p])
 
 
 def measure(name: str, topo_name: str) -> dict:
@@ -70,8 +67,7 @@ def measure(name: str, topo_name: str) -> dict:
     g = hj.trace(step, *args)
     topo = TOPOLOGIES[topo_name]()
     row = {"family": name, "topology": topo_name, "nodes": len(g.nodes),
-           "states": sum(1 for o, p in g.owners.items()
-                         if g.values[g.inputs[o]].shape == g.values[g.inputs[p]].shape),
+           "states": len(g.state_pairs()),
            "plans": {}}
     for label, strategy, options in PLANS:
         c0 = time.process_time()
@@ -156,14 +152,6 @@ def render(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", nargs="+", default=families.names(), choices=families.names())
@@ -183,7 +171,7 @@ def main(argv=None) -> None:
         for f, t in (bar := tqdm(cells, desc="planning", unit="cell")):
             bar.set_postfix_str(f"{f} {t}")
             rows.append(measure(f, t))
-        report = {"commit": _commit(), "date": datetime.date.today().isoformat(),
+        report = {"commit": source_commit(ROOT), "date": datetime.date.today().isoformat(),
                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                   "rows": rows}
         os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -28,10 +28,10 @@ from hulkjax.errors import HulkjaxError, StrategyNotApplicableError, Unsupported
 from hulkjax.formatting import format_bytes, format_count, format_time
 from hulkjax.plan.records import Plan
 from hulkjax.rules.support import check_supported
-from hulkjax.strategies.realize import assignment_for_inputs, plan_cost_model
+from hulkjax.strategies.realize import plan_cost_model
 from hulkjax.strategies.registry import names as strategy_names
 from hulkjax.strategies.registry import options_of, run_planner
-from hulkjax.strategies.search import finish_sums, propagate
+from hulkjax.strategies.specbuilder import complete
 from hulkjax.strategies.stages import plan_cost as staged_plan_cost
 from hulkjax.topology.model import resolve as resolve_topology
 from hulkjax.trace.graph import OpGraph
@@ -115,9 +115,7 @@ def estimate(fn: Callable, *args, plan: Plan | None = None, topology=None,
     if plan.assignment is not None and plan.graph_fingerprint == g.fingerprint() \
             and plan.topology_fingerprint == topo.fingerprint():
         return cm.evaluate(plan.assignment)
-    a = propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
-    # (state apart: its gradients reduced onto the state's shards, as zero's are)
-    return cm.evaluate(finish_sums(cm, a) if cm.optimizer_apart else a)
+    return cm.evaluate(complete(cm, [t.spec for t in plan.inputs]))
 
 
 def compare(fn: Callable, *args, topology, strategies: Sequence[str] | None = None,

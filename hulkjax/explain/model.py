@@ -37,7 +37,8 @@ from hulkjax.formatting import (
     format_time,
 )
 from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_cost_model
-from hulkjax.strategies.search import finish_sums, propagate
+from hulkjax.strategies.search import propagate
+from hulkjax.strategies.specbuilder import complete
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
 
 _MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "transients", "data")
@@ -188,8 +189,7 @@ def layer_label(layer: str, depth: int | None = None) -> str:
 def _plan_assignment(plan, cm):
     if plan.assignment is not None:
         return list(plan.assignment)
-    a = propagate(cm, assignment_for_inputs(cm, [t.spec for t in plan.inputs]))
-    return finish_sums(cm, a) if cm.optimizer_apart else a
+    return complete(cm, [t.spec for t in plan.inputs])
 
 
 class _Acc:

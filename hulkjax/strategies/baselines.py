@@ -29,10 +29,9 @@ from hulkjax.strategies.layouts import (
     split_batch,
     tensor_parallel,
 )
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model
+from hulkjax.strategies.realize import cost_model
 from hulkjax.strategies.registry import register_strategy, strategies
-from hulkjax.strategies.search import propagate
-from hulkjax.strategies.specbuilder import SpecBuilder
+from hulkjax.strategies.specbuilder import SpecBuilder, complete
 from hulkjax.trace.graph import PARAMETER, OpGraph
 
 log = logging.getLogger("hulkjax.strategies")
@@ -231,8 +230,7 @@ def baseline_assignments(graph: OpGraph, topology, names: tuple[str, ...] = BASE
                 if plan.optimizer_apart != optimizer_apart:
                     # (a strategy of the user's: its layouts, completed in the other model)
                     cm = cost_model(graph, topology, optimizer_apart=optimizer_apart)
-                    out[name] = propagate(cm, assignment_for_inputs(
-                        cm, [t.spec for t in plan.inputs]))
+                    out[name] = complete(cm, [t.spec for t in plan.inputs])
                 else:
                     out[name] = plan.assignment
             elif optimizer_apart:

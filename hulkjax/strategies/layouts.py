@@ -151,9 +151,9 @@ def shard_optimizer_state(sb: InputLayouts, axes: tuple[str, ...]) -> None:
     back. Call after the parameters' layouts are set.
     """
     g = sb.graph
-    for opt, param in sorted(g.owners.items()):
+    for opt, param in g.state_pairs():
         shape = g.values[g.inputs[opt]].shape
-        if not shape or shape != g.values[g.inputs[param]].shape:
+        if not shape:
             continue
         old = tuple(sb.input_specs[param]) + (None,) * (len(shape) - len(sb.input_specs[param]))
         used = {a for e in old if e is not None for a in ((e,) if isinstance(e, str) else e)}

@@ -32,11 +32,9 @@ def state_apart(graph, input_specs) -> bool:
     """Whether some optimizer state's layout in ``input_specs`` (one per argument) differs from
     its parameter's (``graph.owners``): a distributed optimizer's layouts, which only a cost
     model with ``optimizer_apart`` can hold."""
-    for opt, param in graph.owners.items():
-        shape = graph.values[graph.inputs[param]].shape
-        if graph.values[graph.inputs[opt]].shape == shape and \
-                from_pspec(input_specs[opt], len(shape)) != from_pspec(input_specs[param],
-                                                                       len(shape)):
+    for o, p in graph.state_pairs():
+        rank = len(graph.values[graph.inputs[p]].shape)
+        if from_pspec(input_specs[o], rank) != from_pspec(input_specs[p], rank):
             return True
     return False
 

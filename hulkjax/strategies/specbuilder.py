@@ -16,8 +16,26 @@ from __future__ import annotations
 
 from hulkjax.plan.records import Plan
 from hulkjax.strategies.layouts import InputLayouts
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_from_assignment
+from hulkjax.strategies.realize import (
+    assignment_for_inputs,
+    cost_model,
+    plan_from_assignment,
+    state_apart,
+)
 from hulkjax.strategies.search import finish_sums, propagate, sequence_parallel
+
+
+def complete(cm, input_specs, *, param_use: str = "keep",
+             gather_axes: tuple[str, ...] | None = None) -> list[int]:
+    """The cost-model assignment of input layouts (one ``PartitionSpec`` per argument), completed
+    as a propagating partitioner completes them (:func:`~hulkjax.strategies.search.propagate`);
+    where optimizer state is laid out apart from its parameter (``cm`` must then be the model
+    with ``optimizer_apart``), each split operator's sum is finished onto the state's layout where
+    that is cheaper (:func:`~hulkjax.strategies.search.finish_sums`: ZeRO's reduce-scatter, which
+    propagation in program order, all-reducing before it meets the state, does not find)."""
+    a = propagate(cm, assignment_for_inputs(cm, input_specs), param_use=param_use,
+                  gather_axes=gather_axes)
+    return finish_sums(cm, a) if state_apart(cm.graph, input_specs) else a
 
 
 class SpecBuilder(InputLayouts):
@@ -25,22 +43,16 @@ class SpecBuilder(InputLayouts):
 
     def assignment(self) -> list[int]:
         """The cost-model assignment: these input layouts (optimizer state following its
-        parameter, or laid out apart in :attr:`state_specs`: each split operator's sum then
-        finished onto the state's layout where that is cheaper, :func:`finish_sums`), every
-        operator then on its best candidate given its neighbours, and sequence parallelism over
-        :attr:`sequence_axes` where it is set."""
+        parameter, or laid out apart in :attr:`state_specs`) completed by :func:`complete`,
+        and sequence parallelism over :attr:`sequence_axes` where it is set."""
         return self._complete()[0]
 
     def _complete(self) -> tuple[list[int], int]:
         g = self.graph
-        for opt, param in g.owners.items():
-            if g.values[g.inputs[opt]].shape == g.values[g.inputs[param]].shape:
-                self.input_specs[opt] = self.state_specs.get(opt, self.input_specs[param])
+        for opt, param in g.state_pairs():
+            self.input_specs[opt] = self.state_specs.get(opt, self.input_specs[param])
         cm = cost_model(g, self.topology, optimizer_apart=self.optimizer_apart)
-        a = propagate(cm, assignment_for_inputs(cm, self.input_specs),
-                      param_use=self.param_use, gather_axes=self.gather_axes)
-        if self.state_specs:
-            a = finish_sums(cm, a)
+        a = complete(cm, self.input_specs, param_use=self.param_use, gather_axes=self.gather_axes)
         if not self.sequence_axes:
             return a, 0
         return sequence_parallel(cm, a, self.sequence_axes)

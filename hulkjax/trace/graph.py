@@ -176,6 +176,13 @@ class OpGraph:
         """FLOPs of one step (loops counted by trip count)."""
         return float(sum(n.flops for n in self.nodes))
 
+    def state_pairs(self) -> list[tuple[int, int]]:
+        """``(optimizer input, parameter input)`` of every optimizer-state leaf shaped as the
+        parameter it updates (Adam's moments; not a factored second moment): the state a plan
+        lays out as its parameter, or with the distributed optimizer apart from it."""
+        return [(o, p) for o, p in sorted(self.owners.items())
+                if self.values[self.inputs[o]].shape == self.values[self.inputs[p]].shape]
+
     def consumers(self, value_id: int) -> list[tuple[int, int]]:
         """``(node id, operand index)`` of every use of a value."""
         if self._consumers is None:

@@ -12,9 +12,9 @@ from jax.sharding import PartitionSpec as P
 import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.plan.records import Plan
+from hulkjax.strategies.baselines import BASELINES, baseline_assignments
 from hulkjax.strategies.ilp import solve
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_cost_model
-from hulkjax.strategies.search import propagate
+from hulkjax.strategies.realize import cost_model, plan_cost_model
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER
 from tests.helpers import TWO_D_TOPOLOGY, assert_steps_match, first_steps
 
@@ -27,19 +27,13 @@ def gpt2():
     return m, hj.trace(m.step, *m.abstract())
 
 
-def _owned(g):
-    """(optimizer input, its parameter) pairs of equal shape."""
-    return [(o, p) for o, p in sorted(g.owners.items())
-            if g.values[g.inputs[o]].shape == g.values[g.inputs[p]].shape]
-
-
 def test_zero_shards_the_state_and_keeps_parameters_whole(gpt2):
     m, g = gpt2
     plan = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="zero", graph=g)
     dp = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="dp", graph=g)
     assert plan.optimizer_apart and not dp.optimizer_apart
     specs = [t.spec for t in plan.inputs]
-    pairs = _owned(g)
+    pairs = g.state_pairs()
     assert pairs
     for i, role in enumerate(g.input_roles):
         if role == PARAMETER:
@@ -58,34 +52,32 @@ def test_zero_shards_the_state_and_keeps_parameters_whole(gpt2):
     assert plan.cost.peak_memory < 0.8 * dp.cost.peak_memory
 
 
-def test_zero_is_faster_than_dp_where_the_update_is_not_free(gpt2):
+def test_zero_is_faster_than_dp_where_the_update_is_not_free():
     """On H100s (bandwidth-bound collectives) the reduce-scatter and gather cost about what the
-    all-reduce did, and the update runs on an eighth of the state."""
-    m, g = gpt2
+    all-reduce did, and the update runs on an eighth of the state (GPT-2 small on one node:
+    11.8 against 12.3 ms, 1.29 against 2.16 GB)."""
     m = zoo.get("gpt2", size="small", batch=16, seq_len=128)
     g = hj.trace(m.step, *m.abstract())
     one_node = hj.Topology.preset("dgx-h100", nodes=1)
     zero = hj.plan(m.step, *m.abstract(), topology=one_node, strategy="zero", graph=g)
     dp = hj.plan(m.step, *m.abstract(), topology=one_node, strategy="dp", graph=g)
+    assert zero.cost.step_time < dp.cost.step_time
     assert zero.cost.compute_time < dp.cost.compute_time
     assert zero.cost.peak_memory < dp.cost.peak_memory
 
 
-def test_apart_model_costs_tied_layouts_as_the_tied_model_does(gpt2):
-    """The apart model holds every plan of the tied one at the same cost: each baseline's layouts,
-    completed in either, cost the same."""
+def test_apart_model_costs_every_baseline_as_the_default_model_does(gpt2):
+    """Each baseline's layouts, completed in the model with state apart (the seeds of ``ilp`` /
+    ``auto`` with ``optimizer_apart``), cost what its plan costs in the default model."""
     m, g = gpt2
-    for strategy in ("dp", "fsdp", "megatron", "dp_tp", "expert"):
+    apart = cost_model(g, TWO_D_TOPOLOGY, optimizer_apart=True)
+    seeds = baseline_assignments(g, TWO_D_TOPOLOGY, optimizer_apart=True)
+    assert set(seeds) == set(BASELINES) | {"zero"}
+    for strategy in BASELINES:
         plan = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy=strategy, graph=g)
-        apart = cost_model(g, TWO_D_TOPOLOGY, optimizer_apart=True)
-        a = propagate(apart, assignment_for_inputs(apart, [t.spec for t in plan.inputs]),
-                      param_use="gather" if strategy in ("fsdp", "expert") else "keep",
-                      gather_axes=None)
-        if strategy == "expert":
-            continue  # (its sequence parallelism is applied after completion)
-        assert apart.objective(a) == pytest.approx(plan.cost.step_time, rel=1e-9), strategy
-    tied = cost_model(g, TWO_D_TOPOLOGY)
-    assert len(apart.groups) > len(tied.groups)
+        assert apart.objective(seeds[strategy]) == pytest.approx(plan.cost.step_time,
+                                                                 rel=1e-9), strategy
+    assert len(apart.groups) > len(cost_model(g, TWO_D_TOPOLOGY).groups)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert"])
@@ -114,13 +106,13 @@ def test_the_ilp_with_state_apart_shards_state_its_parameter_keeps_whole(gpt2):
     assert apart.optimizer_apart
     assert apart.cost.step_time < tied.cost.step_time * (1 - 1e-3)
     specs = [t.spec for t in apart.inputs]
-    assert any(specs[o] != specs[p] for o, p in _owned(g))
+    assert any(specs[o] != specs[p] for o, p in g.state_pairs())
     auto = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="auto", graph=g,
                    optimizer_apart=True)
     assert auto.cost.step_time <= apart.cost.step_time * (1 + 0.01)
 
 
-def test_a_plan_with_state_apart_is_judged_by_its_own_model(gpt2, tmp_path):
+def test_a_plan_with_state_apart_is_judged_by_its_own_model(gpt2):
     m, g = gpt2
     plan = hj.plan(m.step, *m.abstract(), topology=TWO_D_TOPOLOGY, strategy="zero", graph=g)
     # fresh: its assignment; saved and loaded: re-completed from its layouts in the apart model
@@ -156,7 +148,7 @@ def test_the_emitted_step_with_state_apart_computes_the_unsharded_step(compile_c
     g = step.plan.graph
     specs = {t.path: t.spec for t in step.plan.outputs}
     assert len(set(specs.values())) > 1
-    assert any(step.plan.inputs[o].spec != step.plan.inputs[p].spec for o, p in _owned(g))
+    assert any(step.plan.inputs[o].spec != step.plan.inputs[p].spec for o, p in g.state_pairs())
     for t, leaf in zip(step.plan.outputs, jax.tree.leaves(s)):
         assert leaf.sharding.is_equivalent_to(
             jax.sharding.NamedSharding(step.sharded.mesh, t.spec), leaf.ndim), t.path
