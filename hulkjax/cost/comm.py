@@ -839,14 +839,38 @@ def reshard_comms(shape, dtype: str, src: Spec, dst: Spec, sizes: Mapping[str, i
         # empty tiles.
         return ()
     try:
-        return _replayed(tuple(int(n) for n in shape), dtype_size(dtype),
-                         tuple(tuple(axes) for axes in src), tuple(tuple(axes) for axes in dst),
-                         tuple(sizes.items()))
+        return _scaled_replay(tuple(int(n) for n in shape), dtype_size(dtype),
+                              tuple(tuple(axes) for axes in src),
+                              tuple(tuple(axes) for axes in dst), tuple(sizes.items()))
     except UncompilableLayoutChangeError as e:
         raise UncompilableLayoutChangeError(
             f"the layout change {src} -> {dst} of a {tuple(shape)} array on mesh {dict(sizes)}: "
             f"{e}. Make it in two steps (CostModel.reshard_via finds them; the emitter "
             f"constrains each) or choose other layouts.") from None
+
+
+def _scaled_replay(base, item, src, dst, sizes) -> tuple[Comm, ...]:
+    """:func:`_replayed` of ``base``, replayed on a smaller array of the same kind: each
+    dimension that the mesh's device count ``P`` divides taken as ``P`` long, one byte an
+    element, and the bytes scaled back.
+
+    Every tile count of a layout on the mesh (a product of axis sizes) divides ``P``, so on
+    such a dimension each block the partitioner cuts is the dimension over a divisor of ``P``:
+    an exact division, the same tests of divisibility and of a dimension staying whole, a block
+    ``d / P`` times as long. The collectives are then the same, each moving ``d / P`` times
+    the bytes (and ``item`` times: bytes count elements times their size). Dimensions ``P``
+    does not divide are replayed as they are (a padded block's size is not proportional).
+    Batches, sequences and widths divisible by the device count take one replay whatever their
+    size: the microbatches of the staged search and repeated shapes of other widths share it
+    (``tests/cost/test_reshard.py`` checks the two replays agree on every change of several
+    meshes)."""
+    P = math.prod(n for _, n in sizes)
+    small = tuple(P if d % P == 0 else d for d in base)
+    scale = math.prod(d // s for d, s in zip(base, small)) * item
+    if scale == 1:
+        return _replayed(base, 1, src, dst, sizes)
+    return tuple(Comm(c.kind, c.axes, c.bytes * scale)
+                 for c in _replayed(small, 1, src, dst, sizes))
 
 
 @lru_cache(maxsize=1 << 16)

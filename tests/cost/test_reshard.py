@@ -271,3 +271,50 @@ def test_a_layout_change_xla_fails_on_is_made_in_steps_or_priced_out():
     assert stepped.returncode == 0, stepped.stderr[-2000:]
     assert json.loads(stepped.stdout.strip().splitlines()[-1]) == [
         list(t) for t in sorted((c.kind, list(c.axes), c.bytes) for c in steps)]
+
+
+def _every_spec(rank, names):
+    """Every layout of a rank-``rank`` array on mesh axes ``names``: each axis on one dimension
+    or none, the axes of a dimension in either order."""
+    import itertools
+
+    out = set()
+    for where in itertools.product(range(-1, rank), repeat=len(names)):
+        for order in itertools.permutations(names):
+            out.add(tuple(tuple(a for a in order if where[names.index(a)] == d)
+                          for d in range(rank)))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("mesh,shape", [
+    # (dimensions the device count divides, some many times over: the scaled replay's case;
+    # others it does not, among them uneven ones: replayed as they are)
+    (((2, 4), ("a", "b")), (32, 24, 8)),
+    (((2, 2, 2), ("a", "b", "c")), (64, 8, 12)),
+    (((8,), ("a",)), (16, 6, 8)),
+    (((3, 2), ("a", "b")), (36, 6, 4)),
+    (((4, 2, 2), ("a", "b", "c")), (128, 16, 2)),
+])
+def test_the_scaled_replay_is_the_replay(mesh, shape):
+    """``reshard_comms`` replays a change on an array whose dimensions the device count divides
+    are cut to that count (``comm._scaled_replay``): the same collectives, their bytes scaled,
+    as the replay of the array itself, for every pair of layouts."""
+    import math
+
+    from hulkjax.cost import comm
+    from hulkjax.errors import UncompilableLayoutChangeError
+
+    sizes = tuple(zip(mesh[1], mesh[0]))
+    specs = _every_spec(len(shape), list(mesh[1]))
+    assert any(d % math.prod(mesh[0]) == 0 and d > math.prod(mesh[0]) for d in shape)
+    for src in specs:
+        for dst in specs:
+            if src == dst:
+                continue
+            try:
+                want = comm._replayed.__wrapped__(shape, 4, src, dst, sizes)
+            except UncompilableLayoutChangeError:
+                with pytest.raises(UncompilableLayoutChangeError):
+                    comm._scaled_replay(shape, 4, src, dst, sizes)
+                continue
+            assert comm._scaled_replay(shape, 4, src, dst, sizes) == want, (src, dst)
