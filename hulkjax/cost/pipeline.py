@@ -166,6 +166,17 @@ class NodeCosts:
     own: dict = field(default_factory=dict)
     moves: list = field(default_factory=list)
     shared: dict = field(default_factory=dict)
+    _order: tuple | None = field(default=None, repr=False, compare=False)
+
+    def by_node(self) -> tuple[dict[int, int], dict[int, list[int]]]:
+        """``({node: its position in own}, {node: indices of its moves})``: a stage's
+        collectives found from its nodes, in the order of the whole's."""
+        if self._order is None:
+            moves: dict[int, list[int]] = defaultdict(list)
+            for i, m in enumerate(self.moves):
+                moves[m.node].append(i)
+            self._order = ({nid: j for j, nid in enumerate(self.own)}, dict(moves))
+        return self._order
 
 
 def _copies(nc: NodeCosts, nodes) -> list[tuple[int, float, tuple]]:
@@ -462,26 +473,26 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         per: dict[str, float] = defaultdict(float)
         mine_mb = set(s.forward) | set(s.backward)
         mine_u = set(s.update)
+        # (the stage's nodes' collectives, in the whole's order: the same sums)
+        position, moves_of = b_.by_node()
+        mine = sorted((n for n in mine_mb | mine_u if n in position), key=position.__getitem__)
 
         def add(comm, times):
             for axis, t in _axis_times(cm, comm).items():
                 per[axis] += t * times
 
-        for nid, comms in b_.own.items():
-            times = M if nid in mine_mb else 1 if nid in mine_u else 0
-            if not times:  # another stage's operator
-                continue
-            for i, c in enumerate(comms):
+        for nid in mine:
+            times = M if nid in mine_mb else 1
+            for i, c in enumerate(b_.own[nid]):
                 if (nid, i) not in deferred:
                     add(c, times)
         for un in unreduced.values():
             add(un.reduction, 1)
         copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in _copies(b_, ph)
                   for i in ix}
-        for i, m in enumerate(b_.moves):
-            times = M if m.node in mine_mb else 1 if m.node in mine_u else 0
-            if times and i not in copies:
-                add(m.comm, times)
+        for i in sorted(i for n in mine_mb | mine_u for i in moves_of.get(n, ())):
+            if i not in copies:
+                add(b_.moves[i].comm, M if b_.moves[i].node in mine_mb else 1)
         return dict(per)
 
     return {"f": f, "b": b, "u": u, "r": r, "compute_step": lambda M: M * cf + cu,
