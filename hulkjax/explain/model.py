@@ -36,8 +36,7 @@ from hulkjax.formatting import (
     format_spec,
     format_time,
 )
-from hulkjax.strategies.realize import assignment_for_inputs, cost_model, plan_cost_model
-from hulkjax.strategies.search import propagate
+from hulkjax.strategies.realize import cost_model, plan_cost_model
 from hulkjax.strategies.specbuilder import complete
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
 
@@ -556,7 +555,8 @@ def stage_cost_models(plan) -> list:
     micro = g if plan.microbatches == 1 else microbatch_graph(g, plan.microbatches)
     out = []
     for k, st in enumerate(plan.stages):
-        cm = cost_model(micro, topo.subset(st.devices, canonical=True))
+        cm = cost_model(micro, topo.subset(st.devices, canonical=True),
+                        optimizer_apart=plan.optimizer_apart)
         if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
             a = list(plan.assignment[k])
         else:  # a loaded plan: its layouts completed as a baseline's
@@ -564,7 +564,7 @@ def stage_cost_models(plan) -> list:
             for i, t in enumerate(plan.inputs):
                 v = g.inputs[i]
                 specs.append(st.value_specs.get(v, t.spec) if i not in st.inputs else t.spec)
-            a = propagate(cm, assignment_for_inputs(cm, specs))
+            a = complete(cm, specs)
         out.append((cm, a))
     return out
 

@@ -214,7 +214,7 @@ class AutoOptions:
       optimizer_apart: decide each optimizer state's layout apart from its parameter's (the
         distributed optimizer; see :class:`~hulkjax.strategies.ilp.ILPOptions`). The network
         was trained with state tied to its parameter: it scores the state's own layouts as it
-        scores an argument's.  # bool
+        scores an argument's. The staged search's stages decide it so too.  # bool
     """
 
     top_k: int = TOP_K
@@ -258,7 +258,8 @@ def auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:
         return spmd_auto(graph, topology, options)
     return spmd_or_staged(graph, topology, lambda: spmd_auto(graph, topology, options),
                           strategy="auto", solver=solve, time_limit=options.time_limit,
-                          propose=head_orders(options.head_orders, weights=options.weights))
+                          propose=head_orders(options.head_orders, weights=options.weights),
+                          optimizer_apart=options.optimizer_apart)
 
 
 def spmd_auto(graph: OpGraph, topology, options: AutoOptions) -> Plan:

@@ -114,8 +114,9 @@ class ILPOptions:
       optimizer_apart: decide each optimizer state's layout apart from its parameter's (the
         distributed optimizer: state sharded where its parameter is whole, the update on the
         shards); the ILP's classes tie a state with the states of its parameter's repeated
-        layers. The space holds every plan without it, and ``zero``'s. Staged plans keep state
-        with its parameter.  # bool
+        layers. The space holds every plan without it, and ``zero``'s. The staged search's
+        stages decide it so too (each stage's state sharded over its group); the ``pipeline``
+        baseline, its rival, keeps state with its parameter.  # bool
     """
 
     time_limit: float = 60.0
@@ -154,7 +155,8 @@ def ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:
     if not options.stages or not device_groups(topology):
         return spmd_ilp(graph, topology, options)
     return spmd_or_staged(graph, topology, lambda: spmd_ilp(graph, topology, options),
-                          strategy="ilp", solver=solve, time_limit=options.stage_time_limit)
+                          strategy="ilp", solver=solve, time_limit=options.stage_time_limit,
+                          optimizer_apart=options.optimizer_apart)
 
 
 def spmd_ilp(graph: OpGraph, topology, options: ILPOptions) -> Plan:

@@ -95,6 +95,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from hulkjax.cost.model import CostModel
 from hulkjax.cost.pipeline import (
     StageWork,
     crossing_values,
@@ -333,9 +334,16 @@ class _Context:
     lean_limits: dict = field(default_factory=dict)  # (M, sub, lean plan) -> memory limit
     link_floors: dict = field(default_factory=dict)  # groups -> _link_floor
     unit_values: list | None = None  # _unit_values, made on first use
+    optimizer_apart: bool = False  # stages' plans decide optimizer state apart (CostModel)
 
     def micro(self, M: int) -> OpGraph:
         return self.graph if M == 1 else planning_graph(self.graph, M)
+
+    def cost_model(self, g: OpGraph, sub) -> CostModel:
+        """The cost model the stages' plans are made in: of ``g`` (the step, or a microbatch's)
+        on device group ``sub``, optimizer state apart from its parameter where the search
+        was asked so (the distributed optimizer inside each stage)."""
+        return cost_model(g, sub, optimizer_apart=self.optimizer_apart)
 
     def usable(self, M: int) -> bool:
         """Whether the step at ``1 / M`` of the batch has the full step's operators (a batch of
@@ -361,7 +369,7 @@ class _Context:
 
     def assignments(self, M: int, sub, names=INTRA_PLANS) -> dict[str, list[int]]:
         g = self.micro(M)
-        cm = cost_model(g, sub)
+        cm = self.cost_model(g, sub)
         missing = [n for n in names if (M, sub, n) not in self.plans]
         wanted = [n for n in missing if n != "ilp" and n not in LEAN_PLANS]
         if wanted:
@@ -369,7 +377,10 @@ class _Context:
             # cost after tracing (each is completed and costed in full).
             if "dp_tp" in wanted and len(sub.axis_names) < 2:
                 wanted.append("megatron")
-            base = baseline_assignments(g, sub, tuple(b for b in BASELINES if b in wanted))
+            base = baseline_assignments(g, sub, tuple(b for b in BASELINES if b in wanted),
+                                        optimizer_apart=self.optimizer_apart)
+            if "zero" in base:  # (apart: the distributed optimizer, a seed of the stage's ILP)
+                self.plans.setdefault((M, sub, "zero"), base["zero"])
             for n in missing:
                 if n in base:
                     self.plans[(M, sub, n)] = base[n]
@@ -427,16 +438,19 @@ class _Context:
             if name not in plans:
                 self.tables[key] = None
             else:
-                cm = cost_model(self.micro(M), sub)
+                cm = self.cost_model(self.micro(M), sub)
                 self.tables[key] = _unit_table(self.part, cm, plans[name], name, M)
         return self.tables[key]
 
 
-def _context(graph, topology, time_limit: float = 10.0) -> _Context:
+def _context(graph, topology, time_limit: float = 10.0, optimizer_apart: bool = False
+             ) -> _Context:
     cache = graph.memo.setdefault("staged_contexts", {})
-    ctx = cache.get(topology)
+    key = (topology, "optimizer apart") if optimizer_apart else topology
+    ctx = cache.get(key)
     if ctx is None:
-        ctx = cache[topology] = _Context(graph, topology, partition(graph), time_limit)
+        ctx = cache[key] = _Context(graph, topology, partition(graph), time_limit,
+                                    optimizer_apart=optimizer_apart)
     return ctx
 
 
@@ -481,7 +495,7 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
         sub = group_topology(ctx.topology, devs)
         assignment = ctx.assignments(layout.microbatches, sub, (name,))[name]
         works.append(StageWork(
-            devices=tuple(devs), cost_model=cost_model(micro, sub), assignment=assignment,
+            devices=tuple(devs), cost_model=ctx.cost_model(micro, sub), assignment=assignment,
             forward=by_phase.get((k, FORWARD), ()),
             backward=by_phase.get((k, BACKWARD), ()),
             update=by_phase.get((k, UPDATE), ()),
@@ -588,7 +602,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
                 cost=cost, stages=tuple(stages), microbatches=layout.microbatches,
                 schedule=layout.schedule, virtual_stages=layout.virtual_stages,
                 notes=list(dict.fromkeys(notes)), source=source,
-                assignment=tuple(list(w.assignment) for w in works))
+                assignment=tuple(list(w.assignment) for w in works),
+                optimizer_apart=ctx.optimizer_apart)
 
 
 def _pins_by_node(cm, assignment) -> dict[str, dict]:
@@ -624,18 +639,18 @@ def plan_cost(graph: OpGraph, topology, plan: Plan):
     """The pipeline :class:`~hulkjax.plan.Cost` of a staged plan's stages on this step (a plan
     made here reuses its stages' SPMD choices; a loaded one has them completed from its layouts as
     a baseline's are)."""
-    from hulkjax.strategies.realize import assignment_for_inputs
-    from hulkjax.strategies.search import propagate
+    from hulkjax.strategies.specbuilder import complete
 
     micro = graph if plan.microbatches == 1 else microbatch_graph(graph, plan.microbatches)
     works = []
     for k, st in enumerate(plan.stages):
-        cm = cost_model(micro, group_topology(topology, st.devices))
+        cm = cost_model(micro, group_topology(topology, st.devices),
+                        optimizer_apart=plan.optimizer_apart)
         if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
             a = list(plan.assignment[k])
         else:
             specs = [st.value_specs.get(v, t.spec) for v, t in zip(graph.inputs, plan.inputs)]
-            a = propagate(cm, assignment_for_inputs(cm, specs))
+            a = complete(cm, specs)
         works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
                                forward=st.forward, backward=st.backward, update=st.update,
                                inputs=st.inputs))
@@ -841,7 +856,7 @@ def _node_floor(ctx: _Context) -> _NodeFloor:
     if ctx.floor is not None:
         return ctx.floor
     g, part = ctx.graph, ctx.part
-    cm = cost_model(g, ctx.topology)  # its graph facts (fused traffic, launches) are per graph
+    cm = ctx.cost_model(g, ctx.topology)  # its graph facts (fused traffic, launches): per graph
     specs = ctx.topology.device_specs()
     overhead = min(sp.kernel_overhead for sp in specs)
     hbm = max(sp.hbm_bandwidth * sp.memory_efficiency for sp in specs)
@@ -1124,7 +1139,7 @@ def _table_transfers(ctx: _Context, layout: StagedLayout, subs) -> dict:
         for c in {stage_of_unit[u] for u in dst}:
             if c == a or tuple(layout.groups[a]) == tuple(layout.groups[c]):
                 continue  # chunks of one group: the value stays on its devices
-            cm = cost_model(micro, subs[c])
+            cm = ctx.cost_model(micro, subs[c])
             nbytes = received_bytes(cm, ctx.plans[(M, subs[c], layout.plans[c])], v,
                                     len(layout.groups[a]))
             pair = sent.setdefault((a, c), dict.fromkeys(("fwd", "bwd", "start", "end",
@@ -1433,7 +1448,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
            schedule: str = "1f1b", microbatches=None, keep: int = 4,
            progress=None, virtual_stages=VIRTUAL_STAGES,
            cutoff: float | None = None, shortlist: int | None = None, propose=None,
-           own_orders: bool = True, levels=None) -> SearchResult:
+           own_orders: bool = True, levels=None, optimizer_apart: bool = False) -> SearchResult:
     """The dynamic program over unit ranges x device groups (see the module docstring).
 
     Args:
@@ -1460,6 +1475,9 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
       own_orders: search :func:`chains`' orders (``False``: only the proposed ones; the
         device-group head's labels search one order at a time).
       levels: the levels of :func:`device_groups` to search (default: every one).
+      optimizer_apart: each stage's SPMD plans decide optimizer state apart from its parameter
+        (:class:`~hulkjax.cost.model.CostModel`: the distributed optimizer inside each stage,
+        Megatron's ``use_distributed_optimizer`` with pipeline parallelism).
       cutoff: a step time a staged plan must beat to be of use (``best_staged``: the best SPMD
         plan's, less :data:`STAGED_MIN_GAIN`). A count whose :func:`staged_lower_bound` is at
         least the cutoff is then not searched (its layouts could not beat the cutoff). The
@@ -1484,7 +1502,7 @@ def search(graph: OpGraph, topology, *, solver=None, time_limit: float = 10.0,
     levels = {k: v for k, v in device_groups(topology).items() if levels is None or k in levels}
     if not levels:
         return SearchResult([])
-    ctx = _context(graph, topology, time_limit)
+    ctx = _context(graph, topology, time_limit, optimizer_apart)
     if solver is not None:
         ctx.solver = solver
     part = ctx.part
@@ -2187,7 +2205,7 @@ def _end_exchange(ctx: _Context, topology, groups, chain, tables, subs, M: int, 
         sub = subs[gi]
         t = min(_position_tables(tables, subs, gi, fixed, pos),
                 key=lambda t: t.f.sum() + t.b.sum())
-        cm, plan = cost_model(micro, sub), ctx.plans[(M, sub, t.name)]
+        cm, plan = ctx.cost_model(micro, sub), ctx.plans[(M, sub, t.name)]
         got.append([received_bytes(cm, plan, v, sub.num_devices) for v, _ in ends])
     ex = np.zeros((G, G))
     for a in range(G):
@@ -2212,7 +2230,8 @@ the cost model cannot resolve, goes to the single SPMD program."""
 
 def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | None,
                 solver=None, time_limit: float = 10.0, schedule: str = "1f1b",
-                extra: tuple[Plan, ...] = (), propose=None) -> tuple[Plan | None, list[str]]:
+                extra: tuple[Plan, ...] = (), propose=None, optimizer_apart: bool = False
+                ) -> tuple[Plan | None, list[str]]:
     """The best staged plan if it beats ``spmd_time`` (``None``: no SPMD plan fits), else ``None``;
     with notes saying what the staged search found. The ``pipeline`` baseline (where it applies)
     and ``extra`` (staged plans already made) compete with the search's layouts: the search's
@@ -2222,7 +2241,9 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
     exact cost), and the search skips microbatch counts that :func:`staged_lower_bound` shows
     cannot beat ``spmd_time`` (see :func:`search`'s ``cutoff``); nor is the pipeline baseline
     costed where its bound shows as much (the plan is the same: it could not have won).
-    ``propose``: more orders of the groups for the search (see :func:`search`)."""
+    ``propose``: more orders of the groups for the search (see :func:`search`);
+    ``optimizer_apart``: the search's stages decide optimizer state apart (see :func:`search`;
+    the ``pipeline`` baseline keeps it with its parameter)."""
     rivals: list[tuple[float, Plan | tuple]] = [
         (p.cost.step_time, p) for p in extra
         if p.cost is not None and all(st.fits for st in p.cost.stages)]
@@ -2252,7 +2273,7 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
         log.debug("pipeline baseline does not apply: %s", e)
     res = search(graph, topology, solver=solver, time_limit=time_limit, schedule=schedule,
                  cutoff=cutoff, keep=1, shortlist=12,  # the best of search(keep=4)'s
-                 propose=propose)
+                 propose=propose, optimizer_apart=optimizer_apart)
     beyond = min(beyond, res.beyond)
     if pending is not None:
         pctx, playout = pending[0], pending[1]
@@ -2273,7 +2294,7 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
                     rivals.append((pcost.step_time, (pctx, playout, pnotes, pending[3])))
         except skipped as e:
             log.debug("pipeline baseline does not apply: %s", e)
-    ctx = _context(graph, topology, time_limit)
+    ctx = _context(graph, topology, time_limit, optimizer_apart)
     best = res.layouts[0] if res.layouts else None
     rival = min(rivals, key=lambda r: r[0], default=None)
     # Why the search tried one microbatch only, where it did (the reason says how to fix it).
@@ -2330,22 +2351,25 @@ def best_staged(graph: OpGraph, topology, *, strategy: str, spmd_time: float | N
 
 
 def spmd_or_staged(graph: OpGraph, topology, spmd, *, strategy: str, solver,
-                   time_limit: float, propose=None) -> Plan:
+                   time_limit: float, propose=None, optimizer_apart: bool = False) -> Plan:
     """``spmd()`` (an SPMD planner's plan), or the best staged plan where it is
     :data:`STAGED_MIN_GAIN` faster, or where no SPMD plan fits (``spmd`` raised
     :class:`~hulkjax.errors.InfeasiblePlanError`; re-raised if no staged plan fits either).
-    ``propose``: more orders of the groups for the staged search (see :func:`search`)."""
+    ``propose``: more orders of the groups for the staged search (see :func:`search`);
+    ``optimizer_apart``: its stages decide optimizer state apart (see :func:`search`)."""
     try:
         plan = spmd()
     except InfeasiblePlanError:
         staged, _ = best_staged(graph, topology, strategy=strategy, spmd_time=None,
-                                solver=solver, time_limit=time_limit, propose=propose)
+                                solver=solver, time_limit=time_limit, propose=propose,
+                                optimizer_apart=optimizer_apart)
         if staged is None:
             raise
         return staged
     staged, notes = best_staged(graph, topology, strategy=strategy,
                                 spmd_time=plan.cost.step_time, solver=solver,
-                                time_limit=time_limit, propose=propose)
+                                time_limit=time_limit, propose=propose,
+                                optimizer_apart=optimizer_apart)
     if staged is not None:
         return staged
     plan.notes.extend(notes)
