@@ -26,12 +26,12 @@ def test_stage_search_builds_only_the_baselines_it_keeps(monkeypatch, strategy):
     real = stages.baseline_assignments
     asked = []
 
-    def spy(graph, topology, names=BASELINES):
+    def spy(graph, topology, names=BASELINES, **kw):
         asked.append(tuple(names))
-        return real(graph, topology, names)
+        return real(graph, topology, names, **kw)
 
-    def every(graph, topology, names=BASELINES):
-        return real(graph, topology)
+    def every(graph, topology, names=BASELINES, **kw):
+        return real(graph, topology, **kw)
 
     runs = {}
     for label, fn in (("only kept", spy), ("all", every)):
