@@ -214,7 +214,8 @@ class AutoOptions:
       optimizer_apart: decide each optimizer state's layout apart from its parameter's (the
         distributed optimizer; see :class:`~hulkjax.strategies.ilp.ILPOptions`). The network
         was trained with state tied to its parameter: it scores the state's own layouts as it
-        scores an argument's. The staged search's stages decide it so too.  # bool
+        scores an argument's. The staged search's stages decide it so too (see
+        :class:`~hulkjax.strategies.ilp.ILPOptions`).  # bool
     """
 
     top_k: int = TOP_K

@@ -115,8 +115,9 @@ class ILPOptions:
         distributed optimizer: state sharded where its parameter is whole, the update on the
         shards); the ILP's classes tie a state with the states of its parameter's repeated
         layers. The space holds every plan without it, and ``zero``'s. The staged search's
-        stages decide it so too (each stage's state sharded over its group); the ``pipeline``
-        baseline, its rival, keeps state with its parameter.  # bool
+        stages decide it so too (each stage's state sharded over its group), and the staged
+        search with state tied runs as well, the faster staged plan kept (that search is not
+        exhaustive: either can find the faster plan).  # bool
     """
 
     time_limit: float = 60.0

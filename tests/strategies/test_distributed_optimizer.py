@@ -235,3 +235,37 @@ def test_stages_decide_optimizer_state_apart_too(compile_count):
     refs = first_steps(jax.jit(m.step), state, batch, 2)
     assert_steps_match(hj.emit(m.step, loaded, donate=False), state, batch, refs, compile_count,
                        rtol=1e-4, atol=2e-4)
+
+
+def test_with_state_apart_the_faster_staged_plan_of_both_searches_is_kept(monkeypatch):
+    """The staged search over stages with state apart is not exhaustive (its dynamic program
+    ranks the stages' plans by their tables): ``spmd_or_staged`` with ``optimizer_apart`` runs
+    it with state tied too and keeps the faster plan, saying so in its notes."""
+    from hulkjax.plan import Cost
+    from hulkjax.strategies import stages as S
+
+    def staged(t, apart):
+        p = Plan(strategy="auto", axis_names=("x",), mesh_shape=(1,), inputs=(), outputs=(),
+                 cost=Cost(step_time=t, compute_time=t, comm_time=0.0), optimizer_apart=apart)
+        return p
+
+    found = {}
+
+    def fake(graph, topology, *, optimizer_apart, **kw):
+        t = found[optimizer_apart]
+        return (None if t is None else staged(t, optimizer_apart)), [f"searched {optimizer_apart}"]
+
+    monkeypatch.setattr(S, "best_staged", fake)
+    spmd = staged(1.0, True)
+    for apart_t, tied_t, kept in ((0.5, 0.6, True), (0.7, 0.6, False), (None, 0.6, False),
+                                  (0.6, None, True), (0.6, 0.6, True)):
+        found.update({True: apart_t, False: tied_t})
+        plan = S.spmd_or_staged(None, None, lambda: spmd, strategy="auto", solver=None,
+                                time_limit=1.0, optimizer_apart=True)
+        assert plan.optimizer_apart is kept and plan.cost.step_time == min(
+            t for t in (apart_t, tied_t) if t is not None)
+        said = [n for n in plan.notes if "optimizer state" in n]
+        assert bool(said) == (not kept or tied_t is not None), plan.notes
+    found.update({True: None, False: None})
+    assert S.spmd_or_staged(None, None, lambda: spmd, strategy="auto", solver=None,
+                            time_limit=1.0, optimizer_apart=True) is spmd
