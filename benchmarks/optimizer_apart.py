@@ -129,10 +129,11 @@ def measure_staged(label: str) -> dict:
         m = stages.ThirdParty(name[len("family:"):], dims)
     topo = hj.Topology.preset(preset, **preset_kw)
     args = m.abstract()
-    g = hj.trace(m.step, *args)
     row = {"case": label, "what": what, "topology": topo.name, "devices": topo.num_devices,
-           "states": len(g.state_pairs()), "plans": {}}
+           "plans": {}}
     for key, apart in (("auto", False), ("auto apart", True)):
+        g = hj.trace(m.step, *args)  # a fresh graph: the other plan's caches are not this one's
+        row["states"] = len(g.state_pairs())
         c0 = time.process_time()
         try:
             plan = hj.plan(m.step, *args, topology=topo, strategy="auto", graph=g,
@@ -159,7 +160,9 @@ def render_staged(doc: dict) -> list[str]:
            "search's stages plan in the model with state apart (each stage's Adam moments may be "
            "sharded over its group where its parameters stay whole: Megatron's pipeline with "
            "`use_distributed_optimizer`), and the search with state tied runs too, the faster "
-           "plan kept (*kept*: which; the search is not exhaustive, so either can win). "
+           "plan kept (*kept*: which; the search is not exhaustive, so either can win). *CPU "
+           "s*: planning CPU seconds, each plan on a freshly traced graph (with state apart, "
+           "both searches). "
            "Third-party code: transformers' 1.3B-class modules of `benchmarks/stages.py` "
            "(float32); Alpa's GPTs are the zoo's at Alpa's sizes (`benchmarks/alpa.py`).", ""]
     rs = [r for row in rows if (r := _ratio(row, "auto apart", "auto", "step_ms")) is not None]
