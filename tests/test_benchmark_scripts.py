@@ -137,3 +137,25 @@ def test_optimizer_apart_reports_ratios_against_the_default_per_cell():
     table = [ln for ln in md.splitlines() if ln.startswith("| gpt2 |")]
     assert table[0].split("|")[9:12] == [" 0.9900 ", " 1.000 ", " 3 "]
     assert "- llama 2x4 auto apart: InfeasiblePlanError: no plan fits" in md
+    # the staged section: apart against tied per case, which was kept, and the summary
+    def staged(step, memory, kept_apart, names):
+        return {"step_ms": step, "memory_mb": memory, "capacity_mb": 16e3, "fits": True,
+                "apart": 5 if kept_apart else 0, "optimizer_apart": kept_apart, "staged": True,
+                "microbatches": 4, "stage_plans": names, "cpu_s": 2.0}
+
+    srows = [{"case": "a", "what": "A", "states": 9,
+              "plans": {"auto": staged(10.0, 8e3, False, ["ilp/2", "ilp/2"]),
+                        "auto apart": staged(8.0, 6e3, True, ["ilp", "ilp/2"])}},
+             {"case": "b", "what": "B", "states": 9,
+              "plans": {"auto": staged(5.0, 8e3, False, ["ilp"]),
+                        "auto apart": staged(5.0, 8e3, False, ["ilp"])}}]
+    md = oa.render({"commit": "x", "date": "d", "machine": {"cpus": 2}, "rows": rows,
+                    "staged": {"commit": "y", "date": "d", "rows": srows}})
+    assert "- Step time apart / tied: geometric mean 0.894, range 0.800-1.000 over 2 cases; " \
+           "faster in 1, equal in 1, slower in 0." in md
+    a = [ln for ln in md.splitlines() if ln.startswith("| a |")][0].split("|")
+    assert [c.strip() for c in a[6:13]] == ["2 stages x 4 mb: ilp/2 x2", "8.0", "6.00 of 16",
+                                           "2 stages x 4 mb: ilp x1, ilp/2 x1", "apart", "5",
+                                           "0.8000"]
+    assert [ln for ln in md.splitlines() if ln.startswith("| b |")][0].split("|")[10].strip() \
+        == "tied"
