@@ -418,7 +418,7 @@ class _Context:
         With optimizer state apart, above half of it: the ILP's plan, its state sharded, is
         lean already, where a stage holds several microbatches' activations in flight and
         ``need`` counts one; above half, the plan under the first limit (``ilp/2``) is another
-        plan than the ILP's own (Alpa's GPT-15B on 32 V100s, state apart: a half-batch step of
+        plan than the ILP's own (Alpa's GPT-15B on 32 V100s at batch 128, state apart: a step of
         9.25 s without the limited plans, 8.03 s with them, against 8.31 s with state tied)."""
         t = self.table(M, sub, "ilp")
         if t is None or M == 1:
@@ -2385,8 +2385,8 @@ def _staged_apart(graph: OpGraph, topology, **kw) -> tuple[Plan | None, list[str
     plan (the one with state apart where they tie). Its space holds every plan with state
     tied, but the search over it is not exhaustive (the dynamic program ranks the stages'
     plans by their unit tables, and the plans it offers a stage depend on the ILP's own):
-    Alpa's GPT-39B on 64 V100s, a quarter-batch step, came out at 22.7 s with state apart
-    against 21.5 s tied. The notes say which was kept."""
+    Alpa's GPT-39B on 64 V100s at batch 256 came out at 22.7 s a step with state apart,
+    21.5 s tied. The notes say which was kept."""
     apart, notes = best_staged(graph, topology, optimizer_apart=True, **kw)
     tied, tied_notes = best_staged(graph, topology, optimizer_apart=False, **kw)
     if tied is None or (apart is not None and apart.cost.step_time <= tied.cost.step_time):
