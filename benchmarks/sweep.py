@@ -84,11 +84,6 @@ QUICK = {"models": ["mlp-small", "gpt2-small"], "topologies": ["dgx-h100x2", "ge
 
 # Planners that search the cost model; every other registered strategy is a fixed baseline.
 SEARCHERS = ("ilp", "auto")
-# Strategies whose plans lay optimizer state out apart from its parameter: plans of the cost
-# model with optimizer_apart, outside the space the default ilp / auto search (their
-# optimizer_apart option searches it). The searchers are held against the other baselines, and
-# against these in a section of their own.
-APART = ("zero",)
 SEARCHER_PROMISE = {"ilp": "the baselines' plans are in the ILP's search space",
                     "auto": "auto scores the baselines too and keeps the best"}
 # What the link classes of Cost.link_class mean, for the report.
@@ -196,6 +191,7 @@ def plan_row(plan) -> dict:
         "collectives": [{"kind": k.kind, "axes": list(k.axes), "count": k.count,
                          "bytes": k.bytes, "time": k.time} for k in c.collectives],
         "planning_time": plan.planning_time,
+        "optimizer_apart": plan.optimizer_apart,
         "notes": list(plan.notes),
         "solver": solver_info(plan),
     }
@@ -327,8 +323,13 @@ class Results:
         self.strategies = list(doc["strategies"])
         self.baselines = [s for s in self.strategies if s not in SEARCHERS]
         self.searchers = [s for s in self.strategies if s in SEARCHERS]
-        self.rivals = [s for s in self.baselines if s not in APART]  # in the searchers' space
-        self.apart = [s for s in self.baselines if s in APART]
+        # Baselines whose plans lay optimizer state out apart from its parameter (zero's) are of
+        # the cost model with optimizer_apart, outside the space the default ilp / auto search
+        # (their optimizer_apart option searches it): the searchers are held against the other
+        # baselines, and against these in a section of their own.
+        self.apart = [s for s in self.baselines
+                      if any(r["strategy"] == s and r.get("optimizer_apart") for r in doc["rows"])]
+        self.rivals = [s for s in self.baselines if s not in self.apart]
         self.rows = {(r["model"], r["topology"], r["strategy"]): r for r in doc["rows"]}
         self.model_info = {m["key"]: m for m in doc["models"]}
         self.topo_info = {t["key"]: t for t in doc["topologies"]}

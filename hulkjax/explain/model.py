@@ -36,8 +36,9 @@ from hulkjax.formatting import (
     format_spec,
     format_time,
 )
-from hulkjax.strategies.realize import cost_model, plan_cost_model
+from hulkjax.strategies.realize import plan_cost_model
 from hulkjax.strategies.specbuilder import complete
+from hulkjax.strategies.stages import stage_models
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER
 
 _MEMORY_KINDS = ("parameters", "gradients", "optimizer", "activations", "transients", "data")
@@ -547,26 +548,9 @@ def _stage_devices(stage, topology=None) -> str:
 # ---- staged plans ------------------------------------------------------------------------------
 
 def stage_cost_models(plan) -> list:
-    """``[(cost model, assignment)]`` of each stage of a staged plan made in this process: the
-    step at microbatch size on the stage's devices, and the stage's SPMD plan."""
-    from hulkjax.trace.microbatch import microbatch_graph
-
-    g, topo = plan.graph, plan.topology
-    micro = g if plan.microbatches == 1 else microbatch_graph(g, plan.microbatches)
-    out = []
-    for k, st in enumerate(plan.stages):
-        cm = cost_model(micro, topo.subset(st.devices, canonical=True),
-                        optimizer_apart=plan.optimizer_apart)
-        if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
-            a = list(plan.assignment[k])
-        else:  # a loaded plan: its layouts completed as a baseline's
-            specs = []
-            for i, t in enumerate(plan.inputs):
-                v = g.inputs[i]
-                specs.append(st.value_specs.get(v, t.spec) if i not in st.inputs else t.spec)
-            a = complete(cm, specs)
-        out.append((cm, a))
-    return out
+    """``[(cost model, assignment)]`` of each stage of a staged plan made in this process
+    (:func:`~hulkjax.strategies.stages.stage_models` on the plan's own step and topology)."""
+    return stage_models(plan.graph, plan.topology, plan)
 
 
 def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True) -> Explanation:

@@ -334,6 +334,7 @@ class _Context:
     lean_limits: dict = field(default_factory=dict)  # (M, sub, lean plan) -> memory limit
     link_floors: dict = field(default_factory=dict)  # groups -> _link_floor
     unit_values: list | None = None  # _unit_values, made on first use
+    costs: dict = field(default_factory=dict)  # StagedLayout -> its Cost (layout_cost)
     optimizer_apart: bool = False  # stages' plans decide optimizer state apart (CostModel)
 
     def micro(self, M: int) -> OpGraph:
@@ -419,7 +420,9 @@ class _Context:
         lean already, where a stage holds several microbatches' activations in flight and
         ``need`` counts one; above half, the plan under the first limit (``ilp/2``) is another
         plan than the ILP's own (Alpa's GPT-15B on 32 V100s at batch 128, state apart: a step of
-        9.25 s without the limited plans, 8.03 s with them, against 8.31 s with state tied)."""
+        9.25 s without the limited plans, 8.03 s with them, against 8.31 s with state tied). The
+        same holds with state tied, whose threshold stays the stricter one its committed plans
+        (PLANNING, ALPA, STAGES) were made with: lowering it there is a change of its own."""
         t = self.table(M, sub, "ilp")
         if t is None or M == 1:
             return False
@@ -510,11 +513,16 @@ def stage_works(ctx: _Context, layout: StagedLayout) -> tuple[list[StageWork], l
 
 
 def layout_cost(ctx: _Context, layout: StagedLayout):
-    """The exact pipeline :class:`~hulkjax.plan.Cost` of a layout."""
-    works, _ = stage_works(ctx, layout)
-    return pipeline_cost(ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
-                         schedule=layout.schedule, split=ctx.part.split,
-                         virtual_stages=layout.virtual_stages)
+    """The exact pipeline :class:`~hulkjax.plan.Cost` of a layout (kept on the context: the
+    search costs its winner before :func:`build_plan` does, and the ``pipeline`` baseline is
+    costed by each search of one step, with optimizer state apart and tied)."""
+    hit = ctx.costs.get(layout)
+    if hit is None:
+        works, _ = stage_works(ctx, layout)
+        hit = ctx.costs[layout] = pipeline_cost(
+            ctx.topology, ctx.graph, works, microbatches=layout.microbatches,
+            schedule=layout.schedule, split=ctx.part.split, virtual_stages=layout.virtual_stages)
+    return hit
 
 
 def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
@@ -641,25 +649,33 @@ def _stage_pins(by_node: dict, nodes) -> dict:
     return out
 
 
-def plan_cost(graph: OpGraph, topology, plan: Plan):
-    """The pipeline :class:`~hulkjax.plan.Cost` of a staged plan's stages on this step (a plan
-    made here reuses its stages' SPMD choices; a loaded one has them completed from its layouts as
-    a baseline's are)."""
+def stage_models(graph: OpGraph, topology, plan: Plan) -> list[tuple[CostModel, list[int]]]:
+    """``[(cost model, assignment)]`` of each stage of a staged plan on this step: the step at
+    microbatch size on the stage's devices, in the model the plan was made in
+    (:attr:`Plan.optimizer_apart`), and the stage's SPMD plan (a plan made here reuses its
+    stages' choices; a loaded one has them completed from its layouts as a baseline's are)."""
     from hulkjax.strategies.specbuilder import complete
 
     micro = graph if plan.microbatches == 1 else microbatch_graph(graph, plan.microbatches)
-    works = []
+    out = []
     for k, st in enumerate(plan.stages):
         cm = cost_model(micro, group_topology(topology, st.devices),
                         optimizer_apart=plan.optimizer_apart)
         if isinstance(plan.assignment, tuple | list) and len(plan.assignment) == len(plan.stages):
             a = list(plan.assignment[k])
         else:
-            specs = [st.value_specs.get(v, t.spec) for v, t in zip(graph.inputs, plan.inputs)]
-            a = complete(cm, specs)
-        works.append(StageWork(devices=st.devices, cost_model=cm, assignment=a,
-                               forward=st.forward, backward=st.backward, update=st.update,
-                               inputs=st.inputs))
+            a = complete(cm, [st.value_specs.get(v, t.spec)
+                              for v, t in zip(graph.inputs, plan.inputs)])
+        out.append((cm, a))
+    return out
+
+
+def plan_cost(graph: OpGraph, topology, plan: Plan):
+    """The pipeline :class:`~hulkjax.plan.Cost` of a staged plan's stages on this step (each
+    stage's model and plan: :func:`stage_models`)."""
+    works = [StageWork(devices=st.devices, cost_model=cm, assignment=a, forward=st.forward,
+                       backward=st.backward, update=st.update, inputs=st.inputs)
+             for st, (cm, a) in zip(plan.stages, stage_models(graph, topology, plan))]
     return pipeline_cost(topology, graph, works, microbatches=plan.microbatches,
                          schedule=plan.schedule, split=partition(graph).split,
                          virtual_stages=plan.virtual_stages)
@@ -2415,7 +2431,7 @@ def staged_note(plan: Plan, spmd_time: float | None) -> str:
 
 
 __all__ = ["INTRA_PLANS", "LEAN_PLANS", "STAGED_MIN_GAIN", "PipelineOptions", "SearchResult", "StagedLayout", "best_staged",
-           "build_plan", "plan_cost",
+           "build_plan", "plan_cost", "stage_models",
            "chains", "device_groups", "group_topology", "layout_cost", "microbatch_counts",
            "pipeline", "search", "spmd_or_staged", "stage_works", "staged_lower_bound", "staged_note",
            "uniform_ranges"]
