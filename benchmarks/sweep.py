@@ -181,7 +181,7 @@ def plan_row(plan) -> dict:
     return {
         "status": "ok",
         "step_time": c.step_time, "compute_time": c.compute_time, "comm_time": c.comm_time,
-        "ideal_time": c.ideal_time, "efficiency": c.efficiency,
+        "bubble": c.bubble, "ideal_time": c.ideal_time, "efficiency": c.efficiency,
         "peak_memory": c.peak_memory, "memory_capacity": None if math.isinf(cap) else cap,
         "fits": c.fits, "memory_breakdown": dict(c.memory_breakdown),
         "link_class": dict(c.link_class),
@@ -382,8 +382,10 @@ def anomalies(res: Results) -> list[str]:
             if (t > 0) != (r["comm_bytes"].get(axis, 0) > 0):
                 out.append(f"time/bytes mismatch: {where} axis `{axis}` has {ms(t)} ms but "
                            f"{nice_bytes(r['comm_bytes'].get(axis, 0))}")
-        if not math.isclose(r["compute_time"] + r["comm_time"], r["step_time"], rel_tol=1e-6):
-            out.append(f"step != compute + comm: {where}")
+        # (a staged step: the busiest group's compute and communication, and its bubble)
+        if not math.isclose(r["compute_time"] + r["comm_time"] + r.get("bubble", 0.0),
+                            r["step_time"], rel_tol=1e-6):
+            out.append(f"step != compute + comm + bubble: {where}")
         if r["step_time"] < r["ideal_time"] * (1 - 1e-9):
             out.append(f"faster than ideal: {where} ({ms(r['step_time'])} < "
                        f"{ms(r['ideal_time'])} ms)")
@@ -645,8 +647,8 @@ def render(doc: dict, json_path: str = FULL_JSON) -> str:
                                         else len(LINK_CLASS_DOC), c))
         L += [f"## Communication of the {st} plan by link class", "",
               "Per link class: time (ms) / bytes each device sends (`plan.cost.comm_time_by_axis` "
-              "and `plan.cost.comm_bytes` summed over the mesh axes of that class). — : the "
-              "topology has no axis of that class.", ""]
+              "and `plan.cost.comm_bytes` summed over the mesh axes of that class; a staged "
+              "plan's over every stage's). — : the topology has no axis of that class.", ""]
         rows = []
         for tk in res.topologies:
             for mk in res.models:

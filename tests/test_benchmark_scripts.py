@@ -185,3 +185,20 @@ def test_sweep_holds_the_searchers_against_baselines_of_their_space():
     assert "| 2.000 / " in row
     assert not any("worse than a baseline" in ln and "vit-base / dgx-h100x1" in ln
                    for ln in md.splitlines())
+
+
+def test_sweep_staged_rows_add_up():
+    """The committed sweep's staged plans report what each stage sends per axis in time and
+    bytes alike, and their step is the busiest group's compute, communication and bubble (the
+    sweep's automatic checks once listed 152 staged axes with time and no bytes, and every staged
+    step as other than compute + communication)."""
+    import json
+
+    sw = _script("sweep")
+    with open(BENCHMARKS / "results" / "sweep.json") as f:
+        doc = json.load(f)
+    staged = [r for r in doc["rows"] if r["status"] == "ok"
+              and any("/" in a for a in r["comm_time_by_axis"])]
+    assert staged and all(r["comm_bytes"] for r in staged)
+    found = sw.anomalies(sw.Results(doc))
+    assert not [a for a in found if a.startswith(("time/bytes mismatch", "step != compute"))]

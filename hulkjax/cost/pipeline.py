@@ -104,7 +104,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hulkjax.cost.comm import collective_time
+from hulkjax.cost.comm import axis_bytes
 from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
 from hulkjax.cost.unreduced import unreduced_sums
@@ -420,10 +420,13 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
         if worst is None or st.peak_memory / cap > worst.peak_memory / worst.memory_capacity:
             worst = st
     by_axis: dict[str, float] = {}
+    sent: dict[str, float] = {}
     scopes: dict[str, str] = {}
     for k, s in enumerate(stages):
-        for axis, t in work[k]["comm_by_axis"](M).items():
+        times, nbytes = work[k]["comm_by_axis"](M)
+        for axis, t in times.items():
             by_axis[f"s{k}/{axis}"] = t
+            sent[f"s{k}/{axis}"] = nbytes.get(axis, 0.0)
             scopes[f"s{k}/{axis}"] = s.cost_model.topology.axis_scope(axis)
     total_peak = sum(d.spec.peak_flops for d in topology.devices)
     recs = tuple(Transfer(src=a, dst=c, link=t["class"], bandwidth=t["link"].bandwidth,
@@ -432,7 +435,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                           exposed=t["exposed"])
                  for (a, c), t in sorted(transfers.items()))
     return Cost(step_time=step, compute_time=compute, comm_time=comm,
-                comm_time_by_axis=by_axis, comm_bytes={}, link_class=scopes,
+                comm_time_by_axis=by_axis, comm_bytes=sent, link_class=scopes,
                 peak_memory=worst.peak_memory, memory_breakdown=dict(worst.memory_breakdown),
                 memory_capacity=worst.memory_capacity,
                 ideal_time=graph.total_flops / total_peak if total_peak else 0.0,
@@ -467,10 +470,13 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
     cu = float(sum(nc.compute[n] for n in s.update)) + pu
     deferred = {(un.node, i) for un in unreduced.values() for i in un.deferred}
 
-    def comm_by_axis(M: int) -> dict[str, float]:
-        """Seconds per step on each axis of the stage's mesh (own collectives and moves)."""
+    def comm_by_axis(M: int) -> tuple[dict[str, float], dict[str, float]]:
+        """Seconds and bytes each device sends per step on each axis of the stage's mesh: its
+        own collectives and layout changes, as ``f``, ``b``, ``u`` and ``r`` charge them (their
+        sum over the axes is the stage's communication, ``busy - compute``)."""
         b_ = node_costs(cm, s.assignment)  # its breakdown's collectives (memoized)
         per: dict[str, float] = defaultdict(float)
+        sent: dict[str, float] = defaultdict(float)
         mine_mb = set(s.forward) | set(s.backward)
         mine_u = set(s.update)
         # (the stage's nodes' collectives, in the whole's order: the same sums)
@@ -478,8 +484,11 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         mine = sorted((n for n in mine_mb | mine_u if n in position), key=position.__getitem__)
 
         def add(comm, times):
-            for axis, t in _axis_times(cm, comm).items():
-                per[axis] += t * times
+            t, nbytes = _axis_charges(cm, comm)
+            for axis, x in t.items():
+                per[axis] += x * times
+            for axis, x in nbytes.items():
+                sent[axis] += x * times
 
         for nid in mine:
             times = M if nid in mine_mb else 1
@@ -493,7 +502,13 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         for i in sorted(i for n in mine_mb | mine_u for i in moves_of.get(n, ())):
             if i not in copies:
                 add(b_.moves[i].comm, M if b_.moves[i].node in mine_mb else 1)
-        return dict(per)
+        # The state it holds brought back to its inputs' layout for the next step (``u``'s
+        # ``state_moves``).
+        held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in set(s.inputs)}
+        for i in moves_of.get(-1, ()):
+            if b_.moves[i].value in held:
+                add(b_.moves[i].comm, 1)
+        return dict(per), dict(sent)
 
     return {"f": f, "b": b, "u": u, "r": r, "compute_step": lambda M: M * cf + cu,
             "pages_step": lambda M: M * (pf + pb) + pu, "comm_by_axis": comm_by_axis}
@@ -511,18 +526,21 @@ def _program_pages(s: StageWork, nodes) -> float:
     return cm.page_time(report.temporaries)
 
 
-def _axis_times(cm: CostModel, comm) -> dict[str, float]:
-    """:func:`~hulkjax.cost.comm.collective_time` of ``comm`` on the stage's topology, memoized
-    on the graph per topology (every layout costed asks for the same collectives again); the
-    result is shared: read it, do not change it."""
-    key = ("collective axis times", cm.topology)
+def _axis_charges(cm: CostModel, comm) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds and bytes per device of ``comm`` on each axis of the stage's topology, as its
+    backend runs it (:meth:`~hulkjax.cost.model.CostModel.comm_time_by_axis`: its algorithm, its
+    reduce-scatter, a combined collective's share of the latency), memoized on the graph per
+    topology (every layout costed asks for the same collectives again); the result
+    is shared: read it, do not change it."""
+    key = ("collective axis charges", cm.topology)  # (its backend is the topology's)
     memo = cm.graph.memo.get(key)
     if memo is None:
         memo = cm.graph.memo[key] = {}
-    ckey = (comm.kind, comm.bytes, comm.axes)
-    hit = memo.get(ckey)
+    hit = memo.get(comm)
     if hit is None:
-        hit = memo[ckey] = collective_time(comm.kind, comm.bytes, comm.axes, cm.topology)
+        hit = memo[comm] = (cm.comm_time_by_axis(comm), axis_bytes(
+            cm.backend.kind_of(comm.kind), comm.bytes, comm.axes, cm.topology,
+            hierarchical=cm.backend.hierarchical))
     return hit
 
 

@@ -573,7 +573,7 @@ def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True)
                 bandwidth=link.bandwidth if link else float("nan"),
                 latency=link.latency if link else float("nan"),
                 comm_time=cost.comm_time_by_axis.get(name, 0.0) if cost is not None else 0.0,
-                comm_bytes=0.0))
+                comm_bytes=cost.comm_bytes.get(name, 0.0) if cost is not None else 0.0))
     rows: list[LayerRow] = []
     note = ""
     if plan.graph is None or topo is None:

@@ -118,8 +118,10 @@ class Cost:
         above ``Backend.fresh_buffer_threshold``: XLA:CPU; 0 where allocators pool memory).
         Staged plans: the busiest device group's, per step.  # float
       comm_time: time in collectives (partial sums and layout changes).  # float
-      comm_time_by_axis: ``{mesh axis: seconds}``.  # dict
-      comm_bytes: ``{mesh axis: bytes each device sends over that axis's links}``.  # dict
+      comm_time_by_axis: ``{mesh axis: seconds}``. Staged plans: per step, ``{"s<k>/<axis>":
+        seconds}`` of each stage's own mesh, summing to its ``StageTime.comm``.  # dict
+      comm_bytes: ``{mesh axis: bytes each device sends over that axis's links}`` (staged plans:
+        per step, keyed as ``comm_time_by_axis``).  # dict
       link_class: ``{mesh axis: "node" | "region" | "wan" | ...}``: which links each axis crosses.
       peak_memory: parameters + gradients + optimizer state + saved activations, bytes.  # float
       memory_breakdown: the same split by kind, bytes.  # dict

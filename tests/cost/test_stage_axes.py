@@ -1,7 +1,8 @@
-"""A staged plan's communication per stage and mesh axis (``Cost.comm_time_by_axis``), found from
-each stage's own nodes (``NodeCosts.by_node``): the same sums as a walk over every node of the
-step, in the same order."""
+"""A staged plan's communication per stage and mesh axis (``Cost.comm_time_by_axis`` and
+``Cost.comm_bytes``), found from each stage's own nodes (``NodeCosts.by_node``): the same sums as a
+walk over every node of the step, in the same order, and the stage's communication in all."""
 
+import math
 from collections import defaultdict
 
 import pytest
@@ -23,11 +24,14 @@ def _walked(s, unreduced, M):
     cm, b = s.cost_model, P.node_costs(s.cost_model, s.assignment)
     mb, up = set(s.forward) | set(s.backward), set(s.update)
     deferred = {(x.node, i) for x in unreduced.values() for i in x.deferred}
-    per = defaultdict(float)
+    per, sent = defaultdict(float), defaultdict(float)
 
     def add(comm, times):
-        for axis, t in P._axis_times(cm, comm).items():
-            per[axis] += t * times
+        t, nbytes = P._axis_charges(cm, comm)
+        for axis, x in t.items():
+            per[axis] += x * times
+        for axis, x in nbytes.items():
+            sent[axis] += x * times
 
     for nid, comms in b.own.items():
         times = M if nid in mb else 1 if nid in up else 0
@@ -38,11 +42,13 @@ def _walked(s, unreduced, M):
         add(x.reduction, 1)
     copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in P._copies(b, ph)
               for i in ix}
+    held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in set(s.inputs)}
     for i, m in enumerate(b.moves):
-        times = M if m.node in mb else 1 if m.node in up else 0
+        times = M if m.node in mb else 1 if m.node in up or (m.node < 0 and m.value in held) \
+            else 0
         if times and i not in copies:
             add(m.comm, times)
-    return dict(per)
+    return dict(per), dict(sent)
 
 
 @pytest.mark.parametrize("strategy", ["dp_tp", "zero"])
@@ -68,7 +74,33 @@ def test_stage_collectives_per_axis_are_the_walk_over_every_node(strategy):
         un = unreduced_sums(cm, a, split, s.forward + s.backward)
         got = P._stage_times(s, un)["comm_by_axis"](4)
         assert got == _walked(s, un, 4), k
-        seen += sum(t > 0 for t in got.values())
+        seen += sum(t > 0 for t in got[0].values())
         b = P.node_costs(cm, a)
         update += sum(1 for m in b.moves if m.node in set(st.update))
     assert seen and (update > 0) == (strategy == "zero")
+
+
+@pytest.mark.parametrize("topology,strategy", [
+    (THREE, "pipeline"),
+    (hj.Topology.preset("dgx-h100", nodes=2), "auto"),
+    (hj.Topology.preset("dgx-h100", nodes=2), "pipeline"),
+])
+def test_a_stage_s_axes_add_up_to_its_communication(topology, strategy):
+    """Each stage's seconds per axis sum to its ``StageTime.comm`` (as its backend runs its
+    collectives: gradient all-reduces that XLA combines share one latency, which the staged
+    axes charged once each, 100x the stage's communication of a tiny GPT-2 on two DGX nodes),
+    and an axis with time has bytes."""
+    m = zoo.get("gpt2", size="tiny", batch=8)
+    state, batch = m.abstract()
+    g = hj.trace(m.step, state, batch)
+    kw = {"microbatches": 4} if strategy == "pipeline" else {}
+    plan = hj.plan(m.step, state, batch, topology=topology, strategy=strategy, graph=g, **kw)
+    c = plan.cost
+    assert c.stages, plan.notes
+    assert set(c.comm_bytes) == set(c.comm_time_by_axis)
+    for k, st in enumerate(c.stages):
+        mine = {a: t for a, t in c.comm_time_by_axis.items() if a.startswith(f"s{k}/")}
+        assert math.isclose(sum(mine.values()), st.comm, rel_tol=1e-9, abs_tol=1e-15), k
+        for a, t in mine.items():
+            assert (t > 0) == (c.comm_bytes[a] > 0), (a, t, c.comm_bytes[a])
+    assert any(c.comm_bytes.values())
