@@ -108,7 +108,7 @@ from hulkjax.cost.comm import axis_bytes
 from hulkjax.cost.memory import liveness
 from hulkjax.cost.model import CostModel
 from hulkjax.cost.unreduced import unreduced_sums
-from hulkjax.plan.cost import Cost, StageTime, Transfer
+from hulkjax.plan.cost import Cost, PredictedCollective, StageTime, Transfer
 from hulkjax.plan.specs import Spec, local_shape
 from hulkjax.plan.stages import schedule_in_flight, schedule_times
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph, dtype_size
@@ -422,12 +422,16 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
     by_axis: dict[str, float] = {}
     sent: dict[str, float] = {}
     scopes: dict[str, str] = {}
+    collectives = []
     for k, s in enumerate(stages):
-        times, nbytes = work[k]["comm_by_axis"](M)
+        times, nbytes, colls = work[k]["comm_by_axis"](M)
         for axis, t in times.items():
             by_axis[f"s{k}/{axis}"] = t
             sent[f"s{k}/{axis}"] = nbytes.get(axis, 0.0)
             scopes[f"s{k}/{axis}"] = s.cost_model.topology.axis_scope(axis)
+        collectives += [PredictedCollective(kind=kind, axes=tuple(f"s{k}/{a}" for a in axes),
+                                            count=count, bytes=nb, time=secs)
+                        for kind, axes, count, nb, secs in colls]
     total_peak = sum(d.spec.peak_flops for d in topology.devices)
     recs = tuple(Transfer(src=a, dst=c, link=t["class"], bandwidth=t["link"].bandwidth,
                           latency=t["link"].latency, microbatch_bytes=t["mb_bytes"],
@@ -436,6 +440,7 @@ def pipeline_cost(topology, graph: OpGraph, stages: list[StageWork], *, microbat
                  for (a, c), t in sorted(transfers.items()))
     return Cost(step_time=step, compute_time=compute, comm_time=comm,
                 comm_time_by_axis=by_axis, comm_bytes=sent, link_class=scopes,
+                collectives=tuple(collectives),
                 peak_memory=worst.peak_memory, memory_breakdown=dict(worst.memory_breakdown),
                 memory_capacity=worst.memory_capacity,
                 ideal_time=graph.total_flops / total_peak if total_peak else 0.0,
@@ -470,25 +475,34 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
     cu = float(sum(nc.compute[n] for n in s.update)) + pu
     deferred = {(un.node, i) for un in unreduced.values() for i in un.deferred}
 
-    def comm_by_axis(M: int) -> tuple[dict[str, float], dict[str, float]]:
+    def comm_by_axis(M: int) -> tuple[dict[str, float], dict[str, float], list]:
         """Seconds and bytes each device sends per step on each axis of the stage's mesh: its
         own collectives and layout changes, as ``f``, ``b``, ``u`` and ``r`` charge them (their
-        sum over the axes is the stage's communication, ``busy - compute``)."""
+        sum over the axes is the stage's communication, ``busy - compute``); and those
+        collectives per step, ``[(kind, axes, count, bytes, seconds)]`` by kind and axes, the
+        reduction program's combined as the backend combines them."""
         b_ = node_costs(cm, s.assignment)  # its breakdown's collectives (memoized)
         per: dict[str, float] = defaultdict(float)
         sent: dict[str, float] = defaultdict(float)
+        grouped: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
         mine_mb = set(s.forward) | set(s.backward)
         mine_u = set(s.update)
         # (the stage's nodes' collectives, in the whole's order: the same sums)
         position, moves_of = b_.by_node()
         mine = sorted((n for n in mine_mb | mine_u if n in position), key=position.__getitem__)
+        order = cm.mesh.axis_names
 
-        def add(comm, times):
+        def add(comm, times, reduction=False):
             t, nbytes = _axis_charges(cm, comm)
             for axis, x in t.items():
                 per[axis] += x * times
             for axis, x in nbytes.items():
                 sent[axis] += x * times
+            kind = cm.backend.kind_of(comm.kind)
+            entry = grouped[(kind, tuple(sorted(comm.axes, key=order.index)), reduction)]
+            entry[0] += times
+            entry[1] += comm.bytes * times
+            entry[2] += sum(t.values()) * times
 
         for nid in mine:
             times = M if nid in mine_mb else 1
@@ -496,7 +510,7 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
                 if (nid, i) not in deferred:
                     add(c, times)
         for un in unreduced.values():
-            add(un.reduction, 1)
+            add(un.reduction, 1, reduction=True)
         copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in _copies(b_, ph)
                   for i in ix}
         for i in sorted(i for n in mine_mb | mine_u for i in moves_of.get(n, ())):
@@ -508,7 +522,15 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
         for i in moves_of.get(-1, ()):
             if b_.moves[i].value in held:
                 add(b_.moves[i].comm, 1)
-        return dict(per), dict(sent)
+        merged: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
+        for (kind, axes, reduction), (count, nbytes, secs) in grouped.items():
+            if reduction and cm.backend.combines(kind):  # one program: combined into a few
+                count = cm._combined_count(kind, nbytes)
+            entry = merged[(kind, axes)]
+            entry[0] += count
+            entry[1] += nbytes
+            entry[2] += secs
+        return dict(per), dict(sent), [(k, a, *v) for (k, a), v in sorted(merged.items())]
 
     return {"f": f, "b": b, "u": u, "r": r, "compute_step": lambda M: M * cf + cu,
             "pages_step": lambda M: M * (pf + pb) + pu, "comm_by_axis": comm_by_axis}

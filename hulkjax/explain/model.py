@@ -666,8 +666,13 @@ def staged_explanation(plan, *, depth: int | None = None, collapse: bool = True)
         layers = [r.label for r in rows if k in r.stages] or list(st.layers)
         stage_rows.append((_stage_devices(st, topo), layers))
     mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.axis_names, plan.mesh_shape))
+    # Each stage's collectives per step, on its own axes (``s<stage>/<axis>``).
+    collectives = [CollectiveUse(kind=c.kind, axes=tuple(c.axes),
+                                 links=tuple(links.get(x, "?") for x in c.axes),
+                                 count=c.count, bytes=c.bytes, time=c.time)
+                   for c in (cost.collectives if cost is not None else ())]
     return Explanation(strategy=plan.strategy, topology_name=getattr(topo, "name", "?"),
-                       mesh=mesh, axes=axes, cost=cost, rows=rows, collectives=[],
+                       mesh=mesh, axes=axes, cost=cost, rows=rows, collectives=collectives,
                        stages=stage_rows, notes=list(plan.notes), per_layer_note=note,
                        pipeline=pipeline_lines(plan))
 

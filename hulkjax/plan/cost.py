@@ -127,7 +127,10 @@ class Cost:
       memory_breakdown: the same split by kind, bytes.  # dict
       memory_capacity: the smallest device memory of the topology, bytes.  # float
       ideal_time: total FLOPs / total peak FLOP/s of all devices (perfect scaling).  # float
-      collectives: predicted collectives grouped by kind and axes.
+      collectives: predicted collectives grouped by kind and axes. Staged plans: per step, each
+        stage's on its axes (``s<stage>/<axis>``): its microbatch programs' ``microbatches``
+        times, a value brought to a layout once per program, and the sums it accumulates
+        unreduced once, combined as its backend combines them.
       stages: per-stage times and memory of a staged plan (empty for SPMD plans).
       bubble: seconds of a staged step in which the busiest stage idles (pipeline fill and drain,
         waiting on transfers); ``step_time = compute_time + comm_time + bubble`` there, with

@@ -72,7 +72,7 @@ def test_stage_collectives_per_axis_are_the_walk_over_every_node(strategy):
         s = P.StageWork(devices=st.devices, cost_model=cm, assignment=a, forward=st.forward,
                         backward=st.backward, update=st.update, inputs=st.inputs)
         un = unreduced_sums(cm, a, split, s.forward + s.backward)
-        got = P._stage_times(s, un)["comm_by_axis"](4)
+        got = P._stage_times(s, un)["comm_by_axis"](4)[:2]
         assert got == _walked(s, un, 4), k
         seen += sum(t > 0 for t in got[0].values())
         b = P.node_costs(cm, a)

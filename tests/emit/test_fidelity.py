@@ -68,3 +68,56 @@ def test_scanned_gpt2_collectives_match_the_hlo_per_iteration(strategy):
     assert set(predicted) == set(compiled), (predicted, compiled)
     for key, b in compiled.items():
         assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)
+
+
+def _tight_regional(memory):
+    """Two regions of four V100s of ``memory`` bytes over a 5 Gbit/s metro link: where a tiny
+    GPT-2 stages and memory bends its stages' plans (tests/strategies/test_distributed_optimizer)."""
+    import dataclasses
+
+    from hulkjax.topology import LinkSpec
+    from hulkjax.topology.specs import DEVICE_SPECS
+
+    small = dataclasses.replace(DEVICE_SPECS["V100"], kind="V100-small", memory=memory)
+    return hj.Topology.preset("regional", regions=2, gpus_per_node=4, device=small,
+                              metro=LinkSpec(bandwidth=5e9 / 8, latency=2e-3),
+                              intra_node={small.kind: LinkSpec(bandwidth=150e9, latency=5e-6)})
+
+
+@pytest.mark.parametrize("case", ["pipeline", "ilp", "auto-apart"])
+def test_staged_predicted_collectives_match_the_hlo(case):
+    """A staged plan's ``Cost.collectives`` (per step, axes ``s<stage>/<axis>``: each stage's
+    microbatch programs ``microbatches`` times, its reduction and update once, a value brought
+    to a layout once per program) against the compiled stage programs' HLO. The ``pipeline``
+    baseline's stages on three GPU kinds; the stages of ``ilp`` and of ``auto`` with optimizer
+    state apart where memory bends their plans (their tensor-parallel sums, and the
+    distributed optimizer's reduce-scatters, which XLA:CPU emits as all-reduces)."""
+    m = zoo.get("gpt2", size="tiny", n_layers=8, batch=32 if case == "ilp" else 8)
+    state, batch = m.abstract()
+    if case == "pipeline":
+        topo = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 2), ("T4", 2)))
+        plan = hj.plan(m.step, state, batch, topology=topo, strategy="pipeline", microbatches=4)
+    elif case == "ilp":
+        plan = hj.plan(m.step, state, batch, topology=_tight_regional(3.5e6), strategy="ilp")
+    else:
+        plan = hj.plan(m.step, state, batch, topology=_tight_regional(2.5e6), strategy="auto",
+                       optimizer_apart=True)
+    assert plan.stages is not None and len(plan.stages) > 1
+    if case == "ilp":
+        assert plan.microbatches > 1
+    predicted: dict = {}
+    for c in plan.cost.collectives:
+        kind = "all-reduce" if c.kind == "reduce-scatter" else c.kind
+        predicted[(kind, c.axes)] = predicted.get((kind, c.axes), 0) + c.bytes
+    if case == "auto-apart":
+        assert any(c.kind == "reduce-scatter" for c in plan.cost.collectives)
+    step = hj.emit(m.step, plan)
+    step.compile(state, batch)
+    compiled = {k: v["bytes"] for k, v in summarize(step.collectives()).items()}
+    predicted = {k: b for k, b in predicted.items() if b > SMALL}
+    compiled = {k: b for k, b in compiled.items() if b > SMALL}
+    assert set(predicted) == set(compiled), (predicted, compiled)
+    for key, b in compiled.items():
+        assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)
+    # Per axis, the bytes are those the collectives move (the ring's share, not their operands).
+    assert set(plan.cost.comm_bytes) >= {a for c in plan.cost.collectives for a in c.axes}

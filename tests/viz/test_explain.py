@@ -132,6 +132,13 @@ def test_stages_are_shown_when_the_plan_has_them(gpt2_tiny):
     assert "stage 0 on devices 0..3 " in text and "stage 1 on devices 4..7 " in text
     assert "stage" in text.splitlines()[next(i for i, ln in enumerate(text.splitlines())
                                              if ln.startswith("layer "))]
+    # Each stage's collectives per step, on its own axes, with their link classes.
+    e = explanation(plan)
+    assert [(c.kind, c.axes, c.count, c.bytes) for c in e.collectives] == [
+        (c.kind, c.axes, c.count, c.bytes) for c in plan.cost.collectives]
+    assert {a.split("/")[0] for c in e.collectives for a in c.axes} == {"s0", "s1"}
+    assert all(set(c.links) == {"node"} for c in e.collectives)
+    assert "collectives over the whole step" in text and "over s1/gpu (node links)" in text
     spmd = hj.plan(m.step, state, batch, topology=TWO_NODES, strategy="dp")
     assert "stages (" not in explain(spmd, fmt="text")
 
