@@ -410,6 +410,18 @@ def headline(doc: dict) -> list[str]:
     return [" ".join(out)] if out else []
 
 
+def _merge_line(doc: dict) -> str:
+    """Which cases the last run replanned, where it merged them into earlier runs' rows
+    (``--merge``): the header's commit is theirs."""
+    earlier = doc.get("merged")
+    if not earlier or not doc.get("ran"):
+        return ""
+    commits = ", ".join(dict.fromkeys(f"`{m['machine']['git_commit']}` "
+                                      f"({m['machine']['date'][:10]})" for m in earlier))
+    return (f" Merged (`--merge --cases ...`): this run replanned {', '.join(doc['ran'])}; the "
+            f"other rows are from the earlier runs at {commits} (`merged` in the JSON).")
+
+
 def report(doc: dict) -> str:
     quick = doc.get("quick", False)
     mach = doc["machine"]
@@ -429,6 +441,7 @@ def report(doc: dict) -> str:
         "Alpa's width and width "
         "factor (the 3x3 convolution widened), float32; remat on every block, AdamW, abstract "
         "arguments. Each case runs in a fresh process."
+        + _merge_line(doc)
         + (f" The machine's 1-minute load average was {min(doc['load']):.1f}-"
            f"{max(doc['load']):.1f} during the run (on {mach['cpus']} cores: other work slows the "
            "wall times)." if doc.get("load") else ""), "",
@@ -588,7 +601,7 @@ def main() -> None:
             rows.append(_run_worker(key, strategy, args.quick, args.timeout))
             load.append(os.getloadavg()[0])
         doc = {"machine": machine_info(), "quick": args.quick, "cases": list(args.cases),
-               "rows": rows, "skipped": skipped, "load": load}
+               "ran": list(args.cases), "rows": rows, "skipped": skipped, "load": load}
         if args.merge and os.path.exists(args.out):
             with open(args.out) as f:
                 old = json.load(f)
