@@ -113,13 +113,22 @@ def _overlap_lines(e: Explanation, limit: int = 3) -> list[str]:
     return lines
 
 
+_FOOTER_COLLECTIVES = 24  # collectives the text lists at most
+
+
 def _footer_lines(e: Explanation) -> list[str]:
     lines = []
     if e.collectives:
         lines.append("collectives over the whole step (link class in parentheses):")
-        for c in e.collectives:
+        # The dearest first where there are many (a staged plan's, stage by stage).
+        shown = e.collectives if len(e.collectives) <= _FOOTER_COLLECTIVES else sorted(
+            e.collectives, key=lambda c: -c.time)[:_FOOTER_COLLECTIVES]
+        for c in shown:
             lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({'+'.join(dict.fromkeys(c.links))}"
                          f" links): {c.count} x, {format_bytes(c.bytes)}, {format_time(c.time)}")
+        if len(e.collectives) > len(shown):
+            lines.append(f"  ... and {len(e.collectives) - len(shown)} more, each at most "
+                         f"{format_time(shown[-1].time)}")
     lines += _overlap_lines(e)
     if e.stages is not None:
         lines.append("stages (layers placed on device groups):")

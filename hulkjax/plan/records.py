@@ -370,10 +370,18 @@ def record_summary(plan: Plan, *, max_rows: int = 40) -> list[str]:
                      f"{len(plan.result_specs)} intermediate")
     if plan.cost is not None:
         lines.append(str(plan.cost))
-        for c in plan.cost.collectives:
+        # The dearest first where there are more than ``max_rows`` (a staged plan lists each
+        # stage's: 32 stages, a hundred lines).
+        colls = plan.cost.collectives
+        if len(colls) > max_rows:
+            colls = sorted(colls, key=lambda c: -c.time)[:max_rows]
+        for c in colls:
             links = "+".join(dict.fromkeys(plan.cost.link_class.get(x, "?") for x in c.axes))
             lines.append(f"  {c.kind} over {'+'.join(c.axes)} ({links} links): {c.count} x, "
                          f"{format_bytes(c.bytes)}, {format_time(c.time)}")
+        if len(plan.cost.collectives) > len(colls):
+            lines.append(f"  ... and {len(plan.cost.collectives) - len(colls)} more "
+                         f"(plan.cost.collectives)")
     for note in plan.notes[:10]:
         lines.append(f"note: {note}")
     if len(plan.notes) > 10:

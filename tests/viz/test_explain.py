@@ -139,6 +139,21 @@ def test_stages_are_shown_when_the_plan_has_them(gpt2_tiny):
     assert {a.split("/")[0] for c in e.collectives for a in c.axes} == {"s0", "s1"}
     assert all(set(c.links) == {"node"} for c in e.collectives)
     assert "collectives over the whole step" in text and "over s1/gpu (node links)" in text
+    # Many (a staged plan's, stage by stage): the dearest, and how many more; so in the summary.
+    from dataclasses import replace
+
+    from hulkjax.explain.render import render_text
+    from hulkjax.formatting import format_time
+    from hulkjax.plan.cost import PredictedCollective
+    many = [replace(c, time=c.time * (1 + i)) for i in range(20) for c in e.collectives]
+    lines = render_text(replace(e, collectives=many)).splitlines()
+    at = lines.index("collectives over the whole step (link class in parentheses):")
+    assert lines[at + 25].startswith(f"  ... and {len(many) - 24} more, each at most ")
+    assert lines[at + 1].endswith(format_time(max(c.time for c in many)))
+    summary = replace(plan, cost=replace(plan.cost, collectives=tuple(
+        PredictedCollective(kind=c.kind, axes=c.axes, count=c.count, bytes=c.bytes, time=c.time)
+        for c in many))).summary(max_rows=10)
+    assert f"  ... and {len(many) - 10} more (plan.cost.collectives)" in summary.splitlines()
     spmd = hj.plan(m.step, state, batch, topology=TWO_NODES, strategy="dp")
     assert "stages (" not in explain(spmd, fmt="text")
 
