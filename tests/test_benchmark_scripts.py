@@ -199,6 +199,6 @@ def test_sweep_staged_rows_add_up():
         doc = json.load(f)
     staged = [r for r in doc["rows"] if r["status"] == "ok"
               and any("/" in a for a in r["comm_time_by_axis"])]
-    assert staged and all(r["comm_bytes"] for r in staged)
+    assert staged and all(r["comm_bytes"] and r["collectives"] for r in staged)
     found = sw.anomalies(sw.Results(doc))
     assert not [a for a in found if a.startswith(("time/bytes mismatch", "step != compute"))]
