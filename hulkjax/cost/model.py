@@ -1821,7 +1821,7 @@ class CostModel:
         merged: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
         for (kind, axes, deferred), (count, nbytes, secs) in grouped.items():
             if deferred and self.backend.combines(kind):  # combined into a few
-                count = self._combined_count(kind, nbytes)
+                count = self.combined_count(kind, nbytes)
             entry = merged[(kind, axes)]
             entry[0] += count
             entry[1] += nbytes
@@ -1844,7 +1844,9 @@ class CostModel:
                                                           time=v[2])
                                       for (k, a), v in sorted(merged.items())))
 
-    def _combined_count(self, kind: str, nbytes: float, backend: Backend | None = None) -> int:
+    def combined_count(self, kind: str, nbytes: float, backend: Backend | None = None) -> int:
+        """How many collectives of ``kind`` independent ones of ``nbytes`` together become once
+        the backend's combiner merges them (up to its threshold each)."""
         threshold = (backend or self.backend).combine_threshold.get(kind, 0)
         return 1 if math.isinf(threshold) else max(1, math.ceil(nbytes / threshold))
 

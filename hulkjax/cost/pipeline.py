@@ -518,14 +518,17 @@ def _stage_times(s: StageWork, unreduced: dict) -> dict:
                 add(b_.moves[i].comm, M if b_.moves[i].node in mine_mb else 1)
         # The state it holds brought back to its inputs' layout for the next step (``u``'s
         # ``state_moves``).
-        held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in set(s.inputs)}
-        for i in moves_of.get(-1, ()):
-            if b_.moves[i].value in held:
-                add(b_.moves[i].comm, 1)
+        at_end = moves_of.get(-1, ())
+        if at_end:
+            mine_in = set(s.inputs)
+            held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in mine_in}
+            for i in at_end:
+                if b_.moves[i].value in held:
+                    add(b_.moves[i].comm, 1)
         merged: dict[tuple, list] = defaultdict(lambda: [0, 0, 0.0])
         for (kind, axes, reduction), (count, nbytes, secs) in grouped.items():
             if reduction and cm.backend.combines(kind):  # one program: combined into a few
-                count = cm._combined_count(kind, nbytes)
+                count = cm.combined_count(kind, nbytes)
             entry = merged[(kind, axes)]
             entry[0] += count
             entry[1] += nbytes

@@ -419,10 +419,10 @@ class _Context:
         Half, not all of it: a stage holds several microbatches' activations in flight where
         ``need`` counts one, and its share of the units may be uneven, so above half the plans
         under memory limits (``ilp/2`` first) are other plans than the ILP's own. With all of
-        it, transformers' LLaMA (1.3B-class) on two p3 nodes (16 V100s of 16 GB) took 5.57 s
-        a step (stages of ``dp_tp``); with half, 4.69 s (stages of ``ilp/2``); with optimizer
-        state apart, Alpa's GPT-15B on 32 V100s at batch 128: 9.25 s without the limited
-        plans, 8.03 s with them."""
+        it, transformers' LLaMA (1.3B-class) on two p3 nodes (16 V100s of 16 GB) took 5.57 s a
+        step (a ``dp_tp`` and an ``ilp`` stage); with half, 4.69 s (``ilp/2`` stages); with
+        optimizer state apart, Alpa's GPT-15B on 32 V100s at batch 128: 9.25 s without the
+        limited plans, 8.03 s with them."""
         t = self.table(M, sub, "ilp")
         if t is None or M == 1:
             return False

@@ -42,7 +42,8 @@ def _walked(s, unreduced, M):
         add(x.reduction, 1)
     copies = {i for ph in (s.forward, s.backward, s.update) for *_, ix in P._copies(b, ph)
               for i in ix}
-    held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in set(s.inputs)}
+    mine_in = set(s.inputs)
+    held = {cm.graph.outputs[o] for i, o in cm.graph.carried.items() if i in mine_in}
     for i, m in enumerate(b.moves):
         times = M if m.node in mb else 1 if m.node in up or (m.node < 0 and m.value in held) \
             else 0
