@@ -343,7 +343,7 @@ class Results:
 
     def best_baseline(self, model, topo, *, fitting: bool = True) -> tuple[str, dict] | None:
         """The fastest baseline plan in the searchers' space (among those that fit memory, by
-        default): :data:`APART`'s are not."""
+        default): :attr:`rivals`, not the baselines that lay state apart (:attr:`apart`)."""
         cands = [(s, r) for s in self.rivals if (r := self.ok(model, topo, s))
                  and (r["fits"] or not fitting)]
         return min(cands, key=lambda sr: sr[1]["step_time"]) if cands else None

@@ -29,6 +29,21 @@ def cpu_regions(*, hbm_bandwidth: float = 2e9, **calibration) -> hj.Topology:
                               metro=hj.LinkSpec(bandwidth=2e6, latency=1e-4))
 
 
+def tight_regional(memory: float) -> hj.Topology:
+    """Two regions of four V100s of ``memory`` bytes each, a 5 Gbit/s metro link between them:
+    where a tiny model stages and memory bends its stages' plans (a few MB: the tiny GPT-2 fits no
+    SPMD plan at 2.5 MB)."""
+    import dataclasses
+
+    from hulkjax.topology.specs import DEVICE_SPECS
+
+    small = dataclasses.replace(DEVICE_SPECS["V100"], kind=f"V100-{memory / 1e6:g}MB",
+                                memory=memory)
+    return hj.Topology.preset("regional", regions=2, gpus_per_node=4, device=small,
+                              metro=hj.LinkSpec(bandwidth=5e9 / 8, latency=2e-3),
+                              intra_node={small.kind: hj.LinkSpec(bandwidth=150e9, latency=5e-6)})
+
+
 def assert_trees_close(a, b, *, rtol=1e-4, atol=1e-5):
     """Leaf-by-leaf allclose with a message naming the first leaf that differs."""
     la, ta = jax.tree_util.tree_flatten_with_path(a)

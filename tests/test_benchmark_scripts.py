@@ -202,3 +202,20 @@ def test_sweep_staged_rows_add_up():
     assert staged and all(r["comm_bytes"] and r["collectives"] for r in staged)
     found = sw.anomalies(sw.Results(doc))
     assert not [a for a in found if a.startswith(("time/bytes mismatch", "step != compute"))]
+
+
+def test_alpa_report_says_which_rows_a_merge_replanned():
+    """``benchmarks/alpa.py --merge`` keeps earlier runs' rows: the report's header names the
+    cases the last run replanned and the commits the others come from (the committed JSON, and
+    without the merge history: no such line)."""
+    import json
+
+    al = _script("alpa")
+    with open(BENCHMARKS / "results" / "alpa.json") as f:
+        doc = json.load(f)
+    line = al._merge_line(doc)
+    assert line.startswith(f" Merged (`--merge --cases ...`): this run replanned "
+                           f"{', '.join(doc['ran'])}; the other rows are from the earlier runs at ")
+    assert all(f"`{m['machine']['git_commit']}`" in line for m in doc["merged"])
+    assert line in al.report(doc)
+    assert al._merge_line({k: v for k, v in doc.items() if k != "merged"}) == ""

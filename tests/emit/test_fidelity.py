@@ -12,7 +12,7 @@ import hulkjax as hj
 from hulkjax import zoo
 from hulkjax.emit.hlo import summarize
 from hulkjax.strategies.realize import plan_cost_model
-from tests.helpers import SPMD_STRATEGIES
+from tests.helpers import SPMD_STRATEGIES, tight_regional
 
 TOPO = hj.Topology.grid((2, 4), ("data", "model"), bandwidth=(25e9, 450e9), latency=(5e-6, 1e-6))
 SMALL = 64
@@ -70,20 +70,6 @@ def test_scanned_gpt2_collectives_match_the_hlo_per_iteration(strategy):
         assert predicted[key] == pytest.approx(b, rel=0.10), (key, predicted, compiled)
 
 
-def _tight_regional(memory):
-    """Two regions of four V100s of ``memory`` bytes over a 5 Gbit/s metro link: where a tiny
-    GPT-2 stages and memory bends its stages' plans (tests/strategies/test_distributed_optimizer)."""
-    import dataclasses
-
-    from hulkjax.topology import LinkSpec
-    from hulkjax.topology.specs import DEVICE_SPECS
-
-    small = dataclasses.replace(DEVICE_SPECS["V100"], kind="V100-small", memory=memory)
-    return hj.Topology.preset("regional", regions=2, gpus_per_node=4, device=small,
-                              metro=LinkSpec(bandwidth=5e9 / 8, latency=2e-3),
-                              intra_node={small.kind: LinkSpec(bandwidth=150e9, latency=5e-6)})
-
-
 @pytest.mark.parametrize("case", ["pipeline", "ilp", "auto-apart"])
 def test_staged_predicted_collectives_match_the_hlo(case):
     """A staged plan's ``Cost.collectives`` (per step, axes ``s<stage>/<axis>``: each stage's
@@ -98,9 +84,9 @@ def test_staged_predicted_collectives_match_the_hlo(case):
         topo = hj.Topology.preset("hetero", nodes=(("A100", 4), ("V100", 2), ("T4", 2)))
         plan = hj.plan(m.step, state, batch, topology=topo, strategy="pipeline", microbatches=4)
     elif case == "ilp":
-        plan = hj.plan(m.step, state, batch, topology=_tight_regional(3.5e6), strategy="ilp")
+        plan = hj.plan(m.step, state, batch, topology=tight_regional(3.5e6), strategy="ilp")
     else:
-        plan = hj.plan(m.step, state, batch, topology=_tight_regional(2.5e6), strategy="auto",
+        plan = hj.plan(m.step, state, batch, topology=tight_regional(2.5e6), strategy="auto",
                        optimizer_apart=True)
     assert plan.stages is not None and len(plan.stages) > 1
     if case == "ilp":

@@ -16,7 +16,7 @@ from hulkjax.strategies.baselines import BASELINES, baseline_assignments
 from hulkjax.strategies.ilp import solve
 from hulkjax.strategies.realize import cost_model, plan_cost_model
 from hulkjax.trace.graph import OPTIMIZER, PARAMETER
-from tests.helpers import TWO_D_TOPOLOGY, assert_steps_match, first_steps
+from tests.helpers import TWO_D_TOPOLOGY, assert_steps_match, first_steps, tight_regional
 
 DGX2 = hj.Topology.preset("dgx-h100", nodes=2)
 
@@ -194,20 +194,6 @@ def test_zero_without_optimizer_state_is_data_parallel_and_says_so():
     assert any("no optimizer state" in n for n in zero.notes)
 
 
-def _tight_regional():
-    """Two regions of four V100s of 2.5 MB, a 5 Gbit/s metro link between them: where the tiny
-    GPT-2 below fits no SPMD plan and its stages' plans are bent to the memory."""
-    import dataclasses
-
-    from hulkjax.topology import LinkSpec
-    from hulkjax.topology.specs import DEVICE_SPECS
-
-    small = dataclasses.replace(DEVICE_SPECS["V100"], kind="V100-2.5MB", memory=2.5e6)
-    return hj.Topology.preset("regional", regions=2, gpus_per_node=4, device=small,
-                              metro=LinkSpec(bandwidth=5e9 / 8, latency=2e-3),
-                              intra_node={small.kind: LinkSpec(bandwidth=150e9, latency=5e-6)})
-
-
 def test_stages_decide_optimizer_state_apart_too(compile_count):
     """With ``optimizer_apart``, the staged search's stages plan in the model with state apart
     (the distributed optimizer inside each stage, Megatron's pipeline with
@@ -216,7 +202,7 @@ def test_stages_decide_optimizer_state_apart_too(compile_count):
     tied (benchmarks/OPTIMIZER_APART.md: Alpa's GPT-6.7B on 16 V100s, 7.63 -> 6.66 s). The
     emitted staged step computes the unsharded step; the plan keeps its model through JSON."""
     m = zoo.get("gpt2", size="tiny", n_layers=8, batch=8)
-    topo = _tight_regional()
+    topo = tight_regional(2.5e6)
     state, batch = m.init(0)
     g = hj.trace(m.step, state, batch)
     tied = hj.plan(m.step, state, batch, topology=topo, strategy="auto", graph=g)
