@@ -19,8 +19,11 @@ the recipes run it: the attention kernel is JAX's GPU flash-attention kernel, co
 body and block schedule (:mod:`hulkjax.trace.kernels`: its FLOPs with the causal mask's skipped
 blocks, its HBM reads of keys and values per query block), not the TPU splash kernel; the
 grouped key/value heads are repeated before it (``jnp.repeat``), where splash reads them shared;
-the recipes' host offloading and custom remat policies are not modelled (whole layers are
-rematerialized); the TPU presets are datasheet rooflines (no measured matmul or HBM efficiency,
+the recipes' custom remat policies are modelled by what they offload (the values they name
+``offload`` to host memory, the zoo's ``offload`` option: copied out in the forward pass and
+back in the backward pass over the chip's host link, asynchronously, and not held in HBM), the
+rest of each layer rematerialized (where the recipes save some values on the chip, the zoo
+recomputes them); the TPU presets are datasheet rooflines (no measured matmul or HBM efficiency,
 unlike the NVIDIA kinds). ``--attention softmax`` plans the ``jnp`` softmax attention instead
 (the T x T scores in HBM), the comparison that shows what the kernel changes.
 
@@ -90,6 +93,7 @@ class Recipe:
     strategy: str = "expert"  # the hulkjax layout that writes the recipe's
     rematerialize: bool = True  # every layer rematerialized (False: none, as NeMo's recipes)
     microbatches: int = 1  # gradient accumulation steps (NeMo's GA = GBS / (DP x MBS))
+    offload: tuple[str, ...] = ()  # values the remat policy offloads to host (MaxText's names)
     peak_flops: float | None = None  # the publisher's MFU peak per chip (None: the preset's)
 
 
@@ -102,11 +106,13 @@ RECIPES = (
            "over the slice", "full (assumed as on v6e)"),
     Recipe("Llama 3.1 8B, v6e-256", "llama3-8b", "tpu-v6e", {"shape": (16, 16)}, 4, 8192, 0.455,
            f"{MAXTEXT_CONFIGS} llama3_1_8b_8192: per_device_batch_size=4, ici_fsdp_parallelism=-1, "
-           "flash attention", "custom: layer inputs and q/k/v/out projections offloaded to host"),
+           "flash attention", "custom: layer inputs and q/k/v/out projections offloaded to host",
+           offload=("decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj")),
     Recipe("Llama 3.1 70B, v6e-256", "llama3-70b", "tpu-v6e", {"shape": (16, 16)}, 5, 8192,
            0.5033, f"{MAXTEXT_CONFIGS} llama3_1_70b_8192 (MFU from MaxText's "
            "docs/reference/models/tiering.md): per_device_batch_size=5, ici_fsdp_parallelism=-1, "
-           "flash attention", "custom: layer inputs and q/k/v projections offloaded to host"),
+           "flash attention", "custom: layer inputs and q/k/v projections offloaded to host",
+           offload=("decoder_layer_input", "query_proj", "key_proj", "value_proj")),
     # NVIDIA's H100 BF16 pre-training tables (NeMo on DGX H100). Llama 3.1 8B on one node: TP1
     # PP1 CP2 (so DP4), MBS 1, GBS 128, GA 32. Modelled as data parallel over all 8 GPUs (the
     # recipe's (dp=4, cp=2) mesh, the batch split over both axes) with GA 16: see the docstring.
@@ -151,7 +157,7 @@ def _plan(recipe: Recipe, topo, attention: str = "flash"):
     m = zoo.get("llama", size=recipe.size, seq_len=recipe.seq_len,
                 batch=recipe.per_device_batch * topo.num_devices, dtype="bfloat16",
                 remat=recipe.rematerialize, microbatches=recipe.microbatches,
-                scan_layers=True, attention=attention)
+                scan_layers=True, attention=attention, offload=recipe.offload)
     state, batch = m.abstract()
     t0 = time.perf_counter()
     g = hj.trace(m.step, state, batch)
@@ -242,8 +248,11 @@ def measure(recipe: Recipe, attention: str = "flash") -> dict:
         "overlapped_step_s": ov.step_time,
         "predicted_mfu_overlapped": flops / (ov.step_time * peak),
         "ratio_overlapped": flops / (ov.step_time * peak) / recipe.published_mfu,
+        "offload": list(recipe.offload),
         "overlap": {"backend": ov.backend, "compute_s": ov.compute_time,
                     "comm_s": ov.comm_time, "hidden_comm_s": ov.hidden_comm_time,
+                    "host_copy_s": ov.host_copy_time,
+                    "exposed_host_copy_s": ov.exposed_host_copy_time,
                     "exposed_comm_s": ov.exposed_comm_time,
                     "reused_comm_s": ov.reused_comm_time,
                     "collectives": [{"kind": k.kind, "axes": list(k.axes), "bytes": k.bytes,
@@ -259,6 +268,14 @@ def measure(recipe: Recipe, attention: str = "flash") -> dict:
         "notes": plan.notes, "trace_s": trace_s, "plan_s": plan_s,
         "breakdown": breakdown,
     }
+
+
+def _host_copies(r: dict) -> str:
+    """The table's host-copies cell: seconds per step, and how many of them run under compute."""
+    total = r["overlap"].get("host_copy_s", 0.0)
+    if not total:
+        return "-"
+    return f"{total:.2f} ({total - r['overlap']['exposed_host_copy_s']:.2f} hidden)"
 
 
 H100_MODELLED = (
@@ -322,15 +339,20 @@ def markdown(rows: list[dict], command: str) -> str:
            "in flight per kind on TPU; the compiled program's collectives, a gather that "
            "several operators read made once, where the additive cost charges it per reader: "
            "*comm, compiled* is that program's communication, of which *comm hidden* runs under "
-           "compute). The overlapped step is compute + (comm, compiled - comm hidden). *MFU, "
-           "comm hidden* is the bound where all of the additive communication would be "
-           "hidden.", "",
+           "compute). The overlapped step is compute + (comm, compiled - comm hidden) + the "
+           "host copies the compute stream waits for. *Host copies*: the copies of the values a "
+           "recipe's remat policy offloads, to host memory in the forward pass and back in the "
+           "backward pass, over the chip's host link (the additive step counts them in its "
+           "compute; overlapped, they run asynchronously beside compute, *hidden* the part "
+           "under it). *MFU, comm hidden* is the bound where all of the additive communication "
+           "would be hidden.", "",
            "| recipe | platform / publisher | chips | global batch x seq | layers (scanned) | published MFU | predicted "
            "MFU, no overlap | ratio | predicted MFU, overlapped | ratio | step (s) | step, "
            "overlapped (s) | compute (s) | comm (s) | comm, compiled (s) | comm hidden (s) | "
-           "MFU, compute only | MFU, comm hidden | traced / model FLOPs | peak memory (GB) |",
-           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-           "---:|---:|"]
+           "host copies (s) | MFU, compute only | MFU, comm hidden | traced / model FLOPs | "
+           "peak memory (GB) |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+           "---:|---:|---:|"]
     for r in rows:
         layers = f"{r['layers']}" + (" (scan)" if r.get("scan_layers") else "")
         out.append(
@@ -339,14 +361,15 @@ def markdown(rows: list[dict], command: str) -> str:
             f"{r['predicted_mfu_overlapped']:.1%} | {r['ratio_overlapped']:.2f} | "
             f"{r['step_s']:.2f} | {r['overlapped_step_s']:.2f} | {r['compute_s']:.2f} | "
             f"{r['comm_s']:.2f} | {r['overlap']['comm_s']:.2f} | "
-            f"{r['overlap']['hidden_comm_s']:.2f} | "
+            f"{r['overlap']['hidden_comm_s']:.2f} | {_host_copies(r)} | "
             f"{r['mfu_compute_only']:.1%} | {r['mfu_if_comm_hidden']:.1%} | "
             f"{r['graph_flops_over_model_flops']:.2f} | "
             f"{r['peak_memory_gb']:.0f} of {r['memory_gb']:.0f}"
             f"{'' if r['fits'] else ' (does not fit)'} |")
     out += ["", "Sources of the recipes (layout, batch, remat) and of the published numbers:", ""]
     out += [f"- {r['recipe']} ({r.get('platform', 'TPU / MaxText')}): {r['source']}; remat "
-            f"{r['remat']}." for r in rows]
+            f"{r['remat']}" + (f" (offloaded here: {', '.join(r['offload'])})"
+                               if r.get("offload") else "") + "." for r in rows]
     if any(r.get("platform") == "H100 / NVIDIA" for r in rows):
         out += ["", H100_MODELLED]
     out += ["", "## Where the predicted time and memory go", "",

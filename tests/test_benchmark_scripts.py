@@ -219,3 +219,23 @@ def test_alpa_report_says_which_rows_a_merge_replanned():
     assert all(f"`{m['machine']['git_commit']}`" in line for m in doc["merged"])
     assert line in al.report(doc)
     assert al._merge_line({k: v for k, v in doc.items() if k != "merged"}) == ""
+
+
+def test_published_rows_run_their_recipes_offloading():
+    """The committed PUBLISHED table's Llama 3.1 rows on v6e offload what their MaxText recipes
+    offload (the zoo's ``offload``), and move it over the host link; the other rows copy
+    nothing; every overlapped step is its compute plus what it waits for."""
+    import json
+
+    pub = _script("published")
+    with open(BENCHMARKS / "results" / "published.json") as f:
+        rows = {r["recipe"]: r for r in json.load(f)["rows"]}
+    for recipe in pub.RECIPES:
+        r = rows[recipe.name]
+        assert tuple(r["offload"]) == recipe.offload
+        o = r["overlap"]
+        assert (o["host_copy_s"] > 0) == bool(recipe.offload)
+        assert r["overlapped_step_s"] == pytest.approx(
+            o["compute_s"] + o["exposed_comm_s"] + o["exposed_host_copy_s"], rel=1e-6)
+    offloading = [r for r in pub.RECIPES if r.offload]
+    assert {r.name for r in offloading} == {"Llama 3.1 8B, v6e-256", "Llama 3.1 70B, v6e-256"}

@@ -118,6 +118,16 @@ class Backend:
         temporaries, still took 3,716 faults a call (60% of its pages; not established why,
         glibc trimming the top of its heap is one candidate), which the threshold rule misses.
         ``math.inf``: pooled allocators (XLA:GPU and TPU's BFC), no fresh pages.  # bytes
+      host_offload: whether a value the step places in host memory (``device_put`` to
+        ``MemorySpace.Host``, as ``jax.checkpoint``'s offloading policies emit) leaves the
+        device's memory, copied out and back over the host link
+        (``DeviceSpec.host_bandwidth``) as asynchronous copies the scheduler overlaps with
+        compute. XLA:GPU and TPU do (``xla/service/host_offloader.cc`` moves those buffers into
+        the host memory space, color 5; ``host_memory_transfer_asyncifier.cc`` makes the copies
+        asynchronous). XLA:CPU does not: host and device memory are the
+        same memory, and it compiles an offloading step to the same program as one that saves
+        those activations on the device (equal ``memory_analysis()``, measured on jax 0.10,
+        ``tests/cost/test_offload.py``).  # bool
     """
 
     name: str
@@ -131,6 +141,7 @@ class Backend:
     call_per_operand: bool = False
     reassociates_all_reduce: bool = False
     fresh_buffer_threshold: float = math.inf
+    host_offload: bool = True
 
     def wire_dtype(self, dtype: str) -> str:
         """The dtype a tensor of ``dtype`` moves in through a collective.
@@ -194,7 +205,8 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "cpu": Backend("cpu", {"all-reduce": math.inf}, reduce_scatter=False, hierarchical=False,
                    min_float_bytes=4, in_place_all_reduce=False, hoists_argument_values=True,
-                   call_per_operand=True, fresh_buffer_threshold=32 * _MIB),
+                   call_per_operand=True, fresh_buffer_threshold=32 * _MIB,
+                   host_offload=False),
     "gpu": Backend("gpu", {"all-reduce": 30 * _MIB, "all-gather": 30 * _MIB,
                            "reduce-scatter": 30 * _MIB},
                    async_collectives=dict.fromkeys(_KINDS, "collectives"),

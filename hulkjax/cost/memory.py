@@ -55,6 +55,36 @@ EXPENSIVE = handles("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", 
 buffer when more than one operator reads it."""
 
 
+def host_copies(g) -> dict[int, float]:
+    """The operators of ``g`` that copy a value between device and host memory, each with the
+    whole value's bytes: a ``device_put`` whose result lives in another memory space than its
+    operand (:attr:`~hulkjax.trace.graph.Value.host`): out to the host (an offloaded activation)
+    or back to the device (where the backward pass reads it).
+
+    >>> import jax, jax.numpy as jnp, hulkjax as hj
+    >>> from jax.ad_checkpoint import checkpoint_name
+    >>> policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+    ...     names_which_can_be_saved=[], names_which_can_be_offloaded=["h"],
+    ...     offload_src="device", offload_dst="pinned_host")
+    >>> layer = jax.checkpoint(lambda w, x: jnp.sum(jnp.tanh(checkpoint_name(x @ w, "h"))),
+    ...                        policy=policy)
+    >>> g = hj.trace(jax.grad(layer), jnp.ones((4, 4)), jnp.ones((8, 4)))
+    >>> sorted(host_copies(g).values())  # the (8, 4) float32 activation: out, and back
+    [128.0, 128.0]
+    """
+    out = {}
+    for n in g.nodes:
+        if n.primitive not in _DEVICE_PUT:
+            continue
+        for v, o in zip(n.inputs, n.outputs):
+            if v is not None and g.values[v].host != g.values[o].host:
+                out[n.id] = out.get(n.id, 0.0) + float(g.values[o].nbytes)
+    return out
+
+
+_DEVICE_PUT = handles("device_put")
+
+
 @dataclass(frozen=True)
 class Buffer:
     """One buffer live at the peak: ``bytes`` of ``kind``, made for ``node`` (``None``: an
@@ -123,11 +153,14 @@ def liveness(cm, assignment, *, breakdown=None, nodes=None, held=None,
             specs[v] = need
 
     wire = cm.backend.wire_factor
+    offloads = cm.backend.host_offload
 
     def nbytes(vid, spec=None, held_as_is=False):
         # Intermediates of a backend without narrow-float arithmetic (XLA:CPU) are held in f32;
         # the step's arguments and results keep their dtype.
         v = g.values[vid]
+        if offloads and v.host:  # in host memory: none of the device's
+            return 0.0
         spec = specs.get(vid) if spec is None else spec
         shape = v.shape if spec is None else local_shape(v.shape, spec, sizes)
         widen = 1.0 if held_as_is else wire(v.dtype)
@@ -389,7 +422,11 @@ def _graph_facts(g):
     outputs = {v for v in g.outputs if v is not None}
     fusible = [n.primitive in FUSIBLE for n in g.nodes]
 
+    copies = host_copies(g)
+
     def materialized(n, o) -> bool:
+        if n.id in copies:  # a copy into the other memory space: a buffer of its own
+            return o not in carried
         if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
             return False  # the operand's own buffer
         if o in outputs:

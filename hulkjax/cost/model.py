@@ -74,9 +74,14 @@ from hulkjax.cost.comm import (
     reshard_intermediates,
 )
 from hulkjax.cost.dots import transposed_dots
-from hulkjax.cost.memory import liveness
+from hulkjax.cost.memory import host_copies, liveness
 from hulkjax.cost.unreduced import sum_producers, unreduced_sum
-from hulkjax.errors import InvalidOptionError, InvalidPlanError, UncompilableLayoutChangeError
+from hulkjax.errors import (
+    InvalidOptionError,
+    InvalidPlanError,
+    InvalidTopologyError,
+    UncompilableLayoutChangeError,
+)
 from hulkjax.plan.collectives import Comm
 from hulkjax.plan.cost import Cost, PredictedCollective
 from hulkjax.plan.specs import Spec, divides, local_shape, num_shards, replicated
@@ -400,13 +405,18 @@ class CostModel:
         key = ("cost graph facts", self.backend.name)
         memo = graph.memo.get(key)
         if memo is None:
+            copies = host_copies(graph) if self.backend.host_offload else {}
             memo = graph.memo[key] = (
-                frozenset(self._saved_activations()), *self._fused_traffic(),
-                frozenset(self._tail_nodes()))
+                frozenset(self._saved_activations(copies)), *self._fused_traffic(),
+                frozenset(self._tail_nodes()), copies)
         self.saved_activations: frozenset[int] = memo[0]
         self.traffic: list[float] = memo[1]
         self.launches: list[bool] = memo[2]
         self.tail: frozenset[int] = memo[3]
+        # Copies between device and host memory the backend makes (node -> whole value's bytes),
+        # over the slowest host link of the devices.
+        self.host_copies: dict[int, float] = memo[4]
+        self.host_bandwidth = self._host_bandwidth(topology) if self.host_copies else math.inf
         self.transposed_dots: frozenset[int] = frozenset()
         if self.transposed_dot_efficiency < 1.0:
             tkey = ("transposed dots",)
@@ -736,7 +746,10 @@ class CostModel:
             self._sig_cache[nid] = sig
         return sig
 
-    def _saved_activations(self) -> set[int]:
+    def _saved_activations(self, host_copies) -> set[int]:
+        """Forward values a backward operator reads, less those in host memory where the
+        backend offloads (``host_copies`` made them: the device holds them only while it copies
+        them out, and from when it copies them back)."""
         g = self.graph
         saved = set()
         for n in g.nodes:
@@ -748,7 +761,25 @@ class CostModel:
                 p = g.values[v].producer
                 if p is not None and not g.nodes[p].backward:
                     saved.add(v)
+        if host_copies:
+            saved = {v for v in saved if not g.values[v].host}
         return saved
+
+    def _host_bandwidth(self, topology) -> float:
+        """The slowest device's host link (``DeviceSpec.host_bandwidth``), for a step that
+        copies values to host memory."""
+        unknown = [s.kind for s in topology.device_specs() if s.host_bandwidth is None]
+        if unknown:
+            g = self.graph
+            first = g.nodes[min(self.host_copies)]
+            raise InvalidTopologyError(
+                f"this step moves {len(self.host_copies)} value(s) between device and host "
+                f"memory (the first: {first.name} at {first.source or 'an unknown place'}, as "
+                f"jax.checkpoint's offloading policies emit), and the host link of device kind(s) "
+                f"{unknown} is not known. Give it: DeviceSpec(..., host_bandwidth=...) in bytes "
+                f"per second per direction, e.g. 32e9 for PCIe Gen4 x16 (JSON: "
+                f"devices.kinds.<kind>.host_bandwidth).", where="DeviceSpec.host_bandwidth")
+        return min(s.host_bandwidth for s in topology.device_specs())
 
     def _tail_nodes(self) -> set[int]:
         """Nodes from which only light operators (no matmul, convolution, gather or loop; a
@@ -942,7 +973,7 @@ class CostModel:
                          for n in nodes)
         npos = {n: k for k, n in enumerate(nodes)}
         per_value = tuple((g.values[v].shape, g.values[v].dtype, v in self.saved_activations,
-                           npos.get(g.values[v].producer, -1)) for v in values)
+                           npos.get(g.values[v].producer, -1), g.values[v].host) for v in values)
         return (grp.kind, grp.signature, tuple(g.input_roles[i] for i in grp.inputs), events,
                 per_node, per_value)
 
@@ -1026,7 +1057,7 @@ class CostModel:
                 use(node.id, "activations", r.memory)
                 program = list(r.program_comms)
             else:
-                t = self.compute_time(node, r.shards)
+                t = self.compute_time(node, self._work_shards(node, r))
             compute += t
             node_compute[node.id] = t
             compute += self._make_in_place(node.id, r, specs, res, node_compute)
@@ -1058,7 +1089,7 @@ class CostModel:
             for o, s in zip(node.outputs, r.out_specs):
                 if s is not None:
                     specs[o] = s
-            t = self.compute_time(node, r.shards)
+            t = self.compute_time(node, self._work_shards(node, r))
             compute += t
             node_compute[nid] = t
             if nid in made_at:  # (otherwise it adds 0.0)
@@ -1089,6 +1120,14 @@ class CostModel:
         time = compute + sum(self.comm_time(cm) for cm in comms)
         return Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
                      comms if program is None else program, node_compute, node_comms, moves, uses)
+
+    def _work_shards(self, node, r: Resolution) -> int:
+        """Into how many pieces ``node``'s work splits under ``r``: the resolution's own, and
+        for a copy between device and host memory (a pass-through: no arithmetic of its own)
+        its value's shards (each device copies its shard)."""
+        if node.id in self.host_copies and r.out_specs and r.out_specs[0] is not None:
+            return num_shards(r.out_specs[0], self.sizes)
+        return r.shards
 
     def _make_in_place(self, reader: int, r: Resolution, specs, res, node_compute) -> float:
         """Resolve the constant-made operands of ``reader`` (:meth:`_sink_constants`) in the
@@ -1149,6 +1188,9 @@ class CostModel:
         both stored transposed (:func:`~hulkjax.cost.dots.transposed_dots`) runs at
         ``DeviceSpec.transposed_dot_efficiency`` of the matmul rate."""
         shards = max(shards, 1)
+        copied = self.host_copies.get(node.id)
+        if copied is not None:  # a DMA over the host link: no kernel, no HBM roofline
+            return copied / shards / self.host_bandwidth
         flops = 0.0
         if node.flops:
             flops = node.flops / shards / self._peak(self._compute_dtype(node))

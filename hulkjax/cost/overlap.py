@@ -50,8 +50,15 @@ its members' operands and feeds all their users), with who reads whom. A list sc
   (a ``cond``: its slowest branch), with its body's collectives (and its results' layout
   changes on exit) scheduled inside.
 
-The step time is the makespan. The compute stream idles only while it waits for a collective,
-so ``step_time = compute_time + exposed_comm_time``, and a collective's *hidden* seconds are
+Copies between device and host memory (a step's offloaded activations, out and back, on a
+backend that offloads: :attr:`~hulkjax.cost.backends.Backend.host_offload`) are asynchronous too
+(XLA's ``host_memory_transfer_asyncifier``): they run one at a time on the host link, beside
+compute and collectives, and the compute stream waits only where a reader needs one not yet
+done.
+
+The step time is the makespan. The compute stream idles only while it waits for a collective
+(or a host copy), so ``step_time = compute_time + exposed_comm_time +
+exposed_host_copy_time``, and a collective's *hidden* seconds are
 those it runs while compute runs. A collective on the critical path (a combined gradient
 all-reduce that every gradient feeds and every update reads) stays exposed; one that
 independent compute can cover (an FSDP all-gather of layer k+1's weights during layer k, a
@@ -94,6 +101,7 @@ from hulkjax.rules.loops import LoopResolution, boundary
 from hulkjax.trace.primitives import FUSIBLE, handles
 
 _COMPUTE = None  # the compute stream's key in the schedule
+_HOST = "host copies"  # the copies between device and host memory: DMA engines of their own
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,9 +150,10 @@ class Overlap:
     """A step's time with its collectives overlapped with compute (see the module docstring).
 
     Attributes:
-      step_time: the makespan of the schedule, seconds (``compute_time +
-        exposed_comm_time``).  # float
-      compute_time: operators' roofline time (loop bodies x trip count).  # float
+      step_time: the makespan of the schedule, seconds (``compute_time + exposed_comm_time +
+        exposed_host_copy_time``).  # float
+      compute_time: operators' roofline time (loop bodies x trip count), host copies
+        apart.  # float
       comm_time: every collective of the compiled program, each once, seconds.  # float
       exposed_comm_time: collective time the compute stream waits for.  # float
       hidden_comm_time: ``comm_time - exposed_comm_time``: run under compute.  # float
@@ -161,6 +170,12 @@ class Overlap:
       collectives: every collective, in the order the schedule starts them (loop bodies' after
         the step's, per loop).  # tuple of ScheduledCollective
       backend: the backend whose combiners and async resources were modelled.  # str
+      host_copy_time: the copies between device and host memory (offloaded activations out,
+        and back where the backward pass reads them; :attr:`Backend.host_offload`), which the
+        additive cost counts as their ``device_put``'s compute: here they run asynchronously on
+        the host link, beside compute and collectives (loop bodies x trip count).  # float
+      exposed_host_copy_time: of ``host_copy_time``, what the compute stream waits for
+        (``step_time = compute_time + exposed_comm_time + exposed_host_copy_time``).  # float
     """
 
     step_time: float
@@ -173,6 +188,8 @@ class Overlap:
     collectives: tuple[ScheduledCollective, ...]
     backend: str
     reassociated_comm_time: float = 0.0
+    host_copy_time: float = 0.0
+    exposed_host_copy_time: float = 0.0
 
     @property
     def hidden(self) -> tuple[ScheduledCollective, ...]:
@@ -185,10 +202,14 @@ class Overlap:
         return tuple(c for c in self.collectives if not c.hidden)
 
     def __str__(self) -> str:
+        host = (f"; host copies {self.host_copy_time * 1e3:.4g} ms of which "
+                f"{(self.host_copy_time - self.exposed_host_copy_time) * 1e3:.4g} ms hidden"
+                if self.host_copy_time else "")
         return (f"step {self.step_time * 1e3:.4g} ms with overlap (additive "
                 f"{self.additive_time * 1e3:.4g} ms): compute {self.compute_time * 1e3:.4g} ms, "
                 f"comm {self.comm_time * 1e3:.4g} ms of which {self.hidden_comm_time * 1e3:.4g} "
-                f"ms hidden; {len(self.hidden)} of {len(self.collectives)} collectives hidden")
+                f"ms hidden; {len(self.hidden)} of {len(self.collectives)} collectives hidden"
+                f"{host}")
 
 
 def overlap(cost_model, assignment, backend: str | Backend | None = None, *,
@@ -227,14 +248,19 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     bd = cm.breakdown(assignment, memory=False)
     dur = [0.0] * m
     stream: list[object] = [_COMPUTE] * m
-    compute = exposed_inline = comm = 0.0
+    compute = exposed_inline = comm = host = host_inline = 0.0
     merged = sum(cm.comm_time(c) for c in prog.reassociated)  # charged, not in the program
     inner: list[ScheduledCollective] = []
+    copies = cm.host_copies if be.host_offload else {}
     for nid in range(n):
         r = _loop_resolution(cm, assignment, nid)
         if r is None:
             dur[nid] = bd.compute[nid]
-            compute += dur[nid]
+            if nid in copies:  # asynchronous, on the host link
+                stream[nid] = _HOST
+                host += dur[nid]
+            else:
+                compute += dur[nid]
             continue
         bodies = [_overlap(b.cost_model, list(b.assignment), be, b.outputs,
                            nid if loop is None else loop) for b in r.bodies]
@@ -243,10 +269,13 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
         if b is not None and b.kind == "cond":  # one branch runs: the slowest
             bodies = [max(bodies, key=lambda o: o.step_time)] if bodies else []
         trips = r.trips
-        dur[nid] = trips * sum(o.step_time for o in bodies)
+        dur[nid] = sum(_pipelined(o, trips) for o in bodies)
         compute += trips * sum(o.compute_time for o in bodies)
         comm += trips * sum(o.comm_time for o in bodies)
         exposed_inline += trips * sum(o.exposed_comm_time for o in bodies)
+        host += trips * sum(o.host_copy_time for o in bodies)
+        host_inline += sum(_pipelined(o, trips) - trips * (o.step_time - o.exposed_host_copy_time)
+                           for o in bodies)
         merged += trips * sum(o.reassociated_comm_time for o in bodies)
         for o in bodies:
             inner.extend(_repeat(c, trips, nid if loop is None else loop) for c in o.collectives)
@@ -262,10 +291,15 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     prio = [0] * m
     for pos, x in enumerate(prog.order):
         prio[x] = pos
-    _fold_fused(g, n, dur, prog.operands, prio)
+    _fold_fused(g, n, dur, prog.operands, prio, stream)
     start, hidden, makespan = _schedule(dur, stream, prog.operands, prio)
     busy = sum(d for d, s in zip(dur, stream) if s is _COMPUTE)
-    exposed = (makespan - busy) + exposed_inline
+    # The compute stream's idle time is waiting for a collective or a host copy: a copy's part
+    # is what of it ran with compute idle (at most all the idle time).
+    idle = makespan - busy
+    waited = min(idle, sum(max(0.0, d - hidden[x]) for x, (d, st) in enumerate(zip(dur, stream))
+                           if st == _HOST))
+    exposed = (idle - waited) + exposed_inline
     own = [ScheduledCollective(kind=grp.kind, axes=grp.axes, bytes=grp.bytes,
                                count=len(grp.members), seconds=dur[n + j],
                                hidden_seconds=min(hidden[n + j], dur[n + j]),
@@ -279,9 +313,10 @@ def _overlap(cm, assignment, be: Backend, exits, loop: int | None) -> Overlap:
     return Overlap(step_time=makespan, compute_time=compute, comm_time=comm,
                    exposed_comm_time=exposed, hidden_comm_time=max(0.0, comm - exposed),
                    additive_time=additive,
-                   reused_comm_time=additive - compute - comm - merged,
+                   reused_comm_time=additive - compute - host - comm - merged,
                    collectives=tuple(own + inner), backend=be.name,
-                   reassociated_comm_time=merged)
+                   reassociated_comm_time=merged, host_copy_time=host,
+                   exposed_host_copy_time=waited + host_inline)
 
 
 _TRANSPOSE = handles("transpose")
@@ -315,7 +350,8 @@ def _folds(g, node, readers: list[int]) -> bool:
     return minor and all(g.nodes[r].primitive in _DOT for r in readers)
 
 
-def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: list[int]) -> None:
+def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: list[int],
+                stream: list) -> None:
     """Move each fusible operator's time to the kernel that reads it (with several readers,
     the first in post-order: XLA duplicates a cheap operator into each reader's fusion).
 
@@ -326,8 +362,9 @@ def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: li
     all-reduces of a step, hidden under its masks and weight transposes; XLA:GPU schedules
     almost none of them over compute, ``benchmarks/GPU_SHARDED.md``). Folded, that time runs with its
     reader, after whatever the reader waits for. An expensive operator with several readers
-    (a tanh the backward reads again, :data:`_EXPENSIVE`), an operator a collective reads, or
-    one nothing reads (the step's results) keeps its time: XLA writes it out. Operators are
+    (a tanh the backward reads again, :data:`_EXPENSIVE`), an operator a collective or a copy
+    to host memory reads, or one nothing reads (the step's results) keeps its time: XLA writes
+    it out. Operators are
     visited in graph order, so a chain of them folds into the last one's reader. Total compute
     is unchanged."""
     readers: list[list[int]] = [[] for _ in range(n)]
@@ -338,7 +375,8 @@ def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: li
     for x in range(n):
         node = g.nodes[x]
         rs = readers[x]
-        if dur[x] <= 0 or node.subgraphs or not rs or any(r >= n for r in rs):
+        if dur[x] <= 0 or node.subgraphs or not rs or any(
+                r >= n or stream[r] == _HOST for r in rs) or stream[x] == _HOST:
             continue
         if not _folds(g, node, rs) or (len(rs) > 1 and node.primitive in _EXPENSIVE):
             continue
@@ -356,6 +394,27 @@ def _loop_resolution(cm, assignment, nid: int) -> LoopResolution | None:
     return r if isinstance(r, LoopResolution) else None
 
 
+def _pipelined(body: Overlap, trips: int) -> float:
+    """Seconds ``trips`` iterations of a loop body take, its host copies pipelined across
+    iterations: the first iteration as its own schedule has it, each further one the longer of
+    its schedule without waiting for host copies and its host copies (the host link copies the
+    next iteration's values while this one computes). Without host copies: ``trips`` times the
+    body's schedule.
+
+    XLA's schedulers overlap a loop's host transfers with the compute of other iterations:
+    MaxText runs its offloading TPU recipes with many host transfers in flight
+    (``xla_tpu_host_transfer_overlap_limit=24`` among its ``HOST_OFFLOAD_FLAGS``), and its
+    Llama 3.1 8B recipe on v6e moves about 60 GB per chip per step to and from host memory
+    (each layer's input and its query, key, value and output projections, 4 x 8192 tokens per
+    chip) in a step of about 4.4 s at its published 45.5% MFU: at the host link's 15 GB/s the
+    copies take nearly the whole step, which only copies that run across layer boundaries
+    allow."""
+    if trips <= 1 or not body.host_copy_time:
+        return trips * body.step_time
+    computing = body.step_time - body.exposed_host_copy_time
+    return body.step_time + (trips - 1) * max(computing, body.host_copy_time)
+
+
 def _repeat(c: ScheduledCollective, trips: int, loop: int) -> ScheduledCollective:
     return ScheduledCollective(kind=c.kind, axes=c.axes, bytes=c.bytes, count=c.count,
                                seconds=c.seconds, hidden_seconds=c.hidden_seconds, start=c.start,
@@ -368,7 +427,9 @@ def _schedule(dur: list[float], stream: list, operands: list[list[int]], prio: l
 
     ``stream[x]``: ``None`` for the compute stream (one instruction at a time), else the
     resource of an asynchronous collective (one in flight per resource; those in flight at once
-    share the network equally). A free stream starts its ready instruction of least ``prio``."""
+    share the network equally) or :data:`_HOST`, the copies between device and host memory (one
+    at a time, on the host link: they do not share the network). A free stream starts its
+    ready instruction of least ``prio``."""
     m = len(dur)
     users: list[list[int]] = [[] for _ in range(m)]
     waiting = [0] * m
@@ -419,20 +480,23 @@ def _schedule(dur: list[float], stream: list, operands: list[list[int]], prio: l
                         finish(x)
         if running is None and not flight:
             break
-        k = len(flight)
-        ends = [w * k for _, w in flight.values()]
+        # Collectives in flight share the network; host copies run on the host link, apart.
+        k = sum(1 for res in flight if res != _HOST) or 1
+        pace = {res: 1 if res == _HOST else k for res in flight}
+        ends = [w * pace[res] for res, (_, w) in flight.items()]
         if running is not None:
             ends.append(running[1] - t)
         dt = max(min(ends), 0.0)
         for res in list(flight):
             x, w = flight[res]
+            kk = pace[res]
             if running is not None:
-                hidden[x] += min(w, dt / k)
-            if w * k <= dt * (1 + 1e-12):
+                hidden[x] += min(w, dt / kk)
+            if w * kk <= dt * (1 + 1e-12):
                 del flight[res]
                 finish(x)
             else:
-                flight[res][1] = w - dt / k
+                flight[res][1] = w - dt / kk
         t += dt
         if running is not None and running[1] - t <= 1e-12 * max(t, 1e-300):
             x = running[0]

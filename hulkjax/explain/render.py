@@ -85,15 +85,20 @@ def _overlap_lines(e: Explanation, limit: int = 3) -> list[str]:
     above adds them): the overlapped time, what is hidden, and the collectives the step still
     waits for, the longest first."""
     o = e.overlap
-    if o is None or not o.collectives:
+    if o is None or not (o.collectives or o.host_copy_time):
         return []
     lines = [f"with overlap ({o.backend}: XLA's latency-hiding scheduler, collectives combined "
              f"as compiled): step {format_time(o.step_time)}; "
              + (f"{format_time(o.hidden_comm_time)} of " if o.hidden_comm_time > 0 else "none of ")
              + f"{format_time(o.comm_time)} communication hidden under compute "
              f"({len(o.hidden)} of {len(o.collectives)} collectives)"]
-    if not any(c.asynchronous for c in o.collectives):
+    if o.collectives and not any(c.asynchronous for c in o.collectives):
         lines[-1] += f"; {o.backend} runs collectives synchronously, so none can hide"
+    if o.host_copy_time:
+        lines.append(f"  copies to and from host memory (offloaded activations): "
+                     f"{format_time(o.host_copy_time)} over the host link, "
+                     f"{format_time(o.host_copy_time - o.exposed_host_copy_time)} of it hidden "
+                     f"under compute (the predicted step above counts them whole)")
     if o.reused_comm_time > 1e-3 * o.additive_time:
         lines.append(f"  the predicted step above charges {format_time(o.reused_comm_time)} more "
                      f"for layout changes than the program makes: XLA's partitioner makes a "

@@ -22,7 +22,8 @@ Schema (version 1). Units: FLOP/s, bytes, bytes/s (per direction per device), se
                    "receive_overhead": 0.0,    # optional: compute lost per receive second (0)
                    "fresh_page_time": 0.0,     # optional: seconds per 4 KiB page mapped per call (0)
                    "transposed_dot_efficiency": 1.0,  # optional: both-transposed matmuls' share (1)
-                   "collective_overhead": 0.0}  # optional: seconds per collective call (0)
+                   "collective_overhead": 0.0,  # optional: seconds per collective call (0)
+                   "host_bandwidth": 6.4e10}   # optional: device <-> host memory (unknown)
         },
         "hierarchy": [                   # required, >= 1 region; order = device order
           {"region": "local",            # unique, non-empty
@@ -170,7 +171,7 @@ def from_dict(data: Any, source: str | None = None) -> tuple[dict[str, Any], Cal
         c.obj(spec, path, ("peak_flops", "memory", "hbm_bandwidth"),
               ("peak_flops_f32", "flops_efficiency", "memory_efficiency", "kernel_overhead",
                "receive_overhead", "fresh_page_time", "transposed_dot_efficiency",
-               "collective_overhead"))
+               "collective_overhead", "host_bandwidth"))
         kinds[kind] = c.build(DeviceSpec, path, kind=kind, **spec)
 
     devices: list[Device] = []
@@ -301,6 +302,7 @@ def to_dict(topo: Any) -> dict[str, Any]:
                 "memory": spec.memory,
                 "hbm_bandwidth": spec.hbm_bandwidth,
                 **({} if spec.peak_flops_f32 is None else {"peak_flops_f32": spec.peak_flops_f32}),
+                **({} if spec.host_bandwidth is None else {"host_bandwidth": spec.host_bandwidth}),
                 **spec.calibration,
             },
         )

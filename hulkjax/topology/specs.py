@@ -157,6 +157,12 @@ class DeviceSpec:
         network namespaces, and for four devices no more than for two; XLA:CPU makes one call per
         operand of a combined collective (:mod:`hulkjax.cost.backends`). Measured by ``hulkjax
         calibrate``. 0: none (NCCL's launch cost is in its links' latency).  # seconds, >= 0
+      host_bandwidth: bytes per second, per direction, between the device and its host's memory
+        (PCIe): the pace of the copies a step makes into host memory and back (``device_put``
+        to ``MemorySpace.Host``, as ``jax.checkpoint``'s offloading policies emit for the
+        activations they offload, :mod:`hulkjax.cost.backends`). ``None``: not known (a step
+        that offloads is then refused on this device, with a message saying what to give).
+        # bytes/s, > 0, or None
 
     The calibration numbers default to an ideal device (the datasheet's roofline, free
     launches); the built-in H100 and H200 carry the values measured on one of each, the other
@@ -175,6 +181,7 @@ class DeviceSpec:
     fresh_page_time: float = 0.0  # seconds per 4 KiB page mapped afresh per call
     transposed_dot_efficiency: float = 1.0  # fraction of the matmul rate
     collective_overhead: float = 0.0  # seconds per collective call
+    host_bandwidth: float | None = None  # bytes/s per direction, device <-> host memory
 
     @property
     def platform(self) -> str:
@@ -243,6 +250,11 @@ class DeviceSpec:
                                   "e.g. 4e-3 as `hulkjax calibrate` measures for gloo on a "
                                   "small CPU machine (0: none).")
         object.__setattr__(self, "collective_overhead", value)
+        if self.host_bandwidth is not None:
+            value = check_positive(self.host_bandwidth, "DeviceSpec.host_bandwidth", "bytes/s",
+                                   "Give the device's host link per direction, e.g. 32e9 for "
+                                   "PCIe Gen4 x16 (None: not known).")
+            object.__setattr__(self, "host_bandwidth", value)
 
     @property
     def calibration(self) -> dict[str, float]:
@@ -397,9 +409,10 @@ class Device:
 
 
 def _spec(kind: str, peak_flops: float, memory: float, hbm_bandwidth: float,
-          f32: float | None = None, **calibration: float) -> DeviceSpec:
+          f32: float | None = None, host_bandwidth: float | None = None,
+          **calibration: float) -> DeviceSpec:
     return DeviceSpec(kind=kind, peak_flops=peak_flops, memory=memory, hbm_bandwidth=hbm_bandwidth,
-                      peak_flops_f32=f32, **calibration)
+                      peak_flops_f32=f32, host_bandwidth=host_bandwidth, **calibration)
 
 
 # Measured on one H100 SXM (80 GB HBM3) with XLA:GPU (jax 0.11.2), `benchmarks/GPU.md`:
@@ -420,6 +433,13 @@ H200_MEASURED = dict(flops_efficiency=0.70, memory_efficiency=0.68,
                      kernel_overhead=NVIDIA_MEASURED["kernel_overhead"])
 
 
+# Host links (``host_bandwidth``, per direction): the PCIe generation of each part's datasheet at
+# x16, which NVIDIA quotes in both directions together (H100 and H200 SXM: Gen5, 128 GB/s; A100
+# SXM: Gen4, 64 GB/s; V100 SXM2 and T4: Gen3, 32 GB/s). TPU v6e: 1.5e10 bytes/s per chip, the
+# PCIe figure of the JAX scaling book's TPU chapter (its v6e exercise); the other TPUs' host
+# links are not published, so they are left unknown.
+PCIE_GEN5, PCIE_GEN4, PCIE_GEN3 = 64e9, 32e9, 16e9
+
 # Vendor specifications (dense bf16/fp16 peak, memory, HBM bandwidth, and the float32 matmul peak
 # XLA's default precision reaches: TF32 on Ampere/Hopper, FP32 CUDA cores before); see
 # /work/shared/reference/topologies.md and the vendors' datasheets. V100 is the 32 GB SXM2 part. "cpu" is a nominal device for
@@ -427,15 +447,20 @@ H200_MEASURED = dict(flops_efficiency=0.70, memory_efficiency=0.68,
 DEVICE_SPECS: dict[str, DeviceSpec] = {
     spec.kind: spec
     for spec in (
-        _spec("H100", 9.9e14, 80e9, 3.35e12, f32=4.95e14, **NVIDIA_MEASURED),  # TF32, dense
-        _spec("H200", 9.9e14, 141e9, 4.8e12, f32=4.95e14, **H200_MEASURED),
-        _spec("A100", 3.12e14, 80e9, 2.0e12, f32=1.56e14, **NVIDIA_MEASURED),
-        _spec("V100", 1.25e14, 32e9, 0.9e12, f32=1.57e13, **NVIDIA_MEASURED),  # no TF32
-        _spec("T4", 6.5e13, 16e9, 0.32e12, f32=8.1e12, **NVIDIA_MEASURED),
+        _spec("H100", 9.9e14, 80e9, 3.35e12, f32=4.95e14, host_bandwidth=PCIE_GEN5,
+              **NVIDIA_MEASURED),  # TF32, dense
+        _spec("H200", 9.9e14, 141e9, 4.8e12, f32=4.95e14, host_bandwidth=PCIE_GEN5,
+              **H200_MEASURED),
+        _spec("A100", 3.12e14, 80e9, 2.0e12, f32=1.56e14, host_bandwidth=PCIE_GEN4,
+              **NVIDIA_MEASURED),
+        _spec("V100", 1.25e14, 32e9, 0.9e12, f32=1.57e13, host_bandwidth=PCIE_GEN3,
+              **NVIDIA_MEASURED),  # no TF32
+        _spec("T4", 6.5e13, 16e9, 0.32e12, f32=8.1e12, host_bandwidth=PCIE_GEN3,
+              **NVIDIA_MEASURED),
         _spec("TPUv5e", 1.97e14, 16e9, 0.82e12),
         _spec("TPUv5p", 4.59e14, 95e9, 2.76e12),
         # Google Cloud TPU v6e (Trillium) documentation: 918 TFLOP/s bf16, 32 GB HBM at 1638 GB/s.
-        _spec("TPUv6e", 9.18e14, 32e9, 1.638e12),
+        _spec("TPUv6e", 9.18e14, 32e9, 1.638e12, host_bandwidth=1.5e10),
         _spec("cpu", 1e12, 32e9, 1e11),
     )
 }

@@ -39,6 +39,9 @@ class Value:
       producer: id of the node that computes it; ``None`` for graph inputs and constants.
       index: which result of the producer it is (0 for inputs).
       name: the pytree path for inputs (``"state/params/Dense_0/kernel"``); ``None`` otherwise.
+      host: whether it lives in host memory, not the device's (its aval's memory space is
+        ``Host``: what ``device_put`` to ``MemorySpace.Host`` makes, as ``jax.checkpoint``'s
+        offloading policies emit for the activations they offload).  # bool
     """
 
     id: int
@@ -47,6 +50,7 @@ class Value:
     producer: int | None
     index: int = 0
     name: str | None = None
+    host: bool = False
 
     @property
     def size(self) -> int:

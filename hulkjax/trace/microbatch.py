@@ -362,7 +362,7 @@ class _Scaler:
                 raise _NotScalable
             shape = self.shape(a.shape, c.shape)
             values.append(a if shape is a.shape else
-                          Value(a.id, shape, a.dtype, a.producer, a.index, a.name))
+                          Value(a.id, shape, a.dtype, a.producer, a.index, a.name, a.host))
         # The scaled values' bytes (a value left as it was keeps its bytes in g).
         self.nbytes = [nb if v is gv else v.nbytes
                        for v, gv, nb in zip(values, g.values, self.g_nbytes)]

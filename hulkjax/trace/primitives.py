@@ -101,8 +101,10 @@ leave partial results that one all-reduce (with that combiner) completes."""
 TOP_K = handles("top_k", "approx_top_k")
 """The ``k`` largest along one axis (values and indices)."""
 
-PASSTHROUGH = handles("device_put", "sharding_constraint", "optimization_barrier")  # + found below
-"""Operators whose results are their operands, one for one: a layout passes through each."""
+PASSTHROUGH = handles("device_put", "sharding_constraint", "optimization_barrier",
+                      "name")  # + found below
+"""Operators whose results are their operands, one for one: a layout passes through each
+(``name`` is ``jax.ad_checkpoint.checkpoint_name``: a label for remat policies on a value)."""
 
 LOOPS = handles("scan", "while", "cond")
 """Control flow kept as one graph node whose bodies are sub-graphs, costed by trip count."""
@@ -126,8 +128,7 @@ INLINED_BODIES = {P.jit_p: "jaxpr", P.closed_call_p: "call_jaxpr",
 """Primitives the tracer inlines, with the parameter holding the body to inline."""
 
 NO_DATA_NAMES = ("iota", "random_seed", "random_bits", "random_wrap", "random_unwrap",
-                 "threefry2x32", "rng_bit_generator", "rng_uniform", "create_token", "after_all",
-                 "name")
+                 "threefry2x32", "rng_bit_generator", "rng_uniform", "create_token", "after_all")
 
 
 @functools.cache

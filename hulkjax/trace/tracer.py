@@ -123,7 +123,8 @@ class _Builder:
         shape = tuple(int(d) for d in getattr(aval, "shape", ()))
         dtype = getattr(aval, "dtype", None)
         v = Value(len(self.values), shape, dtype_name(dtype) if dtype is not None else "token",
-                  producer, index, name)
+                  producer, index, name,
+                  getattr(getattr(aval, "memory_space", None), "name", None) == "Host")
         self.values.append(v)
         return v.id
 

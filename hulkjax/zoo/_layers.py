@@ -143,22 +143,23 @@ class ScanCell(nn.Module):
 
 
 def blocks(x: jax.Array, block: Any, block_kwargs: dict, *, n_layers: int, scan: bool,
-           remat: bool, name: str) -> jax.Array:
+           remat: bool, name: str, policy: Any = None) -> jax.Array:
     """``n_layers`` blocks ``block(**block_kwargs)`` applied in turn to ``x``; call it inside a
     compact method.
 
     Unrolled (``scan=False``) the blocks are submodules ``{name}_0 .. {name}_{n-1}``. With ``scan``
     they are one ``nn.scan`` named ``name`` whose parameters have a leading layer axis of length
     ``n_layers`` (the block's parameters under ``{name}/block``). With ``remat`` each block is
-    ``nn.remat``'d (inside the scan body when scanned).
+    ``nn.remat``'d (inside the scan body when scanned), under ``policy`` (a
+    ``jax.checkpoint_policies`` policy; ``None``: nothing saved).
     """
     if scan:
-        cell = nn.remat(ScanCell, prevent_cse=False) if remat else ScanCell
+        cell = nn.remat(ScanCell, prevent_cse=False, policy=policy) if remat else ScanCell
         stack = nn.scan(cell, variable_axes={"params": 0}, split_rngs={"params": True},
                         length=n_layers)
         x, _ = stack(block, block_kwargs, name=name)(x, None)
         return x
-    block_cls = nn.remat(block) if remat else block
+    block_cls = nn.remat(block, policy=policy) if remat else block
     for i in range(n_layers):
         x = block_cls(**block_kwargs, name=f"{name}_{i}")(x)
     return x

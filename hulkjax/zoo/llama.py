@@ -8,7 +8,11 @@ final RMSNorm and an untied LM head. No biases. ``attention="flash"`` computes a
 JAX's Pallas flash-attention kernel instead of ``jnp`` softmax (as MaxText's recipes run theirs):
 one kernel that never writes the scores, which hulkjax plans and costs as a kernel
 (:mod:`hulkjax.trace.kernels`). With ``remat`` each block is ``nn.remat``'d
-(MaxText's ``remat_policy=full``). With ``scan_layers`` the blocks are one ``nn.scan`` over
+(MaxText's ``remat_policy=full``); ``offload`` names values of the block that the backward pass
+keeps in host memory instead of recomputing them (MaxText's ``remat_policy=custom`` with those
+names set to ``offload``: ``decoder_layer_input``, ``query_proj``, ``key_proj``, ``value_proj``,
+``out_proj``; each labelled by ``jax.ad_checkpoint.checkpoint_name`` and offloaded by
+``jax.checkpoint_policies.save_and_offload_only_these_names``). With ``scan_layers`` the blocks are one ``nn.scan`` over
 parameters stacked on a leading layer axis of length ``n_layers`` (``params["layer"]["block"]``;
 MaxText's default ``scan_layers=True``), the ``nn.remat`` inside the scan body; unrolled, they are
 ``params["layer_0"]`` .. ``params["layer_{n-1}"]``. Neither changes the parameter count or the
@@ -33,6 +37,7 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from hulkjax.zoo._base import (
     InvalidModelConfigError,
@@ -61,6 +66,8 @@ class LlamaConfig(TrainConfig):
     norm_eps: float = 1e-5
     scan_layers: bool = False  # nn.scan over the blocks (stacked parameters), as MaxText does
     remat: bool = False  # nn.remat (full rematerialization) on each block
+    # with remat: block values the backward pass reads from host memory (MaxText's names)
+    offload: tuple[str, ...] = ()
     attention: str = "softmax"  # "softmax" (jnp, scores in memory) | "flash" (a Pallas kernel)
     microbatches: int = 1  # gradient accumulation: a scan over this many slices of the batch
 
@@ -80,6 +87,15 @@ class LlamaConfig(TrainConfig):
             raise InvalidModelConfigError(
                 f"LlamaConfig: the head size d_model / n_heads = {self.d_model // self.n_heads} "
                 "must be even for rotary embeddings.")
+        unknown = [n for n in self.offload if n not in OFFLOADABLE]
+        if unknown:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: offload={self.offload!r} names {unknown}, which the block does not "
+                f"label; use names of {OFFLOADABLE}.")
+        if self.offload and not self.remat:
+            raise InvalidModelConfigError(
+                f"LlamaConfig: offload={self.offload!r} needs remat=True (what the backward pass "
+                "does not read from host memory, it recomputes).")
         if self.attention not in ATTENTION:
             raise InvalidModelConfigError(
                 f"LlamaConfig: attention={self.attention!r} is not one of {ATTENTION}.")
@@ -91,6 +107,8 @@ class LlamaConfig(TrainConfig):
 
 
 ATTENTION = ("softmax", "flash")
+OFFLOADABLE = ("decoder_layer_input", "query_proj", "key_proj", "value_proj", "out_proj")
+"""The values of a block that ``offload`` can name (MaxText's names for them)."""
 FLASH_BLOCK = 128  # the kernel's query and key block (JAX's default), or the whole sequence
 
 
@@ -159,10 +177,15 @@ class LlamaBlock(nn.Module):
         dense = lambda features, name, axis=-1: nn.DenseGeneral(  # noqa: E731
             features, axis=axis, use_bias=False, dtype=dt, param_dtype=dt,
             kernel_init=default_kernel_init, name=name)
+
+        def label(value, name):  # a name for the remat policy (only where one offloads)
+            return checkpoint_name(value, name) if cfg.offload else value
+
+        x = label(x, "decoder_layer_input")
         h = RMSNorm(cfg.norm_eps, dt, name="attn_norm")(x)
-        q = rotary(dense((cfg.n_heads, hd), "query")(h), cfg.rope_theta)
-        k = rotary(dense((cfg.n_kv_heads, hd), "key")(h), cfg.rope_theta)
-        v = dense((cfg.n_kv_heads, hd), "value")(h)
+        q = rotary(label(dense((cfg.n_heads, hd), "query")(h), "query_proj"), cfg.rope_theta)
+        k = rotary(label(dense((cfg.n_kv_heads, hd), "key")(h), "key_proj"), cfg.rope_theta)
+        v = label(dense((cfg.n_kv_heads, hd), "value")(h), "value_proj")
         group = cfg.n_heads // cfg.n_kv_heads
         if group > 1:
             k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
@@ -174,7 +197,7 @@ class LlamaBlock(nn.Module):
             scores = jnp.where(causal_mask(x.shape[1]), scores, jnp.finfo(jnp.float32).min)
             weights = jax.nn.softmax(scores, axis=-1).astype(dt)
             attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-        x = x + dense(cfg.d_model, "out", axis=(-2, -1))(attn)
+        x = x + label(dense(cfg.d_model, "out", axis=(-2, -1))(attn), "out_proj")
         h = RMSNorm(cfg.norm_eps, dt, name="mlp_norm")(x)
         gated = nn.silu(dense(cfg.d_ff, "gate")(h)) * dense(cfg.d_ff, "up")(h)
         return x + dense(cfg.d_model, "down")(gated)
@@ -188,8 +211,12 @@ class Llama(nn.Module):
         cfg, dt = self.config, self.config.jnp_dtype
         x = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=dt, param_dtype=dt,
                      embedding_init=default_kernel_init, name="embed")(tokens)
+        policy = None if not cfg.offload else \
+            jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=[], names_which_can_be_offloaded=list(cfg.offload),
+                offload_src="device", offload_dst="pinned_host")
         x = blocks(x, LlamaBlock, {"config": cfg}, n_layers=cfg.n_layers, scan=cfg.scan_layers,
-                   remat=cfg.remat, name="layer")
+                   remat=cfg.remat, name="layer", policy=policy)
         x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
         return nn.Dense(cfg.vocab_size, use_bias=False, dtype=dt, param_dtype=dt,
                         kernel_init=default_kernel_init, name="lm_head")(x)
