@@ -406,7 +406,7 @@ def _pipelined(body: Overlap, trips: int) -> float:
     (``xla_tpu_host_transfer_overlap_limit=24`` among its ``HOST_OFFLOAD_FLAGS``), and its
     Llama 3.1 8B recipe on v6e moves about 60 GB per chip per step to and from host memory
     (each layer's input and its query, key, value and output projections, 4 x 8192 tokens per
-    chip) in a step of about 4.4 s at its published 45.5% MFU: at the host link's 15 GB/s the
+    chip) in a step of about 4.5 s at its published 45.5% MFU: at the host link's 15 GB/s the
     copies take nearly the whole step, which only copies that run across layer boundaries
     allow."""
     if trips <= 1 or not body.host_copy_time:
