@@ -1037,7 +1037,8 @@ class CostModel:
             for i in grp.inputs:
                 vid = g.inputs[i]
                 specs[vid] = spec
-                nb = self._nbytes(vid, spec)
+                # (an argument kept in host memory holds none of an offloading device's)
+                nb = 0.0 if self.host_copies and g.values[vid].host else self._nbytes(vid, spec)
                 role = g.input_roles[i]
                 if role == PARAMETER:
                     use(None, "parameters", nb)

@@ -274,17 +274,20 @@ class ShardedStep:
         self.donate = donate
         self.compiled = None
         self._graph: OpGraph | None = plan.graph
-        self.in_shardings = tuple(self._sharding(t.spec, t.path, t.shape) for t in plan.inputs)
-        self.out_shardings = tuple(self._sharding(t.spec, t.path, t.shape) for t in plan.outputs)
+        self.in_shardings = tuple(self._sharding(t) for t in plan.inputs)
+        self.out_shardings = tuple(self._sharding(t) for t in plan.outputs)
 
     def __repr__(self) -> str:
         state = "compiled" if self.compiled is not None else "not compiled"
         return f"ShardedStep({getattr(self.fn, '__name__', 'step')}, strategy={self.plan.strategy!r}, {state})"
 
     # ---- building -------------------------------------------------------------------------
-    def _sharding(self, spec: PartitionSpec, path: str, shape) -> NamedSharding:
-        self._check_spec(spec, repr(path), shape, even=True)
-        return NamedSharding(self.mesh, spec)
+    def _sharding(self, t) -> NamedSharding:
+        """An argument's or result's sharding: its planned layout, in its memory (a leaf the
+        step keeps in host memory stays there)."""
+        self._check_spec(t.spec, repr(t.path), t.shape, even=True)
+        return NamedSharding(self.mesh, t.spec,
+                             memory_kind=None if t.memory_kind == "device" else t.memory_kind)
 
     def _check_spec(self, spec, where: str, shape, *, even: bool) -> None:
         """Raise InvalidPlanError unless ``spec`` fits a value of ``shape`` on this mesh.

@@ -40,6 +40,9 @@ class TensorPlan:
       dtype: numpy dtype name.  # str
       role: ``"parameter" | "optimizer" | "data" | "output"``.  # str
       spec: the ``PartitionSpec`` over the plan's mesh axes.
+      memory_kind: where the leaf lives: ``"device"``, or ``"pinned_host"`` for one the step
+        keeps in host memory (its traced value's memory space is ``Host``: state offloaded
+        between steps); the emitted program's sharding keeps it there.  # str
     """
 
     path: str
@@ -47,6 +50,7 @@ class TensorPlan:
     dtype: str
     role: str
     spec: PartitionSpec
+    memory_kind: str = "device"
 
 
 @dataclass(kw_only=True, eq=False)
@@ -324,14 +328,23 @@ class Plan:
         return cls.from_dict(d)
 
 
+def memory_kind(value) -> str:
+    """The ``memory_kind`` of a traced value's :class:`TensorPlan`."""
+    return "pinned_host" if value.host else "device"
+
+
 def _tensor_to_json(t: TensorPlan) -> dict:
-    return {"path": t.path, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
-            "spec": spec_to_json(t.spec)}
+    out = {"path": t.path, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
+           "spec": spec_to_json(t.spec)}
+    if t.memory_kind != "device":
+        out["memory_kind"] = t.memory_kind
+    return out
 
 
 def _tensor_from_json(d: dict) -> TensorPlan:
     return TensorPlan(path=d["path"], shape=tuple(int(x) for x in d["shape"]), dtype=d["dtype"],
-                      role=d["role"], spec=spec_from_json(d["spec"]))
+                      role=d["role"], spec=spec_from_json(d["spec"]),
+                      memory_kind=d.get("memory_kind", "device"))
 
 
 # ---- the plain-text summary -----------------------------------------------------------------

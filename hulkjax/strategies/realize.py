@@ -19,7 +19,7 @@ from __future__ import annotations
 from jax.sharding import PartitionSpec
 
 from hulkjax.cost.model import INPUT, CostModel
-from hulkjax.plan.records import Plan, TensorPlan
+from hulkjax.plan.records import Plan, TensorPlan, memory_kind
 from hulkjax.plan.specs import from_pspec, to_pspec
 from hulkjax.strategies.loops import body_plans
 from hulkjax.strategies.loops import cost_model as cost_model
@@ -67,7 +67,8 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
     specs = cm.value_specs(assignment)
     in_specs = [to_pspec(specs[v]) if v in specs else PartitionSpec() for v in g.inputs]
     inputs = tuple(
-        TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype, role=r, spec=s)
+        TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype, role=r, spec=s,
+                   memory_kind=memory_kind(g.values[v]))
         for p, v, r, s in zip(g.input_paths, g.inputs, g.input_roles, in_specs))
     carried_from = {o: i for i, o in g.carried.items()}
     outputs = []
@@ -78,7 +79,7 @@ def plan_from_assignment(cm: CostModel, assignment: list[int], strategy: str, no
             continue
         spec = in_specs[carried_from[k]] if k in carried_from else to_pspec(specs.get(v, ()))
         outputs.append(TensorPlan(path=p, shape=g.values[v].shape, dtype=g.values[v].dtype,
-                                  role="output", spec=spec))
+                                  role="output", spec=spec, memory_kind=memory_kind(g.values[v])))
     operands, results = cm.pinned_layouts(assignment)
     operand_specs, result_specs = (
         {key: to_pspec(s) for key, s in table.items()} for table in (operands, results))

@@ -113,7 +113,7 @@ from hulkjax.errors import (
     UnsupportedStepError,
 )
 from hulkjax.formatting import format_bytes, format_time
-from hulkjax.plan.records import Plan, TensorPlan
+from hulkjax.plan.records import Plan, TensorPlan, memory_kind
 from hulkjax.plan.specs import to_pspec
 from hulkjax.plan.stages import SCHEDULES, Stage, schedule_in_flight, schedule_times
 from hulkjax.strategies.baselines import BASELINES, baseline_assignments
@@ -592,7 +592,8 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             readers = [s for s in range(len(works)) if v in crossing[s]]
             k = readers[0] if readers else 0
         inputs.append(TensorPlan(path=path, shape=g.values[v].shape, dtype=g.values[v].dtype,
-                                 role=role, spec=_pspec(specs[k].get(v))))
+                                 role=role, spec=_pspec(specs[k].get(v)),
+                                 memory_kind=memory_kind(g.values[v])))
     carried_from = {o: i for i, o in g.carried.items()}
     outs = []
     for j, (path, v) in enumerate(zip(g.output_paths, g.outputs)):
@@ -607,7 +608,7 @@ def build_plan(ctx: _Context, layout: StagedLayout, strategy: str, notes=(), *,
             k = node_stage.get(p) if p is not None else holder.get(input_index.get(v, -1), 0)
             spec = _pspec(specs[k].get(v))
         outs.append(TensorPlan(path=path, shape=g.values[v].shape, dtype=g.values[v].dtype,
-                               role="output", spec=spec))
+                               role="output", spec=spec, memory_kind=memory_kind(g.values[v])))
     notes = list(notes)
     if layout.microbatches == 1 and part.split is not None and not part.split.exact:
         notes.append("one microbatch: " + part.problems()[0])

@@ -27,7 +27,7 @@ from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
 from hulkjax.trace.primitives import LOOPS
-from hulkjax.trace.walk import count_nodes, inlined_body
+from hulkjax.trace.walk import count_nodes, inlined_body, struct_of
 
 OperandHook = Callable[[int, int, Any], Any]  # (node id, operand index, value) -> value
 ResultHook = Callable[[int, list], list]  # (node id, results) -> results
@@ -162,8 +162,7 @@ def _hooked_body(closed, h: BodyHooks):
         # A literal result (a constant carry) comes back as an array of the result's type.
         return [_as_aval(x, v.aval) for x, v in zip(outs, jaxpr.outvars)]
 
-    avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
-             for v in jaxpr.invars]
+    avals = [struct_of(v.aval) for v in jaxpr.invars]
     return jax.make_jaxpr(body)(*avals)
 
 

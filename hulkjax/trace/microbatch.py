@@ -70,6 +70,7 @@ from hulkjax.trace.primitives import (
     POOLING,
     WINDOW_GRADIENTS,
 )
+from hulkjax.trace.walk import struct_of
 
 IND, EX, RED = "ind", "ex", "red"
 
@@ -205,9 +206,9 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> OpGraph:
         if i in split:
             shape = (shape[0] // microbatches,) + shape[1:]
         # (weak_type kept: a weakly typed argument, say jnp.full(..., 0.1), traced as a strong
-        # one would add or drop casts, and the two traces would differ in structure)
-        leaves.append(jax.ShapeDtypeStruct(shape, aval.dtype,
-                                           weak_type=getattr(aval, "weak_type", False)))
+        # one would add or drop casts, and the two traces would differ in structure; so is
+        # the memory space)
+        leaves.append(struct_of(aval, shape))
     args = jax.tree_util.tree_unflatten(graph.in_tree, leaves)
     micro = trace(graph.fn, *args)
     cache[microbatches] = micro

@@ -56,12 +56,16 @@ VIEWS = handles("convert_element_type", "copy", "reshape", "squeeze", "transpose
                  "broadcast_in_dim")
 """Operators through which a parameter is still the parameter (casts, reshapes, broadcasts)."""
 
-PASS_THROUGH = handles("convert_element_type", "copy", "reshape", "squeeze", "transpose")
+PASS_THROUGH = handles("convert_element_type", "copy", "reshape", "squeeze", "transpose",
+                       "device_put")
 """Views that keep every element (no broadcast): what the tracer follows to find a parameter's
-uses."""
+uses (``device_put``: the same values, in another memory)."""
 
-SAME_SHAPE_UPDATES = ELEMENTWISE | handles("convert_element_type", "copy", "add_jaxvals")
-"""Operators of an optimizer update: elementwise, result shaped like the state it updates."""
+SAME_SHAPE_UPDATES = ELEMENTWISE | handles("convert_element_type", "copy", "add_jaxvals",
+                                           "device_put")
+"""Operators of an optimizer update: elementwise, result shaped like the state it updates (and
+``device_put``: state kept in host memory between steps is brought to the device for its update
+and put back)."""
 
 REARRANGING = handles("rev", "transpose", "reshape", "copy", "squeeze")
 """Whole-tensor rearrangements (same elements, other order): one gather serves all copies."""

@@ -25,7 +25,7 @@ from hulkjax.trace.flops import flops_of
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, Node, OpGraph, Value, dtype_name
 from hulkjax.trace.kernels import describe as describe_kernel
 from hulkjax.trace.primitives import KERNELS, PASS_THROUGH, SAME_SHAPE_UPDATES
-from hulkjax.trace.walk import inlined_body, sub_jaxprs
+from hulkjax.trace.walk import in_host_memory, inlined_body, struct_of, sub_jaxprs
 
 
 @collector_paused()  # see hulkjax.heap: a trace allocates much and frees little
@@ -124,7 +124,7 @@ class _Builder:
         dtype = getattr(aval, "dtype", None)
         v = Value(len(self.values), shape, dtype_name(dtype) if dtype is not None else "token",
                   producer, index, name,
-                  getattr(getattr(aval, "memory_space", None), "name", None) == "Host")
+                  in_host_memory(aval))
         self.values.append(v)
         return v.id
 
@@ -302,7 +302,7 @@ def leaf_aval(leaf) -> jax.ShapeDtypeStruct | None:
         aval = jax.typeof(leaf)
     except TypeError:  # array-like that JAX does not know: its own shape and dtype
         return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return struct_of(aval)
 
 
 def argument_avals(fn, args) -> tuple[list[str], Any, list[jax.ShapeDtypeStruct]]:

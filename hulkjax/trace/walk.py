@@ -9,12 +9,35 @@ This module (with the rest of ``hulkjax/trace``) is the only place that reads ja
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import jax
 from jax.extend import core as jex_core
 from jax.extend.core import primitives as P
 
 from hulkjax.trace.primitives import INLINED_BODIES
+
+
+def in_host_memory(aval) -> bool:
+    """Whether a value of this aval lives in host memory (its memory space is ``Host``)."""
+    return getattr(getattr(aval, "memory_space", None), "name", None) == "Host"
+
+
+def struct_of(aval, shape=None) -> jax.ShapeDtypeStruct:
+    """An abstract argument that traces to ``aval`` (of ``shape``, if given): its dtype, weak
+    type and memory space (a value in host memory is given a host-memory sharding: a step that
+    keeps state there traces to the same program)."""
+    return jax.ShapeDtypeStruct(tuple(aval.shape) if shape is None else tuple(shape), aval.dtype,
+                                weak_type=getattr(aval, "weak_type", False),
+                                sharding=_host_sharding() if in_host_memory(aval) else None)
+
+
+@functools.cache
+def _host_sharding():
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("host",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(),
+                                      memory_kind="pinned_host")
 
 
 def inlined_body(eqn) -> tuple[Any, tuple] | None:

@@ -326,3 +326,53 @@ def test_explain_says_what_the_host_copies_take():
     assert "of it hidden under compute" in line
     saved = hj.explain(hj.plan(remat_step(SAVE), w, x, topology=p.topology, strategy="dp"))
     assert "host memory" not in saved
+
+
+def host_state_step(state, x):
+    """An SGD-with-momentum step whose momentum lives in host memory between steps (as
+    MaxText's ``optimizer_memory_host_offload`` keeps optimizer state)."""
+    w, m = state
+    grad = jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    m_new = 0.9 * jax.device_put(m, jax.memory.Space.Device) + grad
+    return (w - 0.1 * m_new, jax.device_put(m_new, jax.memory.Space.Host)), jnp.sum(grad)
+
+
+def test_state_kept_in_host_memory_stays_there(compile_count, tmp_path):
+    """An argument and result the step keeps in host memory: the plan records it
+    (``TensorPlan.memory_kind``, kept in the JSON form), the emitted program takes and returns
+    it there and computes what the unsharded step computes, and on a GPU it holds no device
+    memory."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    host = NamedSharding(Mesh(jax.devices()[:1], ("d",)), P(), memory_kind="pinned_host")
+    w = jnp.full((64, 64), 0.1, jnp.float32)
+    m = jax.device_put(jnp.zeros((64, 64), jnp.float32), host)
+    x = jnp.linspace(-1.0, 1.0, 128 * 64, dtype=jnp.float32).reshape(128, 64)
+    refs = first_steps(jax.jit(host_state_step), (w, m), x, n=2)
+    assert refs[0][0][1].sharding.memory_kind == "pinned_host"
+    sharded = hj.hulk_shard(host_state_step, topology=hj.Topology.grid((8,), ("d",)),
+                            strategy="dp")
+    (_, m2), _ = assert_steps_match(sharded, (w, m), x, refs, compile_count), None
+    assert m2.sharding.memory_kind == "pinned_host"
+    kinds = [t.memory_kind for t in sharded.plan.inputs]
+    assert kinds == ["device", "pinned_host", "device"]
+    assert [t.memory_kind for t in sharded.plan.outputs] == ["device", "pinned_host", "device"]
+    sharded.plan.save(tmp_path / "plan.json")
+    loaded = hj.Plan.load(tmp_path / "plan.json")
+    assert [t.memory_kind for t in loaded.inputs] == kinds
+    # the momentum is optimizer state (its update reaches it through the host copies)
+    assert [t.role for t in sharded.plan.inputs] == ["parameter", "optimizer", "data"]
+
+    def optimizer_bytes(p):  # the walk's, and the integer program's additive tables'
+        cm = plan_cost_model(p.graph, p.topology, p)
+        return p.cost.memory_breakdown["optimizer"], sum(
+            cm.local(gid, c).memory_parts.get("optimizer", 0.0)
+            for gid, c in enumerate(p.assignment))
+
+    gpu = hj.plan(host_state_step, (w, m), x, topology=hj.Topology.preset("dgx-h100"),
+                  strategy="dp")
+    assert optimizer_bytes(gpu) == (0.0, 0.0)
+    cpu = hj.plan(host_state_step, (w, m), x, topology=hj.Topology.grid((8,), ("d",)),
+                  strategy="dp")
+    assert optimizer_bytes(cpu) == (64 * 64 * 4, 64 * 64 * 4)
