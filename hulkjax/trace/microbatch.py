@@ -1123,6 +1123,8 @@ _STRUCTURAL = frozenset({"broadcast_in_dim", "transpose", "squeeze", "expand_dim
                          "copy_p", "convert_element_type", "reduce_precision", "stop_gradient",
                          "select_n", "clamp", "integer_pow", "square", "erf_inv", "logistic",
                          "add_any", "pjit", "optimization_barrier", "random_wrap",
+                         # identities: a remat label, a copy to or from host memory, a layout
+                         "name", "device_put", "sharding_constraint",
                          "random_unwrap", "random_split", "random_fold_in", "split",
                          # stack: its new axis is never the batch's; unstack: one result per
                          # index of its axis, so one of the batch changes the step's structure

@@ -376,3 +376,23 @@ def test_state_kept_in_host_memory_stays_there(compile_count, tmp_path):
     cpu = hj.plan(host_state_step, (w, m), x, topology=hj.Topology.grid((8,), ("d",)),
                   strategy="dp")
     assert optimizer_bytes(cpu) == (64 * 64 * 4, 64 * 64 * 4)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
+    """The batch analysis reads labels and host copies as the identities they are (before, a
+    labelled step could not be microbatched: "cannot tell whether name mixes examples"), and the
+    staged program of an offloading step, over two microbatches, computes the unsharded step."""
+    from hulkjax import zoo
+    from tests.helpers import assert_trees_close
+
+    m = zoo.get("llama", size="tiny", optimizer="sgd", remat=True, scan_layers=scan,
+                offload=("decoder_layer_input", "query_proj", "value_proj"))
+    state, batch = m.init(0)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 6), ("V100", 2)))
+    plan = hj.plan(m.step, state, batch, topology=topo, strategy="pipeline", microbatches=2)
+    assert plan.microbatches == 2 and len(plan.stages) == 2
+    want_state, want_metrics = jax.jit(m.step)(state, batch)
+    new_state, metrics = hj.emit(m.step, plan, donate=False)(state, batch)
+    assert_trees_close(metrics, want_metrics)
+    assert_trees_close(new_state, want_state)
