@@ -353,7 +353,7 @@ def test_state_kept_in_host_memory_stays_there(compile_count, tmp_path):
     assert refs[0][0][1].sharding.memory_kind == "pinned_host"
     sharded = hj.hulk_shard(host_state_step, topology=hj.Topology.grid((8,), ("d",)),
                             strategy="dp")
-    (_, m2), _ = assert_steps_match(sharded, (w, m), x, refs, compile_count), None
+    _, m2 = assert_steps_match(sharded, (w, m), x, refs, compile_count)
     assert m2.sharding.memory_kind == "pinned_host"
     kinds = [t.memory_kind for t in sharded.plan.inputs]
     assert kinds == ["device", "pinned_host", "device"]
