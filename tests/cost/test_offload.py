@@ -396,3 +396,22 @@ def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
     new_state, metrics = hj.emit(m.step, plan, donate=False)(state, batch)
     assert_trees_close(metrics, want_metrics)
     assert_trees_close(new_state, want_state)
+
+
+def test_a_scanned_offloading_step_emits_with_its_body_plans():
+    """Layers in one scan, their offloaded values stacked in host memory: the emitted program
+    re-traces the scan's body with its planned layouts (its inputs' memory spaces kept) and
+    computes the unsharded step."""
+    from hulkjax import zoo
+    from tests.helpers import assert_trees_close
+
+    m = zoo.get("llama", size="tiny", optimizer="sgd", remat=True, scan_layers=True,
+                offload=("decoder_layer_input", "query_proj", "value_proj"))
+    state, batch = m.init(0)
+    want_state, want_metrics = jax.jit(m.step)(state, batch)
+    step = hj.hulk_shard(m.step, topology=hj.Topology.grid((2, 4), ("data", "model")),
+                         strategy="megatron")
+    new_state, metrics = step(state, batch)
+    assert step.plan.bodies  # the scan's body is laid out by the plan
+    assert_trees_close(metrics, want_metrics)
+    assert_trees_close(new_state, want_state)
