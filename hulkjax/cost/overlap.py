@@ -364,9 +364,8 @@ def _fold_fused(g, n: int, dur: list[float], operands: list[list[int]], prio: li
     reader, after whatever the reader waits for. An expensive operator with several readers
     (a tanh the backward reads again, :data:`_EXPENSIVE`), an operator a collective or a copy
     to host memory reads, or one nothing reads (the step's results) keeps its time: XLA writes
-    it out. Operators are
-    visited in graph order, so a chain of them folds into the last one's reader. Total compute
-    is unchanged."""
+    it out. Operators are visited in graph order, so a chain of them folds into the last one's
+    reader. Total compute is unchanged."""
     readers: list[list[int]] = [[] for _ in range(n)]
     for x, ops in enumerate(operands):
         for o in set(ops):

@@ -12,10 +12,10 @@ one kernel that never writes the scores, which hulkjax plans and costs as a kern
 keeps in host memory instead of recomputing them (MaxText's ``remat_policy=custom`` with those
 names set to ``offload``: ``decoder_layer_input``, ``query_proj``, ``key_proj``, ``value_proj``,
 ``out_proj``; each labelled by ``jax.ad_checkpoint.checkpoint_name`` and offloaded by
-``jax.checkpoint_policies.save_and_offload_only_these_names``). With ``scan_layers`` the blocks are one ``nn.scan`` over
-parameters stacked on a leading layer axis of length ``n_layers`` (``params["layer"]["block"]``;
-MaxText's default ``scan_layers=True``), the ``nn.remat`` inside the scan body; unrolled, they are
-``params["layer_0"]`` .. ``params["layer_{n-1}"]``. Neither changes the parameter count or the
+``jax.checkpoint_policies.save_and_offload_only_these_names``). With ``scan_layers`` the blocks
+are one ``nn.scan`` over parameters stacked on a leading layer axis of length ``n_layers``
+(``params["layer"]["block"]``; MaxText's default ``scan_layers=True``), the ``nn.remat`` inside
+the scan body; unrolled, they are ``params["layer_0"]`` .. ``params["layer_{n-1}"]``. Neither changes the parameter count or the
 numerics. With ``microbatches`` = k > 1 the step accumulates gradients over k microbatches of
 ``batch / k`` examples (a ``lax.scan``; Megatron/NeMo's micro-batches of a global batch), then
 updates once: the whole batch's update (:func:`hulkjax.zoo._base.make_train_step`).
