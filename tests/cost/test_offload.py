@@ -5,8 +5,8 @@ values (``jax.ad_checkpoint.checkpoint_name``) and save some on the device and m
 memory (``save_and_offload_only_these_names``). The label is an identity (its layout passes
 through); an offloaded value is copied out to host memory in the forward pass and back where the
 backward pass reads it. On GPUs and TPUs it then leaves the device's memory and its copies take
-the host link, asynchronously; XLA:CPU compiles such a step as one that saves the values on the
-device (:attr:`hulkjax.cost.backends.Backend.host_offload`).
+the host link, asynchronously; XLA:CPU, with one memory, holds them as a step that saves them on
+the device does (:attr:`hulkjax.cost.backends.Backend.host_offload`).
 """
 
 import dataclasses
@@ -16,14 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import hulkjax as hj
+from hulkjax import zoo
 from hulkjax.cost import CostModel
 from hulkjax.cost.memory import host_copies
-from hulkjax.errors import InvalidTopologyError
+from hulkjax.cost.overlap import _HOST, Overlap, _loop_resolution, _overlap, _pipelined, _schedule
+from hulkjax.errors import InvalidModelConfigError, InvalidTopologyError
 from hulkjax.strategies import plan_cost_model
 from hulkjax.topology.specs import DEVICE_SPECS
-from tests.helpers import assert_steps_match, first_steps
+from tests.helpers import assert_steps_match, assert_trees_close, first_steps
 
 OFFLOAD = jax.checkpoint_policies.save_and_offload_only_these_names(
     names_which_can_be_saved=[], names_which_can_be_offloaded=["h"], offload_src="device",
@@ -120,8 +124,10 @@ def test_the_trace_marks_values_in_host_memory():
 # ---- memory ------------------------------------------------------------------------------------
 
 def test_xla_cpu_compiles_offloading_as_saving_and_the_cost_model_follows():
-    """What ``Backend("cpu").host_offload = False`` rests on: XLA:CPU gives the offloading step
-    the memory of the step that saves the same values on the device."""
+    """What ``Backend("cpu").host_offload = False`` rests on: XLA:CPU gives this offloading step
+    the memory of the step that saves the same values on the device (it has no host memory
+    space; a larger step's buffer assignment can pack the two differently, see
+    :attr:`~hulkjax.cost.backends.Backend.host_offload`)."""
     w, x = args(batch=16384, width=256)  # activations well above the weights
     temp = {name: jax.jit(remat_step(pol)).lower(w, x).compile().memory_analysis()
             .temp_size_in_bytes for name, pol in (("offload", OFFLOAD), ("save", SAVE))}
@@ -241,7 +247,6 @@ def test_a_loops_host_copies_run_across_its_iterations():
     """In a scan, the copies of one iteration run while others compute: each further iteration
     takes the longer of its compute and its copies (``_pipelined``), so the loop waits for fewer
     copies than its body, scheduled alone, waits for in every iteration."""
-    from hulkjax.cost.overlap import Overlap, _pipelined
 
     def body(step, exposed, host):
         return Overlap(step_time=step, compute_time=step - exposed, comm_time=0.0,
@@ -261,7 +266,6 @@ def test_a_loops_host_copies_run_across_its_iterations():
     o = cm.overlapped(p.assignment)
     assert o.host_copy_time > 0
     # per body (forward and backward), its own schedule's wait, in every one of the 8 iterations
-    from hulkjax.cost.overlap import _loop_resolution, _overlap
     scans = [nid for nid, n in enumerate(p.graph.nodes) if n.subgraphs]
     alone = 0.0
     for nid in scans:
@@ -280,8 +284,6 @@ def test_the_zoos_llama_offloads_maxtexts_names(compile_count):
     """``zoo.get("llama", remat=True, offload=(...))``: the named values go to host memory and
     back (one copy each way per name and layer), the step computes what it computes without
     offloading, and its plans compute what the unsharded step computes."""
-    from hulkjax import zoo
-    from hulkjax.errors import InvalidModelConfigError
 
     names = ("decoder_layer_input", "query_proj", "value_proj")
     m = zoo.get("llama", size="tiny", remat=True, offload=names)
@@ -306,7 +308,6 @@ def test_the_zoos_llama_offloads_maxtexts_names(compile_count):
 def test_host_copies_do_not_share_the_network():
     """A copy to host memory and a collective in flight at once each run at their own pace
     (the host link is not the network); two collectives on different resources share it."""
-    from hulkjax.cost.overlap import _HOST, _schedule
 
     # compute for 5 s; a collective and a host copy of 4 s each, ready at once
     start, hidden, makespan = _schedule([5.0, 4.0, 4.0], [None, "collectives", _HOST],
@@ -342,8 +343,6 @@ def test_state_kept_in_host_memory_stays_there(compile_count, tmp_path):
     (``TensorPlan.memory_kind``, kept in the JSON form), the emitted program takes and returns
     it there and computes what the unsharded step computes, and on a GPU it holds no device
     memory."""
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     host = NamedSharding(Mesh(jax.devices()[:1], ("d",)), P(), memory_kind="pinned_host")
     w = jnp.full((64, 64), 0.1, jnp.float32)
@@ -383,9 +382,6 @@ def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
     """The batch analysis reads labels and host copies as the identities they are (before, a
     labelled step could not be microbatched: "cannot tell whether name mixes examples"), and the
     staged program of an offloading step, over two microbatches, computes the unsharded step."""
-    from hulkjax import zoo
-    from tests.helpers import assert_trees_close
-
     m = zoo.get("llama", size="tiny", optimizer="sgd", remat=True, scan_layers=scan,
                 offload=("decoder_layer_input", "query_proj", "value_proj"))
     state, batch = m.init(0)
@@ -402,9 +398,6 @@ def test_a_scanned_offloading_step_emits_with_its_body_plans():
     """Layers in one scan, their offloaded values stacked in host memory: the emitted program
     re-traces the scan's body with its planned layouts (its inputs' memory spaces kept) and
     computes the unsharded step."""
-    from hulkjax import zoo
-    from tests.helpers import assert_trees_close
-
     m = zoo.get("llama", size="tiny", optimizer="sgd", remat=True, scan_layers=True,
                 offload=("decoder_layer_input", "query_proj", "value_proj"))
     state, batch = m.init(0)
@@ -415,3 +408,55 @@ def test_a_scanned_offloading_step_emits_with_its_body_plans():
     assert step.plan.bodies  # the scan's body is laid out by the plan
     assert_trees_close(metrics, want_metrics)
     assert_trees_close(new_state, want_state)
+
+
+def test_third_party_code_offloaded_by_a_generic_policy():
+    """Model code this project did not write: transformers' Flax GPT-2, its loss under
+    ``jax.checkpoint`` with ``offload_dot_with_no_batch_dims`` (every weight matmul's result to
+    host memory, no names needed). On an H100 node the offloaded results leave the integer
+    program's memory (what it keeps is what recomputing everything keeps, less than saving
+    them), their copies run nearly all under compute, and the emitted ``dp`` program computes
+    the unsharded step."""
+    families = pytest.importorskip("tests.realmodels.families")
+    if not families.available("gpt2"):
+        pytest.skip("transformers is not installed")
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_flax_gpt2 import FlaxGPT2LMHeadModule
+
+    d = families._dims("tiny")
+    module = FlaxGPT2LMHeadModule(GPT2Config(
+        vocab_size=d["vocab"], n_positions=d["seq"], n_embd=d["width"], n_layer=d["layers"],
+        n_head=d["heads"], n_inner=d["ff"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    batch = families._lm_batch(d)
+    positions = families._positions(batch["input_ids"])
+
+    def loss_fn(params, b):
+        logits = module.apply({"params": params}, b["input_ids"], b["attention_mask"],
+                              positions, deterministic=True).logits
+        return families._token_loss(logits, b["targets"])
+
+    state = families._state(families._init(module, batch["input_ids"],
+                                           batch["attention_mask"], positions))
+    policies = jax.checkpoint_policies
+    steps = {name: families._train_step(jax.checkpoint(loss_fn, policy=pol)) for name, pol in (
+        ("offload", policies.offload_dot_with_no_batch_dims("device", "pinned_host")),
+        ("save", policies.dots_with_no_batch_dims_saveable),
+        ("nothing", policies.nothing_saveable))}
+    topo = hj.Topology.preset("dgx-h100")
+    plans = {k: hj.plan(s, state, batch, topology=topo, strategy="dp") for k, s in steps.items()}
+    cms = {k: plan_cost_model(p.graph, p.topology, p) for k, p in plans.items()}
+    additive = {k: cms[k].memory(p.assignment) for k, p in plans.items()}
+    assert additive["offload"] == pytest.approx(additive["nothing"], rel=1e-9)
+    assert additive["offload"] < additive["save"]
+    cm = cms["offload"]
+    # each layer's fused QKV, attention output and two MLP matmuls, out and back
+    assert len(cm.host_copies) >= 2 * d["layers"] * 4
+    o = cm.overlapped(plans["offload"].assignment)
+    assert o.host_copy_time > 0 and o.exposed_host_copy_time < 0.25 * o.host_copy_time
+    refs = first_steps(jax.jit(steps["offload"]), state, batch, n=1)
+    sharded = hj.hulk_shard(steps["offload"], topology=hj.Topology.grid((8,), ("d",)),
+                            strategy="dp")
+    new_state, metrics = sharded(state, batch)
+    tol = families.FAMILIES["gpt2"].tolerance
+    assert_trees_close(metrics, refs[0][1], **tol)
+    assert_trees_close(new_state, refs[0][0], **tol)
