@@ -1125,7 +1125,9 @@ class CostModel:
     def _work_shards(self, node, r: Resolution) -> int:
         """Into how many pieces ``node``'s work splits under ``r``: the resolution's own, and
         for a copy between device and host memory (a pass-through: no arithmetic of its own)
-        its value's shards (each device copies its shard)."""
+        its value's shards (each device copies its shard). Here, not in the pass-through rule's
+        ``shards``: the network's features read that for every pass-through operator, and the
+        committed plans would move with it."""
         if node.id in self.host_copies and r.out_specs and r.out_specs[0] is not None:
             return num_shards(r.out_specs[0], self.sizes)
         return r.shards
