@@ -1058,7 +1058,7 @@ class CostModel:
                 use(node.id, "activations", r.memory)
                 program = list(r.program_comms)
             else:
-                t = self.compute_time(node, self._work_shards(node, r))
+                t = self.compute_time(node, r.shards)
             compute += t
             node_compute[node.id] = t
             compute += self._make_in_place(node.id, r, specs, res, node_compute)
@@ -1090,7 +1090,7 @@ class CostModel:
             for o, s in zip(node.outputs, r.out_specs):
                 if s is not None:
                     specs[o] = s
-            t = self.compute_time(node, self._work_shards(node, r))
+            t = self.compute_time(node, r.shards)
             compute += t
             node_compute[nid] = t
             if nid in made_at:  # (otherwise it adds 0.0)
@@ -1121,16 +1121,6 @@ class CostModel:
         time = compute + sum(self.comm_time(cm) for cm in comms)
         return Local(specs, res, time, compute, comms, float(sum(mem.values())), dict(mem),
                      comms if program is None else program, node_compute, node_comms, moves, uses)
-
-    def _work_shards(self, node, r: Resolution) -> int:
-        """Into how many pieces ``node``'s work splits under ``r``: the resolution's own, and
-        for a copy between device and host memory (a pass-through: no arithmetic of its own)
-        its value's shards (each device copies its shard). Here, not in the pass-through rule's
-        ``shards``: the network's features read that for every pass-through operator, and the
-        committed plans would move with it."""
-        if node.id in self.host_copies and r.out_specs and r.out_specs[0] is not None:
-            return num_shards(r.out_specs[0], self.sizes)
-        return r.shards
 
     def _make_in_place(self, reader: int, r: Resolution, specs, res, node_compute) -> float:
         """Resolve the constant-made operands of ``reader`` (:meth:`_sink_constants`) in the

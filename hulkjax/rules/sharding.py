@@ -410,11 +410,12 @@ def _unstack_follow(node, graph, lead, lead_spec, mesh):
 def _passthrough_follow(node, graph, lead, lead_spec, mesh):
     """Results are the operands, one for one: each keeps its own layout. The lead's is known here;
     the others (``None``: no requirement, no layout) keep theirs through the cost model's
-    aliases."""
+    aliases. What work there is (a copy between device and host memory) splits as the lead's
+    value: each device handles its shard."""
     ins = tuple(None if v is None else (lead_spec if k == lead else None)
                 for k, v in enumerate(node.inputs))
     outs = tuple(lead_spec if k == lead else None for k in range(len(node.outputs)))
-    return Resolution(ins, outs, shards=1)
+    return Resolution(ins, outs, shards=num_shards(lead_spec, mesh.sizes))
 
 
 def _window_follow(node, graph, lead, lead_spec, mesh):
