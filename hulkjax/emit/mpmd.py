@@ -96,7 +96,7 @@ from hulkjax.errors import (
     ProcessLayoutError,
     UnsupportedStepError,
 )
-from hulkjax.plan.records import Plan
+from hulkjax.plan.records import Plan, memory_kind
 from hulkjax.plan.stages import schedule_queues, schedule_times
 from hulkjax.trace.graph import OpGraph
 from hulkjax.trace.interpret import constant_values, equations, evaluate
@@ -206,7 +206,16 @@ class StagedStep:
 
     def _sharding(self, k: int, v: int) -> NamedSharding | None:
         spec = self.plan.stages[k].value_specs.get(v)
-        return None if spec is None else NamedSharding(self.meshes[k], spec)
+        return None if spec is None else self._placed(k, v, spec)
+
+    def _placed(self, k: int, v: int, spec: PartitionSpec | None = None) -> NamedSharding:
+        """Value ``v`` on stage ``k``'s devices laid out as ``spec`` (replicated without one),
+        in the memory the step keeps it in: a value in host memory stays there, across the
+        stage's programs too (an activation the step offloads, between its forward and backward
+        programs; state it keeps on the host, into and out of the update)."""
+        kind = memory_kind(self.full.values[v])
+        return NamedSharding(self.meshes[k], PartitionSpec() if spec is None else spec,
+                             memory_kind=None if kind == "device" else kind)
 
     def compile(self, *args):
         """Trace (if needed), then lower and compile every stage program for these arguments
@@ -594,8 +603,8 @@ class StagedStep:
             s = self._sharding(k, v)
             if s is None and v in input_index:
                 i = input_index[v]
-                s = NamedSharding(self.meshes[k], self.plan.inputs[i].spec) \
-                    if self.holder.get(i) == k else NamedSharding(self.meshes[k], PartitionSpec())
+                s = self._placed(k, v, self.plan.inputs[i].spec if self.holder.get(i) == k
+                                 else None)
             return s
 
         def abstract(k, v, graph, sharding):
@@ -631,7 +640,7 @@ class StagedStep:
                 if src is not None and src[0] == k and self._sharding(k, v) is None:
                     s = src[1]  # stays on this stage: as its producer left it
                 else:
-                    s = target(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                    s = target(k, v) or self._placed(k, v)
                 shard[(k, v)] = s
                 ins.append(abstract(k, v, p.graph, s))
             accs = []
@@ -667,10 +676,10 @@ class StagedStep:
                 prod = self.micro.values[v].producer
                 k = self.stage_of[prod]
                 if v in self.unreduced:  # the reduction's result, as planned
-                    s = self._sharding(k, v) or NamedSharding(self.meshes[k], PartitionSpec())
+                    s = self._sharding(k, v) or self._placed(k, v)
                 else:
                     s = self._acc_sharding.get(v) or self._sharding(k, v) or \
-                        produced.get(v, (k, NamedSharding(self.meshes[k], PartitionSpec())))[1]
+                        produced.get(v, (k, self._placed(k, v)))[1]
                 produced[v] = (k, s)
         self._donations()
         for seg in self.segments:
@@ -698,7 +707,7 @@ class StagedStep:
         g = self.full
         carried = {g.outputs[o]: i for i, o in g.carried.items()}
         if v in carried and self.holder.get(carried[v]) == k:
-            return NamedSharding(self.meshes[k], self.plan.inputs[carried[v]].spec)
+            return self._placed(k, v, self.plan.inputs[carried[v]].spec)
         return self._sharding(k, v)
 
     def _donations(self) -> None:
@@ -749,8 +758,8 @@ class StagedStep:
             k = self.holder.get(i)
             if k is None:
                 continue
-            s = NamedSharding(self.meshes[k], t.spec)
             v = g.inputs[i]
+            s = self._placed(k, v, t.spec)
             in_place = isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim)
             if in_place and not (v in donated and any(y is x for y in leaves[:i])):
                 env[v] = x
@@ -902,10 +911,9 @@ class StagedStep:
                     for x in arriving:  # here now: not held for the rest of the step
                         self._arrivals.pop(id(x), None)
             return p.compiled(*args, *accs)
-        mesh = self.meshes[p.stage]
         outs = [transfer.placeholder(
                     p.graph.values[v].shape, self._dtype_of(p.graph, v),
-                    self._out_sharding(p.stage, v) or NamedSharding(mesh, PartitionSpec()))
+                    self._out_sharding(p.stage, v) or self._placed(p.stage, v))
                 for v in p.writes]
         return outs, list(accs)
 
@@ -937,8 +945,8 @@ class StagedStep:
         if v in g.inputs:
             i = g.inputs.index(v)
             if self.holder.get(i) == k:
-                return NamedSharding(self.meshes[k], self.plan.inputs[i].spec)
-        return NamedSharding(self.meshes[k], PartitionSpec())
+                return self._placed(k, v, self.plan.inputs[i].spec)
+        return self._placed(k, v)
 
     def _all_programs(self) -> list[_Program]:
         return list(self.per_mb.values()) + self.reductions + self.segments

@@ -153,7 +153,7 @@ def _phases(g: OpGraph, split: BatchSplit | None) -> list[str]:
             continue
         uses = [c for o in n.outputs for c, _ in g.consumers(o)]
         only_backward = bool(uses) and all(c in per and phase[c] == BACKWARD for c in uses) \
-            and not any(o in outputs for o in n.outputs)
+            and not any(o in outputs for o in n.outputs) and not _offloads(g, n)
         phase[n.id] = BACKWARD if n.backward or only_backward else FORWARD
     # A forward node reading a backward result (a gradient penalty) runs in the backward pass.
     for n in g.nodes:
@@ -162,6 +162,17 @@ def _phases(g: OpGraph, split: BatchSplit | None) -> list[str]:
                 and phase[p] == BACKWARD for v in n.inputs):
             phase[n.id] = BACKWARD
     return phase
+
+
+def _offloads(g: OpGraph, n) -> bool:
+    """Whether ``n`` copies a value out of device memory into host memory (a remat policy's
+    offload, ``device_put`` to the host). Only the backward pass reads what it copies, but the
+    copy runs where its operand is made, in the forward pass (XLA's host offloader starts it
+    after the operand's producer): the value crosses from the forward to the backward program
+    in host memory, not in the device's."""
+    return n.primitive in PASS_THROUGH and any(
+        g.values[o].host and v is not None and not g.values[v].host
+        for v, o in zip(n.inputs, n.outputs) if o is not None)
 
 
 def _backward_closure(g: OpGraph) -> set[int]:

@@ -26,6 +26,7 @@ from hulkjax.cost.memory import host_copies
 from hulkjax.cost.overlap import _HOST, Overlap, _loop_resolution, _overlap, _pipelined, _schedule
 from hulkjax.errors import InvalidModelConfigError, InvalidTopologyError
 from hulkjax.strategies import plan_cost_model
+from hulkjax.strategies.partition import partition
 from hulkjax.topology.specs import DEVICE_SPECS
 from tests.helpers import assert_steps_match, assert_trees_close, first_steps
 
@@ -381,7 +382,13 @@ def test_state_kept_in_host_memory_stays_there(compile_count, tmp_path):
 def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
     """The batch analysis reads labels and host copies as the identities they are (before, a
     labelled step could not be microbatched: "cannot tell whether name mixes examples"), and the
-    staged program of an offloading step, over two microbatches, computes the unsharded step."""
+    staged program of an offloading step, over two microbatches, computes the unsharded step.
+
+    The offloaded values cross from each stage's forward program to its backward program in
+    host memory: the copy out runs in the forward pass (where XLA's host offloader puts it), and
+    the programs take and return host values there. Before, an unrolled step's copy out ran in
+    the backward program, so the activation crossed on the device and the offload saved
+    nothing; and a value the plan lays out was returned in device memory."""
     m = zoo.get("llama", size="tiny", optimizer="sgd", remat=True, scan_layers=scan,
                 offload=("decoder_layer_input", "query_proj", "value_proj"))
     state, batch = m.init(0)
@@ -389,9 +396,68 @@ def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
     plan = hj.plan(m.step, state, batch, topology=topo, strategy="pipeline", microbatches=2)
     assert plan.microbatches == 2 and len(plan.stages) == 2
     want_state, want_metrics = jax.jit(m.step)(state, batch)
-    new_state, metrics = hj.emit(m.step, plan, donate=False)(state, batch)
+    step = hj.emit(m.step, plan, donate=False)
+    new_state, metrics = step(state, batch)
     assert_trees_close(metrics, want_metrics)
     assert_trees_close(new_state, want_state)
+
+    if not scan:  # (scanned, the copies are the scan's: its forward loop returns host values)
+        part = partition(plan.graph)
+        copies = host_copies(plan.graph)
+        out = [n for n in copies if plan.graph.values[plan.graph.nodes[n].outputs[0]].host]
+        assert out and {part.phase[n] for n in out} == {"F"}
+        assert {part.phase[n] for n in copies if n not in out} == {"B"}
+    host = {i for i, v in enumerate(step.micro.values) if v.host}
+    crossing = 0
+    for p in step._all_programs():
+        ins, outs = p.compiled.input_shardings[0], p.compiled.output_shardings[0]
+        kinds = {s.memory_kind for v, s in (*zip(p.reads, ins), *zip(p.writes, outs))
+                 if v in host}
+        assert kinds <= {"pinned_host"}, (p.name, kinds)
+        written = [v for v in p.writes if v in host]
+        assert not written or p.name.startswith("F"), (p.name, written)
+        crossing += len(written)
+    assert crossing == len(host)  # every offloaded value, each written by a forward program
+
+
+def test_state_kept_in_host_memory_stays_there_in_a_staged_plan():
+    """A staged plan of a step that keeps its momentum in host memory: the stage holding it
+    takes it there, its update returns it there, and the step computes the unsharded step's.
+    Before, the staged program returned it in device memory."""
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(4):
+                x = jnp.tanh(nn.Dense(64, name=f"layer_{i}")(x))
+            return x
+
+    model = MLP()
+
+    def step(state, x):
+        params, mom = state
+        loss, grad = jax.value_and_grad(lambda p: jnp.mean(model.apply(p, x) ** 2))(params)
+        mom = jax.tree.map(lambda m, g: 0.9 * jax.device_put(m, jax.memory.Space.Device) + g,
+                           mom, grad)
+        new = jax.tree.map(lambda p, m: p - 0.1 * m, params, mom)
+        return (new, jax.tree.map(lambda m: jax.device_put(m, jax.memory.Space.Host), mom)), loss
+
+    x = jnp.linspace(-1.0, 1.0, 32 * 64, dtype=jnp.float32).reshape(32, 64)
+    params = model.init(jax.random.key(0), x)
+    host = NamedSharding(Mesh(jax.devices()[:1], ("d",)), P(), memory_kind="pinned_host")
+    mom = jax.tree.map(lambda p: jax.device_put(jnp.zeros_like(p), host), params)
+    want = jax.jit(step)((params, mom), x)
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 6), ("V100", 2)))
+    plan = hj.plan(step, (params, mom), x, topology=topo, strategy="pipeline", microbatches=2)
+    assert plan.stages is not None and len(plan.stages) == 2
+    n = len(jax.tree.leaves(params))
+    assert [t.memory_kind for t in plan.inputs] == ["device"] * n + ["pinned_host"] * n \
+        + ["device"]
+    got = hj.emit(step, plan, donate=False)((params, mom), x)
+    assert {m.sharding.memory_kind for m in jax.tree.leaves(got[0][1])} == {"pinned_host"}
+    assert {p.sharding.memory_kind for p in jax.tree.leaves(got[0][0])} == {"device"}
+    assert_trees_close(got, want)
 
 
 def test_a_scanned_offloading_step_emits_with_its_body_plans():
