@@ -407,6 +407,12 @@ def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
         out = [n for n in copies if plan.graph.values[plan.graph.nodes[n].outputs[0]].host]
         assert out and {part.phase[n] for n in out} == {"F"}
         assert {part.phase[n] for n in copies if n not in out} == {"B"}
+    assert_offloaded_values_cross_in_host_memory(step)
+
+
+def assert_offloaded_values_cross_in_host_memory(step):
+    """Every value of a staged step in host memory is written by a forward program and taken
+    and returned by every program in host memory."""
     host = {i for i, v in enumerate(step.micro.values) if v.host}
     crossing = 0
     for p in step._all_programs():
@@ -417,7 +423,7 @@ def test_staged_plans_of_an_offloading_step_compute_the_unsharded_step(scan):
         written = [v for v in p.writes if v in host]
         assert not written or p.name.startswith("F"), (p.name, written)
         crossing += len(written)
-    assert crossing == len(host)  # every offloaded value, each written by a forward program
+    assert host and crossing == len(host)  # each offloaded value, written by a forward program
 
 
 def test_state_kept_in_host_memory_stays_there_in_a_staged_plan():
@@ -476,13 +482,9 @@ def test_a_scanned_offloading_step_emits_with_its_body_plans():
     assert_trees_close(new_state, want_state)
 
 
-def test_third_party_code_offloaded_by_a_generic_policy():
-    """Model code this project did not write: transformers' Flax GPT-2, its loss under
-    ``jax.checkpoint`` with ``offload_dot_with_no_batch_dims`` (every weight matmul's result to
-    host memory, no names needed). On an H100 node the offloaded results leave the integer
-    program's memory (what it keeps is what recomputing everything keeps, less than saving
-    them), their copies run nearly all under compute, and the emitted ``dp`` program computes
-    the unsharded step."""
+def transformers_gpt2_under_policies():
+    """Transformers' Flax GPT-2 (tiny), its loss under ``jax.checkpoint`` with each of three
+    generic policies: ``(families, dims, {policy: step}, state, batch)``."""
     families = pytest.importorskip("tests.realmodels.families")
     if not families.available("gpt2"):
         pytest.skip("transformers is not installed")
@@ -494,20 +496,30 @@ def test_third_party_code_offloaded_by_a_generic_policy():
         vocab_size=d["vocab"], n_positions=d["seq"], n_embd=d["width"], n_layer=d["layers"],
         n_head=d["heads"], n_inner=d["ff"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     batch = families._lm_batch(d)
-    positions = families._positions(batch["input_ids"])
 
-    def loss_fn(params, b):
+    def loss_fn(params, b):  # (positions from the batch: a staged plan splits it)
         logits = module.apply({"params": params}, b["input_ids"], b["attention_mask"],
-                              positions, deterministic=True).logits
+                              families._positions(b["input_ids"]), deterministic=True).logits
         return families._token_loss(logits, b["targets"])
 
-    state = families._state(families._init(module, batch["input_ids"],
-                                           batch["attention_mask"], positions))
+    state = families._state(families._init(module, batch["input_ids"], batch["attention_mask"],
+                                           families._positions(batch["input_ids"])))
     policies = jax.checkpoint_policies
     steps = {name: families._train_step(jax.checkpoint(loss_fn, policy=pol)) for name, pol in (
         ("offload", policies.offload_dot_with_no_batch_dims("device", "pinned_host")),
         ("save", policies.dots_with_no_batch_dims_saveable),
         ("nothing", policies.nothing_saveable))}
+    return families, d, steps, state, batch
+
+
+def test_third_party_code_offloaded_by_a_generic_policy():
+    """Model code this project did not write: transformers' Flax GPT-2, its loss under
+    ``jax.checkpoint`` with ``offload_dot_with_no_batch_dims`` (every weight matmul's result to
+    host memory, no names needed). On an H100 node the offloaded results leave the integer
+    program's memory (what it keeps is what recomputing everything keeps, less than saving
+    them), their copies run nearly all under compute, and the emitted ``dp`` program computes
+    the unsharded step."""
+    families, d, steps, state, batch = transformers_gpt2_under_policies()
     topo = hj.Topology.preset("dgx-h100")
     plans = {k: hj.plan(s, state, batch, topology=topo, strategy="dp") for k, s in steps.items()}
     cms = {k: plan_cost_model(p.graph, p.topology, p) for k, p in plans.items()}
@@ -526,3 +538,22 @@ def test_third_party_code_offloaded_by_a_generic_policy():
     tol = families.FAMILIES["gpt2"].tolerance
     assert_trees_close(metrics, refs[0][1], **tol)
     assert_trees_close(new_state, refs[0][0], **tol)
+
+
+def test_third_party_code_offloaded_in_a_staged_plan():
+    """Transformers' GPT-2 under ``offload_dot_with_no_batch_dims``, planned in two stages of two
+    microbatches: every offloaded matmul result goes to host memory in its stage's forward
+    program and comes back in the backward one (before, the copies out ran in the backward
+    program: the results crossed on the device), and the step computes the unsharded step's."""
+    families, _, steps, state, batch = transformers_gpt2_under_policies()
+    topo = hj.Topology.preset("hetero", nodes=(("A100", 6), ("V100", 2)))
+    plan = hj.plan(steps["offload"], state, batch, topology=topo, strategy="pipeline",
+                   microbatches=2)
+    assert plan.microbatches == 2 and len(plan.stages) == 2
+    want_state, want_metrics = jax.jit(steps["offload"])(state, batch)
+    step = hj.emit(steps["offload"], plan, donate=False)
+    new_state, metrics = step(state, batch)
+    tol = families.FAMILIES["gpt2"].tolerance
+    assert_trees_close(metrics, want_metrics, **tol)
+    assert_trees_close(new_state, want_state, **tol)
+    assert_offloaded_values_cross_in_host_memory(step)
