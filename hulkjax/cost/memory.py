@@ -329,7 +329,10 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     facts = g.memo.get("liveness graph facts")
     if facts is None:
         facts = g.memo["liveness graph facts"] = _graph_facts(g)
-    carried, outputs, fusible, buffer_values, from_arguments = facts
+    carried, outputs, fusible, buffer_values, from_arguments, folds = facts
+    # The other addend of an add XLA folds into a scatter (_scatter_folds) is the scatter's
+    # operand, written in place, not the add's: the scatter reads it, at its own position.
+    folded_into = {x: (a, sp) for a, (sp, x, _, _) in folds.items()}
     hoists = cm.backend.hoists_argument_values
     first = 0 if mine is None else min(mine, default=0)
     end = len(g.nodes)
@@ -359,9 +362,12 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
             if not g.values[o].shape or not materialized(n, o):
                 continue
             uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
+            fold = folded_into.get(o)
+            if fold is not None and fold[0] in uses:
+                uses = [fold[1] if c == fold[0] else c for c in uses]
             stop = end if o in outputs else max((read_at[c] for c in uses), default=n.id)
-            if len(uses) == 1 and g.nodes[uses[0]].primitive in _IN_PLACE \
-                    and g.nodes[uses[0]].inputs[0] == o and o not in outputs:
+            if len(uses) == 1 and g.nodes[uses[0]].primitive in _IN_PLACE and o not in outputs \
+                    and (g.nodes[uses[0]].inputs[0] == o or fold is not None):
                 stop = uses[0] - 1  # a scatter's result takes over its operand's buffer
             kind = "gradients" if n.backward and n.id in cm.tail else "activations"
             saved = not n.backward and any(g.nodes[c].backward for c in uses)
@@ -423,10 +429,17 @@ def _graph_facts(g):
     fusible = [n.primitive in FUSIBLE for n in g.nodes]
 
     copies = host_copies(g)
+    folds = _scatter_folds(g, carried, outputs)
+    folded = {v for f in folds.values() for v in (f[2], f[3])}  # the adds' and the zeros'
+    operands = {f[1] for f in folds.values()}  # the other addends: the scatters' operands now
 
     def materialized(n, o) -> bool:
         if n.id in copies:  # a copy into the other memory space: a buffer of its own
             return o not in carried
+        if o in folded:  # the scatter's buffer / fused into the scatter's operand
+            return False
+        if o in operands:  # the scatter writes into it
+            return True
         if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
             return False  # the operand's own buffer
         if o in outputs:
@@ -446,7 +459,49 @@ def _graph_facts(g):
         if not n.subgraphs and all(v is None or v in known for v in n.inputs):
             from_arguments.add(n.id)
             known.update(n.outputs)
-    return carried, outputs, fusible, buffers, frozenset(from_arguments)
+    return carried, outputs, fusible, buffers, frozenset(from_arguments), folds
+
+
+_ADDS = handles("add", "add_jaxvals")
+_SCATTER_ADD = handles("scatter_add")
+_BROADCAST = handles("broadcast_in_dim")
+
+
+def _scatter_folds(g, carried, outputs) -> dict[int, tuple[int, int, int, int]]:
+    """``{add node: (scatter node, other addend, the add's result, the scatter's zeros)}``:
+    the sums of a scatter-add into a broadcast literal (the zeros JAX's transpose of a gather
+    starts from: a cross-entropy's logits gradient, a tied embedding's) and another value.
+
+    XLA's algebraic simplifier rewrites ``A + scatter(B, I, U)`` (a scatter that sums, read by
+    that add alone) into ``scatter(A + B, I, U)``; ``B`` a broadcast literal, ``A + B`` is one
+    fusion, ``A``'s buffer: the scatter then writes into it, and no buffer holds the zeros or the
+    add's result (the scatter's is the sum). Compiled by XLA:CPU, optax's cross-entropy gradient
+    holds two logits-sized buffers at its peak, not three (``tests/cost/test_memory.py``)."""
+    folds = {}
+    for n in g.nodes:
+        if n.primitive not in _ADDS or n.subgraphs or len(n.inputs) != 2 or None in n.inputs:
+            continue
+        found = []
+        for k in (0, 1):
+            s_val, x_val = n.inputs[k], n.inputs[1 - k]
+            sp, xp = g.values[s_val].producer, g.values[x_val].producer
+            if sp is None or xp is None or g.nodes[sp].primitive not in _SCATTER_ADD:
+                continue
+            scatter = g.nodes[sp]
+            z_val = scatter.inputs[0]
+            zp = None if z_val is None else g.values[z_val].producer
+            if zp is None or g.nodes[zp].primitive not in _BROADCAST \
+                    or any(v is not None for v in g.nodes[zp].inputs):
+                continue  # not a broadcast literal
+            if len(g.consumers(s_val)) != 1 or len(g.consumers(z_val)) != 1 or xp > sp \
+                    or any(v in outputs or v in carried for v in (s_val, x_val, z_val)) \
+                    or g.values[x_val].shape != g.values[s_val].shape \
+                    or g.values[x_val].dtype != g.values[s_val].dtype:
+                continue
+            found.append((sp, x_val, n.outputs[0], z_val))
+        if len(found) == 1 and n.outputs[0] not in outputs and n.outputs[0] not in carried:
+            folds[n.id] = found[0]
+    return folds
 
 
 
