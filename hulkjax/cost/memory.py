@@ -329,16 +329,21 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     facts = g.memo.get("liveness graph facts")
     if facts is None:
         facts = g.memo["liveness graph facts"] = _graph_facts(g)
-    carried, outputs, fusible, buffer_values, from_arguments, folds = facts
-    # The other addend of an add XLA folds into a scatter (_scatter_folds) is the scatter's
-    # operand, written in place, not the add's: the scatter reads it, at its own position.
-    folded_into = {x: (a, sp) for a, (sp, x, _, _) in folds.items()}
+    carried, outputs, fusible, buffer_values, from_arguments, folds, unfolded = facts
+    # An add XLA folds into a scatter (_scatter_folds) where one program runs the add, the
+    # scatter and its zeros (a stage whose add reads another stage's scatter adds two
+    # arguments): the other addend is the scatter's operand, written in place, not the add's;
+    # the scatter reads it, at its own position.
+    here = {a: f for a, f in folds.items() if mine is None or (
+        a in mine and f[0] in mine and g.values[f[3]].producer in mine)}
+    away = {v: unfolded[v] for a, f in folds.items() if a not in here for v in f[1:]}
+    folded_into = {x: (a, sp) for a, (sp, x, _, _) in here.items()}
     hoists = cm.backend.hoists_argument_values
     first = 0 if mine is None else min(mine, default=0)
     end = len(g.nodes)
 
     def materialized(n, o) -> bool:
-        return o in buffer_values
+        return away[o] if o in away else o in buffer_values
 
     # A fused chain runs where its last operator (the one whose result is a buffer) runs: a
     # buffer that a fusible operator reads is read there (an update's ``transpose`` -> ``mul`` ->
@@ -347,6 +352,12 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     # an interleaved layout's exact cost: 32 stages of an 8B LLaMA's 16,609 nodes).
     walked = g.nodes if mine is None else [g.nodes[i] for i in sorted(mine)]
     read_at = list(range(end))  # consumers come after their producers: one reverse pass
+    # A fusible other addend of a fold is the scatter's operand fusion, which runs where the
+    # scatter does (its operands are read there) and is the scatter's own buffer.
+    fused_operands = {x for x, (_, sp) in folded_into.items()
+                      if fusible[g.values[x].producer]}
+    for x in fused_operands:
+        read_at[g.values[x].producer] = folded_into[x][1]
     for n in reversed(walked):
         if not fusible[n.id]:
             continue
@@ -359,7 +370,7 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     buffers = []
     for n in walked:
         for o in n.outputs:
-            if not g.values[o].shape or not materialized(n, o):
+            if not g.values[o].shape or not materialized(n, o) or o in fused_operands:
                 continue
             uses = [c for c, _ in g.consumers(o) if mine is None or c in mine]
             fold = folded_into.get(o)
@@ -433,12 +444,12 @@ def _graph_facts(g):
     folded = {v for f in folds.values() for v in (f[2], f[3])}  # the adds' and the zeros'
     operands = {f[1] for f in folds.values()}  # the other addends: the scatters' operands now
 
-    def materialized(n, o) -> bool:
+    def materialized(n, o, fold=True) -> bool:
         if n.id in copies:  # a copy into the other memory space: a buffer of its own
             return o not in carried
-        if o in folded:  # the scatter's buffer / fused into the scatter's operand
+        if fold and o in folded:  # the scatter's buffer / fused into the scatter's operand
             return False
-        if o in operands:  # the scatter writes into it
+        if fold and o in operands:  # the scatter writes into it
             return True
         if o in carried or n.primitive in PASSTHROUGH:  # written into the donated argument /
             return False  # the operand's own buffer
@@ -452,6 +463,9 @@ def _graph_facts(g):
         return any(g.nodes[c].primitive not in _FUSES_INPUTS for c, _ in users)
 
     buffers = frozenset(o for n in g.nodes for o in n.outputs if materialized(n, o))
+    # where a fold does not apply (a stage's program without its scatter): as without it
+    unfolded = {v: materialized(g.nodes[g.values[v].producer], v, fold=False)
+                for f in folds.values() for v in f[1:]}
     # What exists before the step sees its batch: parameters, optimizer state, constants.
     known = {v for v, role in zip(g.inputs, g.input_roles) if role != DATA} | set(g.constants)
     from_arguments = set()
@@ -459,7 +473,7 @@ def _graph_facts(g):
         if not n.subgraphs and all(v is None or v in known for v in n.inputs):
             from_arguments.add(n.id)
             known.update(n.outputs)
-    return carried, outputs, fusible, buffers, frozenset(from_arguments), folds
+    return carried, outputs, fusible, buffers, frozenset(from_arguments), folds, unfolded
 
 
 _ADDS = handles("add", "add_jaxvals")
@@ -474,9 +488,11 @@ def _scatter_folds(g, carried, outputs) -> dict[int, tuple[int, int, int, int]]:
 
     XLA's algebraic simplifier rewrites ``A + scatter(B, I, U)`` (a scatter that sums, read by
     that add alone) into ``scatter(A + B, I, U)``; ``B`` a broadcast literal, ``A + B`` is one
-    fusion, ``A``'s buffer: the scatter then writes into it, and no buffer holds the zeros or the
-    add's result (the scatter's is the sum). Compiled by XLA:CPU, optax's cross-entropy gradient
-    holds two logits-sized buffers at its peak, not three (``tests/cost/test_memory.py``)."""
+    fusion: the scatter's operand, which it writes into, and no buffer holds the zeros or the
+    add's result (the scatter's is the sum). Where ``A`` is elementwise, that fusion computes it
+    where the scatter runs (its operands are read there); else ``A``'s buffer is the operand,
+    until the scatter takes it over. Compiled by XLA:CPU, optax's cross-entropy gradient holds
+    two logits-sized buffers at its peak, not three (``tests/cost/test_memory.py``)."""
     folds = {}
     for n in g.nodes:
         if n.primitive not in _ADDS or n.subgraphs or len(n.inputs) != 2 or None in n.inputs:

@@ -241,3 +241,21 @@ def test_a_scatter_added_to_another_value_writes_into_it():
     plan = hj.plan(step, *args, topology=h100, strategy="replicate")
     report = liveness(cost_model(plan.graph, h100), plan.assignment)
     assert _logits_sized(report, logits) == 2
+
+
+def test_a_stage_without_the_scatter_keeps_its_zeros():
+    """The fold needs one program to run the add, the scatter and its zeros: a stage that makes
+    the zeros and the add while another stage runs the scatter (a tied embedding's gradients on
+    two stages) holds the zeros it sends, as without the fold."""
+    step, args, logits = _cross_entropy_step()
+    one = hj.Topology.grid((1,), ("d",))
+    plan = hj.plan(step, *args, topology=one, strategy="replicate")
+    cm = cost_model(plan.graph, one)
+    g = cm.graph
+    scatter = next(n for n in g.nodes if n.name == "scatter-add"
+                   and g.values[n.outputs[0]].nbytes == logits)
+    zeros = g.values[scatter.inputs[0]].producer
+    whole = liveness(cm, plan.assignment)
+    assert not any(b.node == zeros for b in whole.live)
+    stage = liveness(cm, plan.assignment, nodes=[n.id for n in g.nodes if n.id != scatter.id])
+    assert any(b.node == zeros and b.bytes == logits for b in stage.live)
