@@ -352,10 +352,11 @@ def _skeleton(cm, nodes, mine) -> _Skeleton:
     # an interleaved layout's exact cost: 32 stages of an 8B LLaMA's 16,609 nodes).
     walked = g.nodes if mine is None else [g.nodes[i] for i in sorted(mine)]
     read_at = list(range(end))  # consumers come after their producers: one reverse pass
-    # A fusible other addend of a fold is the scatter's operand fusion, which runs where the
-    # scatter does (its operands are read there) and is the scatter's own buffer.
-    fused_operands = {x for x, (_, sp) in folded_into.items()
-                      if fusible[g.values[x].producer]}
+    # A fusible other addend of a fold, read by the add alone, is the scatter's operand fusion,
+    # which runs where the scatter does (its operands are read there) and is the scatter's own
+    # buffer.
+    fused_operands = {x for x in folded_into
+                      if fusible[g.values[x].producer] and len(g.consumers(x)) == 1}
     for x in fused_operands:
         read_at[g.values[x].producer] = folded_into[x][1]
     for n in reversed(walked):

@@ -11,6 +11,7 @@ the device does (:attr:`hulkjax.cost.backends.Backend.host_offload`).
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -430,7 +431,6 @@ def test_state_kept_in_host_memory_stays_there_in_a_staged_plan():
     """A staged plan of a step that keeps its momentum in host memory: the stage holding it
     takes it there, its update returns it there, and the step computes the unsharded step's.
     Before, the staged program returned it in device memory."""
-    import flax.linen as nn
 
     class MLP(nn.Module):
         @nn.compact
