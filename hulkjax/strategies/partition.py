@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from hulkjax.cost.memory import host_copies
 from hulkjax.errors import UnsupportedStepError
 from hulkjax.trace.graph import DATA, OPTIMIZER, PARAMETER, OpGraph
 from hulkjax.trace.microbatch import BatchSplit, analyze, batch_size, microbatch_graph
@@ -147,13 +148,19 @@ def _phases(g: OpGraph, split: BatchSplit | None) -> list[str]:
                                and p not in per for v in n.inputs):
             per.discard(n.id)
     outputs = {v for v in g.outputs if v is not None}
+    # Copies out of device memory into host memory (a remat policy's offload): only the
+    # backward pass reads what they copy, but each runs where its operand is made, in the forward
+    # pass (XLA's host offloader starts it after the operand's producer), so the value crosses
+    # from the forward to the backward program in host memory, not in the device's.
+    offloads = {n for n in host_copies(g)
+                if any(o is not None and g.values[o].host for o in g.nodes[n].outputs)}
     phase = [UPDATE] * len(g.nodes)
     for n in reversed(g.nodes):
         if n.id not in per:
             continue
         uses = [c for o in n.outputs for c, _ in g.consumers(o)]
         only_backward = bool(uses) and all(c in per and phase[c] == BACKWARD for c in uses) \
-            and not any(o in outputs for o in n.outputs) and not _offloads(g, n)
+            and not any(o in outputs for o in n.outputs) and n.id not in offloads
         phase[n.id] = BACKWARD if n.backward or only_backward else FORWARD
     # A forward node reading a backward result (a gradient penalty) runs in the backward pass.
     for n in g.nodes:
@@ -162,17 +169,6 @@ def _phases(g: OpGraph, split: BatchSplit | None) -> list[str]:
                 and phase[p] == BACKWARD for v in n.inputs):
             phase[n.id] = BACKWARD
     return phase
-
-
-def _offloads(g: OpGraph, n) -> bool:
-    """Whether ``n`` copies a value out of device memory into host memory (a remat policy's
-    offload, ``device_put`` to the host). Only the backward pass reads what it copies, but the
-    copy runs where its operand is made, in the forward pass (XLA's host offloader starts it
-    after the operand's producer): the value crosses from the forward to the backward program
-    in host memory, not in the device's."""
-    return n.primitive in PASS_THROUGH and any(
-        g.values[o].host and v is not None and not g.values[v].host
-        for v, o in zip(n.inputs, n.outputs) if o is not None)
 
 
 def _backward_closure(g: OpGraph) -> set[int]:
